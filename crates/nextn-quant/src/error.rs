@@ -1,0 +1,18 @@
+use nextn_gguf::GgmlType;
+
+/// Errors of the formats and kernels. Messages name the type and, where known, the tensor.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum QuantError {
+    /// A model asked for a type we cannot compute with.
+    #[error("unsupported tensor type {ty} in tensor {tensor}")]
+    UnsupportedTensorType { ty: GgmlType, tensor: String },
+    /// An operation (dequantize, quantize, dot) that this type does not have.
+    #[error("{op} is not available for tensor type {ty}")]
+    NoSuchOp { ty: GgmlType, op: &'static str },
+    /// A length that is not a whole number of blocks.
+    #[error("{ty}: {n} elements is not a whole number of {block}-element blocks")]
+    PartialBlock { ty: GgmlType, n: usize, block: usize },
+    /// Buffers whose sizes do not fit together.
+    #[error("{what}: expected {expected}, got {got}")]
+    SizeMismatch { what: &'static str, expected: usize, got: usize },
+}

@@ -1,0 +1,1 @@
+//! Block formats: see the helper that owns this module.

@@ -1,0 +1,1 @@
+//! Kernels: see the helper that owns this module.
