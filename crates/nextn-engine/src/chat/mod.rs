@@ -1,0 +1,1 @@
+//! chat: owned by a helper, in progress.

@@ -1,0 +1,5 @@
+//! Everything between token ids and text: tokenizer, chat template, sampler, generation loops.
+
+pub mod chat;
+pub mod sampler;
+pub mod tokenizer;

@@ -1,0 +1,1 @@
+//! sampler: owned by a helper, in progress.

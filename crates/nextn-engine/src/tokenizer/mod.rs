@@ -1,0 +1,1 @@
+//! tokenizer: owned by a helper, in progress.
