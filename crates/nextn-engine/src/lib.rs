@@ -1,5 +1,6 @@
 //! Everything between token ids and text: tokenizer, chat template, sampler, generation loops.
 
 pub mod chat;
+pub mod generate;
 pub mod sampler;
 pub mod tokenizer;

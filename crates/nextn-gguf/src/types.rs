@@ -43,6 +43,7 @@ pub enum GgmlType {
     MXFP4,
     NVFP4,
     Q1_0,
+    Q2_0,
 }
 
 /// (type, ggml id, name, elements per block, bytes per block) — from ggml.h / ggml-common.h.
@@ -81,6 +82,8 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::MXFP4, 39, "MXFP4", 32, 17),
     (GgmlType::NVFP4, 40, "NVFP4", 64, 36),
     (GgmlType::Q1_0, 41, "Q1_0", 128, 18),
+    // Ternary weights: one f16 scale and 64 2-bit codes.
+    (GgmlType::Q2_0, 42, "Q2_0", 64, 18),
 ];
 
 impl GgmlType {
@@ -91,7 +94,10 @@ impl GgmlType {
 
     fn entry(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // TABLE lists every variant exactly once (checked by a unit test).
-        TABLE.iter().find(|e| e.0 == self).expect("GgmlType missing from TABLE")
+        TABLE
+            .iter()
+            .find(|e| e.0 == self)
+            .expect("GgmlType missing from TABLE")
     }
 
     /// The type for a ggml id, or `None` for ids ggml never assigned or retired.
@@ -101,7 +107,10 @@ impl GgmlType {
 
     /// Parse a name as ggml spells it (`Q4_K`, `f16`, ...), case-insensitively.
     pub fn from_name(name: &str) -> Option<GgmlType> {
-        TABLE.iter().find(|e| e.2.eq_ignore_ascii_case(name)).map(|e| e.0)
+        TABLE
+            .iter()
+            .find(|e| e.2.eq_ignore_ascii_case(name))
+            .map(|e| e.0)
     }
 
     pub fn id(self) -> u32 {
@@ -129,7 +138,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements; `None` if `n` is not a whole number of blocks or overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if n.checked_rem(bs) != Some(0) {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)

@@ -1,1 +1,47 @@
-//! The Qwen3.5 model.
+//! The Qwen3.5 / Qwen3.6 model (`qwen35`, `qwen35moe`): configuration from GGUF metadata, weights
+//! bound from the mapped file, one file per layer kind, and the per-sequence caches.
+
+pub mod attention;
+pub mod cache;
+pub mod config;
+pub mod delta_net;
+pub mod ffn;
+pub mod inventory;
+pub mod model;
+pub mod nextn;
+pub mod ops;
+pub mod weights;
+
+pub use cache::{KvType, RecurrentSnapshot, RecurrentState, SequenceState};
+pub use config::{Arch, LayerKind, Qwen35Config};
+pub use model::{ForwardOutput, LogitRows, Model};
+pub use nextn::NextnHead;
+
+use nextn_gguf::GgufError;
+use nextn_quant::QuantError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("architecture '{0}' is not supported (expected qwen35 or qwen35moe)")]
+    UnsupportedArchitecture(String),
+    #[error("required metadata key '{0}' is missing")]
+    MissingKey(String),
+    #[error("metadata key '{key}': {why}")]
+    BadValue { key: String, why: String },
+    #[error("this {0} file has no NextN (MTP) head: nextn_predict_layers is 0 or absent")]
+    NoNextnHead(String),
+    #[error("tensor '{0}' is missing")]
+    MissingTensor(String),
+    #[error("tensor '{tensor}' has shape {found:?}, expected {expected:?} (ggml ne order)")]
+    TensorShape { tensor: String, expected: Vec<u64>, found: Vec<u64> },
+    #[error("token id {token} is out of range (vocabulary has {n_vocab} tokens)")]
+    TokenOutOfRange { token: u64, n_vocab: usize },
+    #[error("context is full: {n_past} positions used + {n_new} new > context length {n_ctx}")]
+    ContextFull { n_past: usize, n_new: usize, n_ctx: usize },
+    #[error("cache state error: {0}")]
+    Rollback(String),
+}

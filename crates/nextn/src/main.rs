@@ -1,1 +1,44 @@
-fn main() {}
+//! `nextn`: Qwen3.5 / Qwen3.6 GGUF inference with MTP speculative decoding.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "nextn", version, about = "Qwen3.5/3.6 GGUF inference with built-in MTP (NextN) speculative decoding")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF model: architecture, hyper-parameters, tensor types, tokenizer, NextN head.
+    Inspect(cmd::inspect::Args),
+    /// Check that a file is a qwen35/qwen35moe model with a complete NextN head
+    /// (exit 0: usable; 1: valid GGUF but unusable for MTP; 2: not a valid GGUF).
+    Verify(cmd::verify::Args),
+    /// Generate text from a prompt.
+    Run(cmd::run::Args),
+    /// Print the model's logits for every position of a prompt (JSON lines).
+    Logits(cmd::logits::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(cmd::common::normalize_args(std::env::args()));
+    let result = match cli.command {
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Logits(a) => cmd::logits::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

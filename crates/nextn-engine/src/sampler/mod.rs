@@ -1,1 +1,328 @@
-//! sampler: owned by a helper, in progress.
+//! Token sampler: llama.cpp's default sampler chain with a seeded, platform-independent RNG.
+//!
+//! Chain, in llama.cpp's default order: penalties → top-k → top-p → min-p → temperature → draw.
+//!
+//! * **Penalties** look at the last `repeat_last_n` tokens passed to [`Sampler::accept`]. For a
+//!   token occurring `count` ≥ 1 times there: `logit > 0 ? logit / repeat_penalty : logit ·
+//!   repeat_penalty`, then `logit −= count · frequency_penalty + presence_penalty`.
+//! * **top-k** keeps the `top_k` largest logits (0 = off).
+//! * **top-p** keeps the smallest set of best candidates whose softmax mass (temperature 1, over
+//!   the candidates left by top-k) reaches `top_p` (≥ 1 = off).
+//! * **min-p** keeps candidates with probability ≥ `min_p` × the best candidate's, again at
+//!   temperature 1 (0 = off).
+//! * **temperature** divides the surviving logits by `temperature`, and one token is drawn from
+//!   their softmax.
+//!
+//! `temperature ≤ 0` is greedy: the argmax of the penalised logits (the filters cannot remove the
+//! argmax, so they are skipped), lowest id on ties, NaN never chosen, no randomness used.
+//!
+//! Ties between equal logits are always broken towards the lower token id, and NaN logits are
+//! never candidates.
+//!
+//! # Reproducibility
+//! For a given [`SamplerConfig`] (seed included), the same sequence of `accept`/`sample` calls on
+//! the same logits yields the same tokens on every platform and in every release: the RNG is a
+//! built-in xoshiro256** seeded by splitmix64 from `seed`, each non-greedy [`Sampler::sample`]
+//! call consumes exactly one 64-bit output, and the softmax uses a built-in exponential instead of
+//! the platform's libm. [`Sampler::reset`] returns to the freshly constructed state.
+
+mod chain;
+mod math;
+mod penalties;
+mod rng;
+
+use chain::{ActivePenalties, Candidates};
+use penalties::{PenaltyHistory, PenaltyParams};
+
+pub use math::argmax;
+pub use penalties::MAX_REPEAT_LAST_N;
+pub use rng::Xoshiro256StarStar;
+
+/// Seed used by [`SamplerConfig::default`]. Callers who want a different stream per request must
+/// choose the seed themselves (e.g. from the clock); the sampler never reads entropy.
+pub const DEFAULT_SEED: u64 = 0;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    #[error("sampler setting `{field}` = {value} is invalid: {reason}")]
+    InvalidParameter {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// ≤ 0 selects greedy decoding.
+    pub temperature: f32,
+    /// 0 disables top-k.
+    pub top_k: usize,
+    /// In [0, 1]; 1 disables top-p.
+    pub top_p: f32,
+    /// In [0, 1]; 0 disables min-p.
+    pub min_p: f32,
+    /// > 0; 1 disables the repetition penalty.
+    pub repeat_penalty: f32,
+    /// Number of most recent accepted tokens the penalties look at; 0 disables all penalties.
+    pub repeat_last_n: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    /// llama.cpp's defaults (`common_params_sampling`).
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: DEFAULT_SEED,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Plain argmax decoding: temperature 0, every filter and penalty neutral.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Self::default()
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        fn invalid(
+            field: &'static str,
+            value: impl std::fmt::Display,
+            reason: &'static str,
+        ) -> Result<(), SamplerError> {
+            Err(SamplerError::InvalidParameter {
+                field,
+                value: value.to_string(),
+                reason,
+            })
+        }
+        if !self.temperature.is_finite() {
+            return invalid("temperature", self.temperature, "must be a finite number");
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return invalid("top_p", self.top_p, "must be between 0 and 1");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return invalid("min_p", self.min_p, "must be between 0 and 1");
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return invalid(
+                "repeat_penalty",
+                self.repeat_penalty,
+                "must be a finite number greater than 0",
+            );
+        }
+        if self.repeat_last_n > MAX_REPEAT_LAST_N {
+            return invalid(
+                "repeat_last_n",
+                self.repeat_last_n,
+                "must be at most 1048576",
+            );
+        }
+        if !self.presence_penalty.is_finite() {
+            return invalid(
+                "presence_penalty",
+                self.presence_penalty,
+                "must be a finite number",
+            );
+        }
+        if !self.frequency_penalty.is_finite() {
+            return invalid(
+                "frequency_penalty",
+                self.frequency_penalty,
+                "must be a finite number",
+            );
+        }
+        Ok(())
+    }
+
+    fn penalty_params(&self) -> PenaltyParams {
+        PenaltyParams {
+            repeat: self.repeat_penalty,
+            frequency: self.frequency_penalty,
+            presence: self.presence_penalty,
+        }
+    }
+}
+
+/// A token id with its probability under the sampler chain.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenProb {
+    pub id: u32,
+    pub p: f32,
+}
+
+/// Stateful sampler: configuration, RNG, penalty window and reusable scratch buffers.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Xoshiro256StarStar,
+    history: PenaltyHistory,
+    candidates: Candidates,
+    penalised_logits: Vec<f32>,
+    distribution: Vec<TokenProb>,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Result<Self, SamplerError> {
+        cfg.validate()?;
+        Ok(Self {
+            rng: Xoshiro256StarStar::from_seed(cfg.seed),
+            history: PenaltyHistory::new(cfg.repeat_last_n),
+            candidates: Candidates::default(),
+            penalised_logits: Vec::new(),
+            distribution: Vec::new(),
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Records a token in the penalty window. Feed the prompt tokens too, then every emitted token;
+    /// [`Sampler::sample`] does not record its own result.
+    pub fn accept(&mut self, token: u32) {
+        self.history.record(token);
+    }
+
+    /// The penalty window's contents, oldest first.
+    pub fn recent_tokens(&self) -> impl Iterator<Item = u32> + '_ {
+        self.history.recent()
+    }
+
+    /// Forgets the penalty window and reseeds the RNG: the sampler behaves as if newly created.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.rng = Xoshiro256StarStar::from_seed(self.cfg.seed);
+    }
+
+    /// Draws the next token from `logits` (one row, indexed by token id) through the chain.
+    ///
+    /// `logits` is not modified. Returns 0 if there is nothing to choose from (empty slice or all
+    /// NaN). Non-greedy calls advance the RNG by exactly one step whatever the logits are.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.cfg.is_greedy() {
+            return self.greedy(logits);
+        }
+        let u = self.rng.next_f64();
+        self.run_chain(logits);
+        self.candidates.draw(u).unwrap_or(0)
+    }
+
+    /// [`Sampler::sample`] followed by [`Sampler::accept`] of the result.
+    pub fn sample_and_accept(&mut self, logits: &[f32]) -> u32 {
+        let token = self.sample(logits);
+        self.accept(token);
+        token
+    }
+
+    /// The distribution [`Sampler::sample`] would draw from right now, without drawing (the RNG is
+    /// untouched): the surviving candidates with probabilities summing to 1, in the chain's
+    /// candidate order (best first whenever a filter is active). Greedy configs give the argmax
+    /// with probability 1; empty or all-NaN logits give an empty slice.
+    pub fn distribution(&mut self, logits: &[f32]) -> &[TokenProb] {
+        self.distribution.clear();
+        if self.cfg.is_greedy() {
+            if logits.iter().any(|l| !l.is_nan()) {
+                let id = self.greedy(logits);
+                self.distribution.push(TokenProb { id, p: 1.0 });
+            }
+            return &self.distribution;
+        }
+        self.run_chain(logits);
+        self.distribution.extend(
+            self.candidates
+                .probabilities()
+                .map(|(id, p)| TokenProb { id, p }),
+        );
+        &self.distribution
+    }
+
+    /// Top-1 token of the raw logits and its probability under the softmax of the whole row
+    /// (temperature 1, no penalties or filters). `(0, 0.0)` for empty or all-NaN logits.
+    pub fn probability_of_top(&self, logits: &[f32]) -> (u32, f32) {
+        let top = argmax(logits);
+        let Some(&max) = logits.get(top as usize).filter(|l| !l.is_nan()) else {
+            return (0, 0.0);
+        };
+        (top, (1.0 / math::softmax_total(logits, max, 1.0)) as f32)
+    }
+
+    /// Top-1 token and its probability after renormalising over only the `k` best raw logits
+    /// (0 = whole row). This is the quantity llama.cpp's MTP drafter compares with `p_min`
+    /// (softmax over its top-10 candidates).
+    pub fn top1_probability_among_top_k(&mut self, logits: &[f32], k: usize) -> (u32, f32) {
+        if k == 0 || k >= logits.len() {
+            return self.probability_of_top(logits);
+        }
+        self.candidates.fill_top_k(logits, k, None);
+        let Some(best) = self.candidates.items().first().copied() else {
+            return (0, 0.0);
+        };
+        let total: f64 = self
+            .candidates
+            .items()
+            .iter()
+            .map(|c| f64::from(math::softmax_weight(c.logit, best.logit, 1.0)))
+            .sum();
+        (best.id, (1.0 / total) as f32)
+    }
+
+    fn greedy(&mut self, logits: &[f32]) -> u32 {
+        let params = self.cfg.penalty_params();
+        if params.is_neutral() || self.history.distinct() == 0 {
+            return argmax(logits);
+        }
+        self.penalised_logits.clear();
+        self.penalised_logits.extend_from_slice(logits);
+        for (id, count) in self.history.counts() {
+            if let Some(l) = self.penalised_logits.get_mut(id as usize) {
+                *l = params.apply(*l, count);
+            }
+        }
+        argmax(&self.penalised_logits)
+    }
+
+    fn run_chain(&mut self, logits: &[f32]) {
+        let params = self.cfg.penalty_params();
+        let penalties = (!params.is_neutral() && self.history.distinct() > 0).then_some(
+            ActivePenalties {
+                history: &self.history,
+                params,
+            },
+        );
+        let k = self.cfg.top_k;
+        if k > 0 && k < logits.len() {
+            self.candidates.fill_top_k(logits, k, penalties);
+        } else {
+            self.candidates.fill_all(logits, penalties);
+        }
+        self.candidates.top_p(self.cfg.top_p);
+        self.candidates.min_p(self.cfg.min_p);
+        self.candidates.weigh(self.cfg.temperature);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Gated full attention (spec §4.4): per-head interleaved query/gate projection, q/k RMSNorm,
+//! partial rotary embedding, grouped-query causal softmax attention over the layer's KV cache,
+//! and a sigmoid output gate.
+
+use nextn_quant::kernels::ThreadPool;
+
+use crate::cache::KvLayer;
+use crate::config::{Qwen35Config, RopeScaling};
+use crate::ops::{self, RopeTable};
+use crate::weights::{Linear, WeightLoader};
+use crate::ModelError;
+
+pub struct GatedAttention {
+    /// Output rows per head: `head_dim` query rows then `head_dim` gate rows.
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    n_rot: usize,
+    rope_base: f32,
+    rope_scale: f32,
+    rope_sections: [i32; 4],
+    eps: f32,
+}
+
+impl GatedAttention {
+    /// Bind `blk.{il}.attn_*` for a layer with the given head counts.
+    pub fn load(w: &WeightLoader, il: usize, cfg: &Qwen35Config) -> Result<Self, ModelError> {
+        let p = |n: &str| format!("blk.{il}.{n}");
+        let (n_head, n_head_kv, hd, e) = (cfg.n_head[il], cfg.n_head_kv[il], cfg.head_dim, cfg.n_embd);
+        Ok(GatedAttention {
+            wq: w.linear(&p("attn_q.weight"), 2 * n_head * hd, e)?,
+            wk: w.linear(&p("attn_k.weight"), n_head_kv * hd, e)?,
+            wv: w.linear(&p("attn_v.weight"), n_head_kv * hd, e)?,
+            wo: w.linear(&p("attn_output.weight"), e, n_head * hd)?,
+            q_norm: w.vector(&p("attn_q_norm.weight"), &[hd as u64])?,
+            k_norm: w.vector(&p("attn_k_norm.weight"), &[hd as u64])?,
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            n_rot: cfg.n_rot,
+            rope_base: cfg.rope_freq_base,
+            rope_scale: match cfg.rope_scaling {
+                RopeScaling::None => 1.0,
+                RopeScaling::Linear { freq_scale } => freq_scale,
+            },
+            rope_sections: cfg.rope_sections,
+            eps: cfg.rms_eps,
+        })
+    }
+
+    /// Attend `n` rows at positions `start_pos..start_pos+n`, appending their keys and values to `kv`
+    /// (which must hold exactly `start_pos` positions). `x` and `out` are `n × n_embd`.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        start_pos: usize,
+        kv: &mut KvLayer,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        if kv.len() != start_pos {
+            return Err(ModelError::Rollback(format!(
+                "attention cache holds {} positions, the batch starts at {start_pos}",
+                kv.len()
+            )));
+        }
+        let hd = self.head_dim;
+        let (q_width, kv_width) = (2 * self.n_head * hd, self.n_head_kv * hd);
+        let mut qg = vec![0.0f32; n * q_width];
+        let mut k = vec![0.0f32; n * kv_width];
+        let mut v = vec![0.0f32; n * kv_width];
+        self.wq.forward(x, n, &mut qg, pool)?;
+        self.wk.forward(x, n, &mut k, pool)?;
+        self.wv.forward(x, n, &mut v, pool)?;
+
+        // Queries de-interleaved to [row][head][hd]; gates kept aside.
+        let mut q = vec![0.0f32; n * self.n_head * hd];
+        let mut gate = vec![0.0f32; n * self.n_head * hd];
+        for i in 0..n {
+            let rope = RopeTable::new(start_pos + i, self.n_rot, self.rope_base, self.rope_scale, self.rope_sections);
+            for h in 0..self.n_head {
+                let src = &qg[i * q_width + h * 2 * hd..];
+                let dst = (i * self.n_head + h) * hd;
+                q[dst..dst + hd].copy_from_slice(&src[..hd]);
+                gate[dst..dst + hd].copy_from_slice(&src[hd..2 * hd]);
+            }
+            let qi = &mut q[i * self.n_head * hd..(i + 1) * self.n_head * hd];
+            ops::rms_norm_heads(qi, &self.q_norm, self.eps);
+            qi.chunks_exact_mut(hd).for_each(|head| rope.apply(head));
+            let ki = &mut k[i * kv_width..(i + 1) * kv_width];
+            ops::rms_norm_heads(ki, &self.k_norm, self.eps);
+            ki.chunks_exact_mut(hd).for_each(|head| rope.apply(head));
+            kv.push(ki, &v[i * kv_width..(i + 1) * kv_width]);
+        }
+
+        // Causal attention: row i sees positions 0..=start_pos+i. Each row is computed alone, so
+        // its result does not depend on the batch it came in.
+        let total = start_pos + n;
+        let group = self.n_head / self.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut attn = vec![0.0f32; n * self.n_head * hd];
+        let (mut keys, mut vals) = (Vec::new(), Vec::new());
+        let mut scores = vec![0.0f32; total];
+        for g in 0..self.n_head_kv {
+            kv.read_head(false, g, hd, total, &mut keys);
+            kv.read_head(true, g, hd, total, &mut vals);
+            for h in g * group..(g + 1) * group {
+                for i in 0..n {
+                    let len = start_pos + i + 1;
+                    let qh = &q[(i * self.n_head + h) * hd..][..hd];
+                    for (p, s) in scores[..len].iter_mut().enumerate() {
+                        *s = ops::dot(qh, &keys[p * hd..(p + 1) * hd]) * scale;
+                    }
+                    ops::softmax(&mut scores[..len]);
+                    let o = &mut attn[(i * self.n_head + h) * hd..][..hd];
+                    o.fill(0.0);
+                    for (p, &s) in scores[..len].iter().enumerate() {
+                        o.iter_mut().zip(&vals[p * hd..(p + 1) * hd]).for_each(|(a, &b)| *a += s * b);
+                    }
+                }
+            }
+        }
+        for (a, &g) in attn.iter_mut().zip(&gate) {
+            *a *= ops::sigmoid(g);
+        }
+        self.wo.forward(&attn, n, out, pool)
+    }
+}

@@ -1,0 +1,260 @@
+//! Per-sequence caches: the attention KV cache of each full-attention layer and the recurrent
+//! state (causal-conv window + delta-net state) of each gated-delta-net layer (spec §1.2, §6).
+
+use half::f16;
+
+use crate::ModelError;
+
+/// Element type of the attention KV cache (`-ctk` / `-ctv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F16,
+    F32,
+}
+
+impl KvType {
+    pub fn parse(s: &str) -> Option<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Some(KvType::F16),
+            "f32" => Some(KvType::F32),
+            _ => None,
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+}
+
+/// One tensor of cached vectors, `width` values per position.
+#[derive(Clone, Debug)]
+enum KvBuf {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl KvBuf {
+    fn new(ty: KvType) -> Self {
+        match ty {
+            KvType::F16 => KvBuf::F16(Vec::new()),
+            KvType::F32 => KvBuf::F32(Vec::new()),
+        }
+    }
+
+    fn push(&mut self, row: &[f32]) {
+        match self {
+            KvBuf::F16(v) => v.extend(row.iter().map(|&x| f16::from_f32(x))),
+            KvBuf::F32(v) => v.extend_from_slice(row),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            KvBuf::F16(v) => v.truncate(len),
+            KvBuf::F32(v) => v.truncate(len),
+        }
+    }
+
+    fn read(&self, start: usize, out: &mut [f32]) {
+        match self {
+            KvBuf::F16(v) => {
+                let n = out.len();
+                for (o, x) in out.iter_mut().zip(&v[start..start + n]) {
+                    *o = x.to_f32();
+                }
+            }
+            KvBuf::F32(v) => out.copy_from_slice(&v[start..start + out.len()]),
+        }
+    }
+}
+
+/// Keys and values of one attention layer for positions `0..len`.
+#[derive(Clone, Debug)]
+pub struct KvLayer {
+    k: KvBuf,
+    v: KvBuf,
+    /// Values per position: `n_head_kv · head_dim`.
+    width: usize,
+    len: usize,
+}
+
+impl KvLayer {
+    pub fn new(k_type: KvType, v_type: KvType, width: usize) -> Self {
+        KvLayer { k: KvBuf::new(k_type), v: KvBuf::new(v_type), width, len: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn push(&mut self, k: &[f32], v: &[f32]) {
+        self.k.push(&k[..self.width]);
+        self.v.push(&v[..self.width]);
+        self.len += 1;
+    }
+
+    /// Drop every position `>= pos`.
+    pub fn truncate(&mut self, pos: usize) {
+        if pos < self.len {
+            self.k.truncate(pos * self.width);
+            self.v.truncate(pos * self.width);
+            self.len = pos;
+        }
+    }
+
+    /// Copy `len` positions of the key (or value) vectors of one kv head, starting at position 0,
+    /// into `out` as `[pos][head_dim]`.
+    pub fn read_head(&self, values: bool, head: usize, head_dim: usize, len: usize, out: &mut Vec<f32>) {
+        out.resize(len * head_dim, 0.0);
+        let buf = if values { &self.v } else { &self.k };
+        for p in 0..len {
+            buf.read(p * self.width + head * head_dim, &mut out[p * head_dim..(p + 1) * head_dim]);
+        }
+    }
+}
+
+/// The recurrent state of one gated-delta-net layer after some position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentState {
+    /// The last `Kc − 1` raw (pre-conv) inputs, oldest first: `(Kc−1) × conv_dim`.
+    pub conv: Vec<f32>,
+    /// Per v head m, `S_m[i][j]` (i = key dim, j = value dim) row-major: `Hv × dk × dv`.
+    pub ssm: Vec<f32>,
+}
+
+impl RecurrentState {
+    pub fn zeros(conv_len: usize, ssm_len: usize) -> Self {
+        RecurrentState { conv: vec![0.0; conv_len], ssm: vec![0.0; ssm_len] }
+    }
+}
+
+/// What one trunk layer caches for a sequence.
+#[derive(Clone, Debug)]
+pub enum LayerCache {
+    Attention(KvLayer),
+    DeltaNet(RecurrentState),
+}
+
+/// Everything the target model remembers about one sequence.
+#[derive(Clone, Debug)]
+pub struct SequenceState {
+    pub layers: Vec<LayerCache>,
+    /// Number of committed positions.
+    pub n_past: usize,
+    /// Context length this sequence may grow to.
+    pub n_ctx: usize,
+}
+
+/// The delta-net states of every recurrent layer at one position, to roll back to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentSnapshot {
+    pub n_past: usize,
+    states: Vec<Option<RecurrentState>>,
+}
+
+impl SequenceState {
+    /// Positions still free in the context.
+    pub fn remaining(&self) -> usize {
+        self.n_ctx.saturating_sub(self.n_past)
+    }
+
+    pub fn check_room(&self, n: usize) -> Result<(), ModelError> {
+        if self.n_past + n > self.n_ctx {
+            return Err(ModelError::ContextFull { n_past: self.n_past, n_new: n, n_ctx: self.n_ctx });
+        }
+        Ok(())
+    }
+
+    /// Copy of the recurrent states, for restoring after a partial rollback.
+    pub fn snapshot_recurrent(&self) -> RecurrentSnapshot {
+        RecurrentSnapshot {
+            n_past: self.n_past,
+            states: self
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerCache::DeltaNet(s) => Some(s.clone()),
+                    LayerCache::Attention(_) => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Return to the position of `snap`: recurrent states restored, KV truncated.
+    pub fn restore(&mut self, snap: &RecurrentSnapshot) -> Result<(), ModelError> {
+        if snap.n_past > self.n_past || snap.states.len() != self.layers.len() {
+            return Err(ModelError::Rollback(format!(
+                "snapshot at position {} cannot be restored onto a sequence at {}",
+                snap.n_past, self.n_past
+            )));
+        }
+        for (layer, saved) in self.layers.iter_mut().zip(&snap.states) {
+            match (layer, saved) {
+                (LayerCache::DeltaNet(s), Some(saved)) => s.clone_from(saved),
+                (LayerCache::Attention(kv), None) => kv.truncate(snap.n_past),
+                _ => return Err(ModelError::Rollback("snapshot layer kinds differ".into())),
+            }
+        }
+        self.n_past = snap.n_past;
+        Ok(())
+    }
+
+    /// Drop positions `>= pos` from every attention layer. Recurrent states cannot be truncated
+    /// on their own; callers pair this with [`SequenceState::restore`] or a per-row state commit.
+    pub fn truncate_kv(&mut self, pos: usize) {
+        for l in &mut self.layers {
+            if let LayerCache::Attention(kv) = l {
+                kv.truncate(pos);
+            }
+        }
+    }
+
+    /// Bytes held by the caches now.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Attention(kv) => {
+                    let kb = match &kv.k {
+                        KvBuf::F16(v) => v.len() * 2,
+                        KvBuf::F32(v) => v.len() * 4,
+                    };
+                    let vb = match &kv.v {
+                        KvBuf::F16(v) => v.len() * 2,
+                        KvBuf::F32(v) => v.len() * 4,
+                    };
+                    kb + vb
+                }
+                LayerCache::DeltaNet(s) => (s.conv.len() + s.ssm.len()) * 4,
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_truncate_and_read() {
+        let mut kv = KvLayer::new(KvType::F32, KvType::F16, 4);
+        for p in 0..5 {
+            let row: Vec<f32> = (0..4).map(|i| (p * 10 + i) as f32).collect();
+            kv.push(&row, &row);
+        }
+        kv.truncate(3);
+        assert_eq!(kv.len(), 3);
+        let mut out = Vec::new();
+        kv.read_head(false, 1, 2, 3, &mut out);
+        assert_eq!(out, vec![2.0, 3.0, 12.0, 13.0, 22.0, 23.0]);
+        kv.read_head(true, 0, 2, 3, &mut out);
+        assert_eq!(out, vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+    }
+}

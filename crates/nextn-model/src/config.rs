@@ -1,0 +1,319 @@
+//! Hyper-parameters read from GGUF metadata (spec §1.2), with llama.cpp's defaults and derived values.
+
+use nextn_gguf::{GgufFile, MetadataValue};
+
+use crate::ModelError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `qwen35`: dense SwiGLU FFN in every layer.
+    Dense,
+    /// `qwen35moe`: routed experts plus a sigmoid-gated shared expert.
+    Moe,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Dense => "qwen35",
+            Arch::Moe => "qwen35moe",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    FullAttention,
+    DeltaNet,
+}
+
+/// RoPE frequency scaling. Only what text-only Qwen3.5 files use is accepted; YaRN is refused at load.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    Linear { freq_scale: f32 },
+}
+
+#[derive(Clone, Debug)]
+pub struct Qwen35Config {
+    pub arch: Arch,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    /// `block_count`: trunk layers plus NextN layers.
+    pub n_layer_all: usize,
+    /// Trunk layers: `block_count − nextn_predict_layers`.
+    pub n_layer: usize,
+    pub n_nextn: usize,
+    /// Per layer (all `block_count` layers): dense FFN width.
+    pub n_ff: Vec<usize>,
+    pub n_head: Vec<usize>,
+    pub n_head_kv: Vec<usize>,
+    /// Attention head dim (q/k and v; llama.cpp requires them equal).
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    pub n_rot: usize,
+    pub rope_sections: [i32; 4],
+    pub rope_freq_base: f32,
+    pub rope_scaling: RopeScaling,
+    pub conv_kernel: usize,
+    /// dk = dv: gated delta net head dim (`ssm.state_size`).
+    pub ssm_head_dim: usize,
+    /// Hk: q/k heads of the delta net.
+    pub ssm_k_heads: usize,
+    /// Hv: v heads of the delta net.
+    pub ssm_v_heads: usize,
+    /// value_dim = Hv·dv.
+    pub ssm_inner: usize,
+    /// Kind of every trunk layer.
+    pub layer_kinds: Vec<LayerKind>,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
+    pub n_ff_shexp: usize,
+}
+
+impl Qwen35Config {
+    pub fn key_dim(&self) -> usize {
+        self.ssm_k_heads * self.ssm_head_dim
+    }
+
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.ssm_inner
+    }
+
+    pub fn n_full_attention(&self) -> usize {
+        self.layer_kinds.iter().filter(|k| **k == LayerKind::FullAttention).count()
+    }
+
+    /// Index of the NextN block (`blk.N`), if the file declares one.
+    pub fn nextn_block(&self) -> Option<usize> {
+        (self.n_nextn > 0).then_some(self.n_layer)
+    }
+
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        let arch_name = f
+            .get_str("general.architecture")?
+            .ok_or(ModelError::MissingKey("general.architecture".into()))?;
+        let arch = match arch_name {
+            "qwen35" => Arch::Dense,
+            "qwen35moe" => Arch::Moe,
+            other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        };
+        let a = arch_name.to_string();
+        let key = |k: &str| format!("{a}.{k}");
+        let req_u32 = |k: &str| -> Result<usize, ModelError> {
+            let name = key(k);
+            f.get_u32(&name)?.map(|v| v as usize).ok_or(ModelError::MissingKey(name))
+        };
+        let opt_u32 = |k: &str| -> Result<Option<usize>, ModelError> {
+            Ok(f.get_u32(&key(k))?.map(|v| v as usize))
+        };
+
+        let n_ctx_train = req_u32("context_length")?;
+        let n_embd = req_u32("embedding_length")?;
+        let n_layer_all = req_u32("block_count")?;
+        let n_nextn = opt_u32("nextn_predict_layers")?.unwrap_or(0);
+        if n_layer_all == 0 || n_nextn >= n_layer_all {
+            return Err(ModelError::BadValue {
+                key: key("nextn_predict_layers"),
+                why: format!("{n_nextn} must be smaller than block_count {n_layer_all}"),
+            });
+        }
+        let n_layer = n_layer_all - n_nextn;
+
+        let per_layer = |k: &str, default: Option<usize>| -> Result<Vec<usize>, ModelError> {
+            let name = key(k);
+            match f.get(&name) {
+                None => match default {
+                    Some(d) => Ok(vec![d; n_layer_all]),
+                    None => Err(ModelError::MissingKey(name)),
+                },
+                Some(MetadataValue::Array(arr)) => {
+                    let vals = arr.as_u64_vec().ok_or_else(|| ModelError::BadValue {
+                        key: name.clone(),
+                        why: format!("expected an integer array, found {}", arr.element_type_name()),
+                    })?;
+                    if vals.len() != n_layer_all {
+                        return Err(ModelError::BadValue {
+                            key: name,
+                            why: format!("array has {} entries, block_count is {n_layer_all}", vals.len()),
+                        });
+                    }
+                    Ok(vals.into_iter().map(|v| v as usize).collect())
+                }
+                Some(_) => {
+                    let v = f.get_u32(&name)?.ok_or(ModelError::MissingKey(name))?;
+                    Ok(vec![v as usize; n_layer_all])
+                }
+            }
+        };
+
+        let n_head = per_layer("attention.head_count", None)?;
+        let n_head_kv = match f.get(&key("attention.head_count_kv")) {
+            None => n_head.clone(),
+            Some(_) => per_layer("attention.head_count_kv", None)?,
+        };
+        let n_head0 = n_head.first().copied().unwrap_or(0);
+        if n_head0 == 0 {
+            return Err(ModelError::BadValue { key: key("attention.head_count"), why: "is 0".into() });
+        }
+        let head_dim = opt_u32("attention.key_length")?.unwrap_or(n_embd / n_head0);
+        let v_dim = opt_u32("attention.value_length")?.unwrap_or(n_embd / n_head0);
+        if head_dim != v_dim {
+            return Err(ModelError::BadValue {
+                key: key("attention.value_length"),
+                why: format!("{v_dim} differs from key_length {head_dim}"),
+            });
+        }
+        let n_ff = per_layer("feed_forward_length", Some(0))?;
+        let rms_eps = f
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .ok_or(ModelError::MissingKey(key("attention.layer_norm_rms_epsilon")))?;
+        let n_rot = opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
+        let sections_key = key("rope.dimension_sections");
+        let sections = f
+            .get_array(&sections_key)?
+            .and_then(|a| a.as_i64_vec())
+            .ok_or(ModelError::MissingKey(sections_key.clone()))?;
+        if sections.len() != 4 {
+            return Err(ModelError::BadValue {
+                key: sections_key,
+                why: format!("expected exactly 4 entries, found {}", sections.len()),
+            });
+        }
+        let rope_sections = [sections[0] as i32, sections[1] as i32, sections[2] as i32, sections[3] as i32];
+        let rope_freq_base = f.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
+        let rope_scaling = match f.get_str(&key("rope.scaling.type"))? {
+            None | Some("linear") => {
+                let factor = match f.get_f32(&key("rope.scaling.factor"))? {
+                    Some(x) => Some(x),
+                    None => f.get_f32(&key("rope.scale_linear"))?,
+                };
+                match factor {
+                    Some(x) if x > 0.0 && x != 1.0 => RopeScaling::Linear { freq_scale: 1.0 / x },
+                    _ => RopeScaling::None,
+                }
+            }
+            Some("none") => RopeScaling::None,
+            Some(other) => {
+                return Err(ModelError::BadValue {
+                    key: key("rope.scaling.type"),
+                    why: format!("rope scaling '{other}' is not supported (only none and linear)"),
+                })
+            }
+        };
+
+        let conv_kernel = req_u32("ssm.conv_kernel")?;
+        let ssm_head_dim = req_u32("ssm.state_size")?;
+        let ssm_k_heads = req_u32("ssm.group_count")?;
+        let ssm_v_heads = req_u32("ssm.time_step_rank")?;
+        let ssm_inner = req_u32("ssm.inner_size")?;
+        if conv_kernel < 1 || ssm_head_dim == 0 || ssm_k_heads == 0 || ssm_v_heads == 0 {
+            return Err(ModelError::BadValue { key: key("ssm.*"), why: "zero-sized delta-net dimension".into() });
+        }
+        if ssm_inner != ssm_v_heads * ssm_head_dim {
+            return Err(ModelError::BadValue {
+                key: key("ssm.inner_size"),
+                why: format!("{ssm_inner} is not time_step_rank {ssm_v_heads} × state_size {ssm_head_dim}"),
+            });
+        }
+        if ssm_v_heads % ssm_k_heads != 0 {
+            return Err(ModelError::BadValue {
+                key: key("ssm.time_step_rank"),
+                why: format!("{ssm_v_heads} v heads is not a multiple of group_count {ssm_k_heads}"),
+            });
+        }
+
+        let layer_kinds = match f.get(&key("attention.recurrent_layers")) {
+            Some(MetadataValue::Array(arr)) => {
+                let flags = arr
+                    .as_u64_vec()
+                    .or_else(|| arr.as_bools().map(|b| b.iter().map(|&x| x as u64).collect()))
+                    .ok_or_else(|| ModelError::BadValue {
+                        key: key("attention.recurrent_layers"),
+                        why: "expected an array of flags".into(),
+                    })?;
+                if flags.len() < n_layer {
+                    return Err(ModelError::BadValue {
+                        key: key("attention.recurrent_layers"),
+                        why: format!("{} entries for {n_layer} layers", flags.len()),
+                    });
+                }
+                flags[..n_layer]
+                    .iter()
+                    .map(|&r| if r != 0 { LayerKind::DeltaNet } else { LayerKind::FullAttention })
+                    .collect()
+            }
+            _ => {
+                let interval = opt_u32("full_attention_interval")?.unwrap_or(4);
+                if interval == 0 {
+                    return Err(ModelError::BadValue { key: key("full_attention_interval"), why: "is 0".into() });
+                }
+                (0..n_layer)
+                    .map(|il| if (il + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::DeltaNet })
+                    .collect()
+            }
+        };
+
+        let (n_expert, n_expert_used, n_ff_exp, n_ff_shexp) = match arch {
+            Arch::Dense => (0, 0, 0, 0),
+            Arch::Moe => {
+                let n_expert = req_u32("expert_count")?;
+                let n_used = req_u32("expert_used_count")?;
+                if n_used == 0 || n_used > n_expert {
+                    return Err(ModelError::BadValue {
+                        key: key("expert_used_count"),
+                        why: format!("{n_used} with {n_expert} experts"),
+                    });
+                }
+                let n_ff0 = n_ff.first().copied().unwrap_or(0);
+                let n_ff_exp = opt_u32("expert_feed_forward_length")?.unwrap_or(n_ff0 / n_used);
+                let n_ff_shexp = opt_u32("expert_shared_feed_forward_length")?.unwrap_or(n_ff0);
+                (n_expert, n_used, n_ff_exp, n_ff_shexp)
+            }
+        };
+
+        for (il, (&h, &hkv)) in n_head.iter().zip(&n_head_kv).enumerate() {
+            if h == 0 || hkv == 0 || h % hkv != 0 {
+                return Err(ModelError::BadValue {
+                    key: key("attention.head_count_kv"),
+                    why: format!("layer {il}: {h} heads is not a multiple of {hkv} kv heads"),
+                });
+            }
+        }
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::BadValue {
+                key: key("rope.dimension_count"),
+                why: format!("{n_rot} must be even and at most the head dim {head_dim}"),
+            });
+        }
+
+        Ok(Qwen35Config {
+            arch,
+            n_ctx_train,
+            n_embd,
+            n_layer_all,
+            n_layer,
+            n_nextn,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            rms_eps,
+            n_rot,
+            rope_sections,
+            rope_freq_base,
+            rope_scaling,
+            conv_kernel,
+            ssm_head_dim,
+            ssm_k_heads,
+            ssm_v_heads,
+            ssm_inner,
+            layer_kinds,
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            n_ff_shexp,
+        })
+    }
+}

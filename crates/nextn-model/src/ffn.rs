@@ -1,0 +1,173 @@
+//! Feed-forward blocks: dense SwiGLU (spec §4.7) and the routed mixture of experts with a
+//! sigmoid-gated shared expert (spec §4.8).
+
+use nextn_quant::kernels::ThreadPool;
+
+use crate::config::{Arch, Qwen35Config};
+use crate::ops;
+use crate::weights::{Linear, WeightLoader};
+use crate::ModelError;
+
+/// `W_down · (SiLU(W_gate·x) ⊙ (W_up·x))`.
+pub struct DenseFfn {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+impl DenseFfn {
+    fn load(w: &WeightLoader, prefix: &str, n_embd: usize, n_ff: usize) -> Result<Self, ModelError> {
+        Ok(DenseFfn {
+            gate: w.linear(&format!("{prefix}_gate{}", ".weight"), n_ff, n_embd)?,
+            up: w.linear(&format!("{prefix}_up{}", ".weight"), n_ff, n_embd)?,
+            down: w.linear(&format!("{prefix}_down{}", ".weight"), n_embd, n_ff)?,
+        })
+    }
+
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+        let n_ff = self.gate.rows;
+        let mut g = vec![0.0f32; n * n_ff];
+        let mut u = vec![0.0f32; n * n_ff];
+        self.gate.forward(x, n, &mut g, pool)?;
+        self.up.forward(x, n, &mut u, pool)?;
+        g.iter_mut().zip(&u).for_each(|(a, &b)| *a = ops::silu(*a) * b);
+        self.down.forward(&g, n, out, pool)
+    }
+}
+
+/// Experts of one layer: each `Linear` is one expert's matrix inside the stacked tensor.
+pub struct MoeFfn {
+    pub router: Linear,
+    pub gate: Vec<Linear>,
+    pub up: Vec<Linear>,
+    pub down: Vec<Linear>,
+    pub n_used: usize,
+    pub shared: Option<(Linear, DenseFfn)>,
+}
+
+impl MoeFfn {
+    fn load(w: &WeightLoader, il: usize, cfg: &Qwen35Config) -> Result<Self, ModelError> {
+        let p = |n: &str| format!("blk.{il}.{n}");
+        let (e, ne, nf) = (cfg.n_embd, cfg.n_expert, cfg.n_ff_exp);
+        let (gate, up) = if w.has(&p("ffn_gate_up_exps.weight")) {
+            let fused = w.experts(&p("ffn_gate_up_exps.weight"), ne, 2 * nf, e)?;
+            (WeightLoader::split_rows(&fused, 0, nf), WeightLoader::split_rows(&fused, nf, nf))
+        } else {
+            (w.experts(&p("ffn_gate_exps.weight"), ne, nf, e)?, w.experts(&p("ffn_up_exps.weight"), ne, nf, e)?)
+        };
+        let down = w.experts(&p("ffn_down_exps.weight"), ne, e, nf)?;
+        let shared = if w.has(&p("ffn_up_shexp.weight")) {
+            let gate_inp = w.linear(&p("ffn_gate_inp_shexp.weight"), 1, e)?;
+            let s = cfg.n_ff_shexp;
+            let ffn = DenseFfn {
+                gate: w.linear(&p("ffn_gate_shexp.weight"), s, e)?,
+                up: w.linear(&p("ffn_up_shexp.weight"), s, e)?,
+                down: w.linear(&p("ffn_down_shexp.weight"), e, s)?,
+            };
+            Some((gate_inp, ffn))
+        } else {
+            None
+        };
+        Ok(MoeFfn { router: w.linear(&p("ffn_gate_inp.weight"), ne, e)?, gate, up, down, n_used: cfg.n_expert_used, shared })
+    }
+
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+        let n_embd = self.router.cols;
+        let n_expert = self.router.rows;
+        let k = self.n_used;
+        let mut probs = vec![0.0f32; n * n_expert];
+        self.router.forward(x, n, &mut probs, pool)?;
+
+        // Per row: softmax over all experts, top-k (ties to the lower id), renormalised weights.
+        let mut chosen = vec![(0usize, 0.0f32); n * k];
+        let mut order: Vec<usize> = Vec::with_capacity(n_expert);
+        for i in 0..n {
+            let p = &mut probs[i * n_expert..(i + 1) * n_expert];
+            ops::softmax(p);
+            order.clear();
+            order.extend(0..n_expert);
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let sum: f32 = order[..k].iter().map(|&e| p[e]).sum();
+            let denom = sum.max(6.103515625e-5);
+            for (slot, &e) in order[..k].iter().enumerate() {
+                chosen[i * k + slot] = (e, p[e] / denom);
+            }
+        }
+
+        // Rows that picked the same expert share one pass over its weights.
+        let n_ff = self.gate.first().map(|l| l.rows).unwrap_or(0);
+        let mut expert_out = vec![0.0f32; n * k * n_embd];
+        let mut rows_of: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_expert];
+        for i in 0..n {
+            for slot in 0..k {
+                rows_of[chosen[i * k + slot].0].push((i, slot));
+            }
+        }
+        let mut xin = Vec::new();
+        let (mut g, mut u, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for (e, rows) in rows_of.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let m = rows.len();
+            xin.clear();
+            for &(i, _) in rows {
+                xin.extend_from_slice(&x[i * n_embd..(i + 1) * n_embd]);
+            }
+            g.resize(m * n_ff, 0.0);
+            u.resize(m * n_ff, 0.0);
+            d.resize(m * n_embd, 0.0);
+            self.gate[e].forward(&xin, m, &mut g, pool)?;
+            self.up[e].forward(&xin, m, &mut u, pool)?;
+            g.iter_mut().zip(&u).for_each(|(a, &b)| *a = ops::silu(*a) * b);
+            self.down[e].forward(&g, m, &mut d, pool)?;
+            for (j, &(i, slot)) in rows.iter().enumerate() {
+                let w = chosen[i * k + slot].1;
+                let dst = &mut expert_out[(i * k + slot) * n_embd..][..n_embd];
+                dst.iter_mut().zip(&d[j * n_embd..(j + 1) * n_embd]).for_each(|(o, &v)| *o = w * v);
+            }
+        }
+        // Sum the weighted experts in selection order, as ggml does.
+        for i in 0..n {
+            let o = &mut out[i * n_embd..(i + 1) * n_embd];
+            o.copy_from_slice(&expert_out[i * k * n_embd..][..n_embd]);
+            for slot in 1..k {
+                ops::add_in_place(o, &expert_out[(i * k + slot) * n_embd..][..n_embd]);
+            }
+        }
+
+        if let Some((gate_inp, ffn)) = &self.shared {
+            let mut s = vec![0.0f32; n];
+            gate_inp.forward(x, n, &mut s, pool)?;
+            let mut shared = vec![0.0f32; n * n_embd];
+            ffn.forward(x, n, &mut shared, pool)?;
+            for i in 0..n {
+                let gate = ops::sigmoid(s[i]);
+                let o = &mut out[i * n_embd..(i + 1) * n_embd];
+                o.iter_mut().zip(&shared[i * n_embd..(i + 1) * n_embd]).for_each(|(a, &b)| *a += gate * b);
+            }
+        }
+        Ok(())
+    }
+}
+
+pub enum Ffn {
+    Dense(DenseFfn),
+    Moe(MoeFfn),
+}
+
+impl Ffn {
+    pub fn load(w: &WeightLoader, il: usize, cfg: &Qwen35Config) -> Result<Self, ModelError> {
+        match cfg.arch {
+            Arch::Dense => Ok(Ffn::Dense(DenseFfn::load(w, &format!("blk.{il}.ffn"), cfg.n_embd, cfg.n_ff[il])?)),
+            Arch::Moe => Ok(Ffn::Moe(MoeFfn::load(w, il, cfg)?)),
+        }
+    }
+
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+        match self {
+            Ffn::Dense(f) => f.forward(x, n, out, pool),
+            Ffn::Moe(f) => f.forward(x, n, out, pool),
+        }
+    }
+}

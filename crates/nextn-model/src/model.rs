@@ -1,0 +1,218 @@
+//! The Qwen3.5 trunk: embedding, decoder layers (spec §4.3), final norm and LM head (§4.9).
+
+use std::sync::Arc;
+
+use nextn_gguf::GgufFile;
+use nextn_quant::kernels::ThreadPool;
+
+use crate::attention::GatedAttention;
+use crate::cache::{KvLayer, KvType, LayerCache, SequenceState};
+use crate::config::{LayerKind, Qwen35Config};
+use crate::delta_net::GatedDeltaNet;
+use crate::ffn::Ffn;
+use crate::ops;
+use crate::weights::{Linear, WeightLoader};
+use crate::ModelError;
+
+pub enum Mixer {
+    Attention(GatedAttention),
+    DeltaNet(GatedDeltaNet),
+}
+
+/// `h' = h1 + FFN(norm(h1))` with `h1 = h + Mixer(norm(h))`.
+pub struct DecoderLayer {
+    pub attn_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub post_attention_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+impl DecoderLayer {
+    pub fn load(w: &WeightLoader, il: usize, kind: LayerKind, cfg: &Qwen35Config) -> Result<Self, ModelError> {
+        let e = cfg.n_embd as u64;
+        Ok(DecoderLayer {
+            attn_norm: w.vector(&format!("blk.{il}.attn_norm.weight"), &[e])?,
+            mixer: match kind {
+                LayerKind::FullAttention => Mixer::Attention(GatedAttention::load(w, il, cfg)?),
+                LayerKind::DeltaNet => Mixer::DeltaNet(GatedDeltaNet::load(w, il, cfg)?),
+            },
+            post_attention_norm: w.vector(&format!("blk.{il}.post_attention_norm.weight"), &[e])?,
+            ffn: Ffn::load(w, il, cfg)?,
+        })
+    }
+
+    /// Advance `h` (`n × n_embd`, updated in place) through this layer.
+    pub fn forward(
+        &self,
+        h: &mut [f32],
+        n: usize,
+        start_pos: usize,
+        cache: &mut LayerCache,
+        eps: f32,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let e = self.attn_norm.len();
+        let mut x = vec![0.0f32; n * e];
+        for i in 0..n {
+            ops::rms_norm(&h[i * e..(i + 1) * e], &self.attn_norm, eps, &mut x[i * e..(i + 1) * e]);
+        }
+        let mut a = vec![0.0f32; n * e];
+        match (&self.mixer, cache) {
+            (Mixer::Attention(m), LayerCache::Attention(kv)) => m.forward(&x, n, start_pos, kv, &mut a, pool)?,
+            (Mixer::DeltaNet(m), LayerCache::DeltaNet(s)) => m.forward(&x, n, s, &mut a, pool)?,
+            _ => return Err(ModelError::Rollback("layer cache kind does not match the layer".into())),
+        }
+        ops::add_in_place(h, &a);
+        for i in 0..n {
+            ops::rms_norm(&h[i * e..(i + 1) * e], &self.post_attention_norm, eps, &mut x[i * e..(i + 1) * e]);
+        }
+        self.ffn.forward(&x, n, &mut a, pool)?;
+        ops::add_in_place(h, &a);
+        Ok(())
+    }
+}
+
+/// Which rows of a batch need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    Last,
+    All,
+}
+
+/// What a forward pass returns.
+pub struct ForwardOutput {
+    /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed.
+    pub hidden: Vec<f32>,
+    /// Logits of the requested rows (`rows × n_vocab`), in row order.
+    pub logits: Vec<f32>,
+    pub n_vocab: usize,
+}
+
+impl ForwardOutput {
+    pub fn logits_row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+}
+
+pub struct Model {
+    pub config: Qwen35Config,
+    pub file: Arc<GgufFile>,
+    pub token_embd: Linear,
+    pub layers: Vec<DecoderLayer>,
+    pub output_norm: Vec<f32>,
+    /// `output.weight`, or `token_embd` when the file ties them.
+    pub lm_head: Linear,
+    pub n_vocab: usize,
+}
+
+impl Model {
+    /// Bind every trunk tensor of a `qwen35` / `qwen35moe` file (NextN tensors are bound by the head).
+    pub fn load(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        let config = Qwen35Config::from_gguf(&file)?;
+        let w = WeightLoader::new(file.clone());
+        let e = config.n_embd;
+        let embd_info = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let n_vocab = embd_info.dims.get(1).copied().unwrap_or(0) as usize;
+        if n_vocab == 0 {
+            return Err(ModelError::TensorShape {
+                tensor: "token_embd.weight".into(),
+                expected: vec![e as u64, 0],
+                found: embd_info.dims.clone(),
+            });
+        }
+        let token_embd = w.linear("token_embd.weight", n_vocab, e)?;
+        let lm_head = match w.optional_linear("output.weight", n_vocab, e)? {
+            Some(l) => l,
+            None => token_embd.clone(),
+        };
+        let layers = config
+            .layer_kinds
+            .iter()
+            .enumerate()
+            .map(|(il, &kind)| DecoderLayer::load(&w, il, kind, &config))
+            .collect::<Result<Vec<_>, _>>()?;
+        let output_norm = w.vector("output_norm.weight", &[e as u64])?;
+        Ok(Model { config, file, token_embd, layers, output_norm, lm_head, n_vocab })
+    }
+
+    /// Fresh caches for one sequence of at most `n_ctx` positions.
+    pub fn new_sequence(&self, n_ctx: usize, k_type: KvType, v_type: KvType) -> SequenceState {
+        let cfg = &self.config;
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| match &l.mixer {
+                Mixer::Attention(_) => {
+                    LayerCache::Attention(KvLayer::new(k_type, v_type, cfg.n_head_kv[il] * cfg.head_dim))
+                }
+                Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_state()),
+            })
+            .collect();
+        SequenceState { layers, n_past: 0, n_ctx }
+    }
+
+    /// Embedding rows of `tokens` (`n × n_embd`).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let e = self.config.n_embd;
+        let mut h = vec![0.0f32; tokens.len() * e];
+        for (i, &t) in tokens.iter().enumerate() {
+            if t as usize >= self.n_vocab {
+                return Err(ModelError::TokenOutOfRange { token: t as u64, n_vocab: self.n_vocab });
+            }
+            self.token_embd.dequantize_row(t as usize, &mut h[i * e..(i + 1) * e])?;
+        }
+        Ok(h)
+    }
+
+    /// Run `tokens` at positions `state.n_past..` through the trunk and commit them to `state`.
+    /// Decode (1 row), prefill chunks and verify batches (1+k rows) all come through here; every
+    /// row's result is independent of the others in its batch.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        state: &mut SequenceState,
+        logit_rows: LogitRows,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab: self.n_vocab });
+        }
+        state.check_room(n)?;
+        if state.layers.len() != self.layers.len() {
+            return Err(ModelError::Rollback("sequence state was made for another model".into()));
+        }
+        let e = self.config.n_embd;
+        let eps = self.config.rms_eps;
+        let mut h = self.embed(tokens)?;
+        let start = state.n_past;
+        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+            layer.forward(&mut h, n, start, cache, eps, pool)?;
+        }
+        state.n_past += n;
+
+        let mut hidden = vec![0.0f32; n * e];
+        for i in 0..n {
+            ops::rms_norm(&h[i * e..(i + 1) * e], &self.output_norm, eps, &mut hidden[i * e..(i + 1) * e]);
+        }
+        let logits = self.logits(&hidden, n, logit_rows, pool)?;
+        Ok(ForwardOutput { hidden, logits, n_vocab: self.n_vocab })
+    }
+
+    /// LM head over the chosen rows of post-norm hidden states.
+    pub fn logits(&self, hidden: &[f32], n: usize, rows: LogitRows, pool: &ThreadPool) -> Result<Vec<f32>, ModelError> {
+        let e = self.config.n_embd;
+        let (first, count) = match rows {
+            LogitRows::None => return Ok(Vec::new()),
+            LogitRows::Last => (n - 1, 1),
+            LogitRows::All => (0, n),
+        };
+        let mut logits = vec![0.0f32; count * self.n_vocab];
+        self.lm_head.forward(&hidden[first * e..(first + count) * e], count, &mut logits, pool)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,151 @@
+//! The NextN / MTP head (spec §5): one full-attention decoder block that takes the target's
+//! post-final-norm hidden state at position p−1 and the embedding of token p, and predicts p+1.
+//! It borrows the target's mapped weights (embedding, LM head) unless the file carries its own.
+
+use std::sync::Arc;
+
+use nextn_gguf::GgufFile;
+use nextn_quant::kernels::ThreadPool;
+
+use crate::cache::{KvLayer, KvType, LayerCache};
+use crate::config::{LayerKind, Qwen35Config};
+use crate::model::{DecoderLayer, ForwardOutput, LogitRows, Model};
+use crate::ops;
+use crate::weights::{Linear, WeightLoader};
+use crate::ModelError;
+
+pub struct NextnHead {
+    /// Index N of the `blk.N` that holds the head.
+    pub block: usize,
+    pub embed: Linear,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    /// `n_embd × 2·n_embd`: input is [normed embedding ‖ normed hidden].
+    pub eh_proj: Linear,
+    pub layer: DecoderLayer,
+    pub shared_head_norm: Vec<f32>,
+    pub lm_head: Linear,
+    n_embd: usize,
+    eps: f32,
+    kv_width: usize,
+}
+
+impl NextnHead {
+    /// Bind the head from the target's own file.
+    pub fn load(model: &Model) -> Result<NextnHead, ModelError> {
+        Self::load_from(model, model.file.clone())
+    }
+
+    /// Bind the head from `file`, which is the target's file or an MTP-only sidecar (`-md`);
+    /// tensors the head does not carry fall back to the target's.
+    pub fn load_from(model: &Model, file: Arc<GgufFile>) -> Result<NextnHead, ModelError> {
+        let cfg: &Qwen35Config = &model.config;
+        if !std::ptr::eq(Arc::as_ptr(&file), Arc::as_ptr(&model.file)) {
+            let side = Qwen35Config::from_gguf(&file)?;
+            if side.n_embd != cfg.n_embd || side.n_layer != cfg.n_layer || side.arch != cfg.arch {
+                return Err(ModelError::BadValue {
+                    key: "general.architecture".into(),
+                    why: format!(
+                        "the MTP file ({} n_embd {}, {} trunk layers) does not match the model ({} n_embd {}, {} layers)",
+                        side.arch.name(),
+                        side.n_embd,
+                        side.n_layer,
+                        cfg.arch.name(),
+                        cfg.n_embd,
+                        cfg.n_layer
+                    ),
+                });
+            }
+        }
+        let Some(n) = cfg.nextn_block() else {
+            return Err(ModelError::NoNextnHead(cfg.arch.name().to_string()));
+        };
+        let w = WeightLoader::new(file);
+        let e = cfg.n_embd;
+        let p = |x: &str| format!("blk.{n}.nextn.{x}");
+        let embed = match w.optional_linear(&p("embed_tokens.weight"), model.n_vocab, e)? {
+            Some(l) => l,
+            None => model.token_embd.clone(),
+        };
+        let lm_head = match w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)? {
+            Some(l) => l,
+            None => model.lm_head.clone(),
+        };
+        let shared_head_norm = match w.optional_vector(&p("shared_head_norm.weight"), &[e as u64])? {
+            Some(v) => v,
+            None => model.output_norm.clone(),
+        };
+        Ok(NextnHead {
+            block: n,
+            embed,
+            enorm: w.vector(&p("enorm.weight"), &[e as u64])?,
+            hnorm: w.vector(&p("hnorm.weight"), &[e as u64])?,
+            eh_proj: w.linear(&p("eh_proj.weight"), e, 2 * e)?,
+            layer: DecoderLayer::load(&w, n, LayerKind::FullAttention, cfg)?,
+            shared_head_norm,
+            lm_head,
+            n_embd: e,
+            eps: cfg.rms_eps,
+            kv_width: cfg.n_head_kv[n] * cfg.head_dim,
+        })
+    }
+
+    /// The head's own single-layer KV cache.
+    pub fn new_cache(&self, k_type: KvType, v_type: KvType) -> LayerCache {
+        LayerCache::Attention(KvLayer::new(k_type, v_type, self.kv_width))
+    }
+
+    /// Rows `(tokens[i] at position start_pos+i, hidden_prev[i] = H at the position before)`,
+    /// appended to `cache`. Returns the head's post-norm output of every row (its `hidden`, which
+    /// seeds the next chained draft) and logits for the rows asked for.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        hidden_prev: &[f32],
+        start_pos: usize,
+        cache: &mut LayerCache,
+        logit_rows: LogitRows,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let n = tokens.len();
+        let e = self.n_embd;
+        let n_vocab = self.lm_head.rows;
+        if n == 0 {
+            return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab });
+        }
+        if hidden_prev.len() != n * e {
+            return Err(ModelError::Rollback(format!(
+                "NextN head got {} hidden values for {n} rows of width {e}",
+                hidden_prev.len()
+            )));
+        }
+        let mut cat = vec![0.0f32; n * 2 * e];
+        let mut row = vec![0.0f32; e];
+        for (i, &t) in tokens.iter().enumerate() {
+            if t as usize >= self.embed.rows {
+                return Err(ModelError::TokenOutOfRange { token: t as u64, n_vocab: self.embed.rows });
+            }
+            self.embed.dequantize_row(t as usize, &mut row)?;
+            let dst = &mut cat[i * 2 * e..(i + 1) * 2 * e];
+            ops::rms_norm(&row, &self.enorm, self.eps, &mut dst[..e]);
+            ops::rms_norm(&hidden_prev[i * e..(i + 1) * e], &self.hnorm, self.eps, &mut dst[e..]);
+        }
+        let mut h = vec![0.0f32; n * e];
+        self.eh_proj.forward(&cat, n, &mut h, pool)?;
+        self.layer.forward(&mut h, n, start_pos, cache, self.eps, pool)?;
+        let mut hidden = vec![0.0f32; n * e];
+        for i in 0..n {
+            ops::rms_norm(&h[i * e..(i + 1) * e], &self.shared_head_norm, self.eps, &mut hidden[i * e..(i + 1) * e]);
+        }
+        let (first, count) = match logit_rows {
+            LogitRows::None => (0, 0),
+            LogitRows::Last => (n - 1, 1),
+            LogitRows::All => (0, n),
+        };
+        let mut logits = vec![0.0f32; count * n_vocab];
+        if count > 0 {
+            self.lm_head.forward(&hidden[first * e..(first + count) * e], count, &mut logits, pool)?;
+        }
+        Ok(ForwardOutput { hidden, logits, n_vocab })
+    }
+}

@@ -1,0 +1,204 @@
+//! Binding GGUF tensors to the weights a layer holds, with shape checks (spec §2).
+//!
+//! Weights stay in the memory map: a [`Linear`] keeps the file alive through an `Arc` and borrows
+//! its bytes only for the duration of a product.
+
+use std::sync::Arc;
+
+use nextn_gguf::{GgmlType, GgufFile, TensorInfo};
+use nextn_quant::formats;
+use nextn_quant::kernels::{QMatrix, ThreadPool};
+
+use crate::ModelError;
+
+/// Looks tensors up by name and checks their shapes; the only way layers get their weights.
+pub struct WeightLoader {
+    file: Arc<GgufFile>,
+}
+
+impl WeightLoader {
+    pub fn new(file: Arc<GgufFile>) -> Self {
+        WeightLoader { file }
+    }
+
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.file.tensor(name).is_some()
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    fn check_shape(&self, t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
+        // ggml pads trailing dims with 1: [n] and [n, 1] describe the same tensor.
+        let trim = |d: &[u64]| {
+            let mut v = d.to_vec();
+            while v.len() > 1 && v.last() == Some(&1) {
+                v.pop();
+            }
+            v
+        };
+        if trim(&t.dims) != trim(expected) {
+            return Err(ModelError::TensorShape {
+                tensor: t.name.clone(),
+                expected: expected.to_vec(),
+                found: t.dims.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A 1-D (or any-D) tensor dequantized to f32: norms, biases, conv kernels, router weights.
+    pub fn vector(&self, name: &str, expected: &[u64]) -> Result<Vec<f32>, ModelError> {
+        let t = self.info(name)?;
+        self.check_shape(t, expected)?;
+        formats::check_supported(t.ty, &t.name)?;
+        let n = t.n_elements as usize;
+        let mut out = vec![0.0f32; n];
+        formats::dequantize(t.ty, self.file.tensor_data(t), &mut out)?;
+        Ok(out)
+    }
+
+    pub fn optional_vector(&self, name: &str, expected: &[u64]) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.has(name) {
+            self.vector(name, expected).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A matrix with math shape `rows × cols` (GGUF `ne = [cols, rows]`).
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        let t = self.info(name)?;
+        self.check_shape(t, &[cols as u64, rows as u64])?;
+        formats::check_supported(t.ty, &t.name)?;
+        // A per-tensor `.scale` multiplies the product (NVFP4-style exports).
+        let scale_name = format!("{}.scale", name.trim_end_matches(".weight"));
+        let scale = match self.optional_vector(&scale_name, &[1])? {
+            Some(v) => Some(v[0]),
+            None => None,
+        };
+        Ok(Linear {
+            file: self.file.clone(),
+            tensor: self.index_of(name)?,
+            name: t.name.clone(),
+            ty: t.ty,
+            rows,
+            cols,
+            byte_offset: 0,
+            scale,
+        })
+    }
+
+    pub fn optional_linear(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Linear>, ModelError> {
+        if self.has(name) {
+            self.linear(name, rows, cols).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A stack of `n` matrices `rows × cols` (GGUF `ne = [cols, rows, n]`), one per expert.
+    pub fn experts(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Linear>, ModelError> {
+        let t = self.info(name)?;
+        self.check_shape(t, &[cols as u64, rows as u64, n as u64])?;
+        formats::check_supported(t.ty, &t.name)?;
+        let scale_name = format!("{}.scale", name.trim_end_matches(".weight"));
+        let scales = self.optional_vector(&scale_name, &[n as u64])?;
+        let per_expert = t.n_bytes as usize / n.max(1);
+        let index = self.index_of(name)?;
+        Ok((0..n)
+            .map(|e| Linear {
+                file: self.file.clone(),
+                tensor: index,
+                name: format!("{}[{e}]", t.name),
+                ty: t.ty,
+                rows,
+                cols,
+                byte_offset: e * per_expert,
+                scale: scales.as_ref().map(|s| s[e]),
+            })
+            .collect())
+    }
+
+    /// Rows `[first, first+count)` of a stacked expert tensor seen as separate matrices (fused gate_up).
+    pub fn split_rows(whole: &[Linear], first: usize, count: usize) -> Vec<Linear> {
+        whole
+            .iter()
+            .map(|l| {
+                let row_bytes = l.row_bytes();
+                Linear {
+                    file: l.file.clone(),
+                    tensor: l.tensor,
+                    name: format!("{}[rows {first}..{}]", l.name, first + count),
+                    ty: l.ty,
+                    rows: count,
+                    cols: l.cols,
+                    byte_offset: l.byte_offset + first * row_bytes,
+                    scale: l.scale,
+                }
+            })
+            .collect()
+    }
+
+    fn index_of(&self, name: &str) -> Result<usize, ModelError> {
+        self.file
+            .tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+}
+
+/// A weight matrix `rows × cols` in any supported ggml type, borrowed from the mapped file.
+#[derive(Clone)]
+pub struct Linear {
+    file: Arc<GgufFile>,
+    tensor: usize,
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    byte_offset: usize,
+    scale: Option<f32>,
+}
+
+impl Linear {
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.cols as u64).unwrap_or(0) as usize
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        let t = &self.file.tensors()[self.tensor];
+        let all = self.file.tensor_data(t);
+        &all[self.byte_offset..self.byte_offset + self.rows * self.row_bytes()]
+    }
+
+    /// `out[i·rows + r] = W[r] · x[i·cols ..]` for every one of `n` input rows.
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+        let m = QMatrix::new(self.ty, self.rows, self.cols, self.bytes())?;
+        m.mul_rows(&x[..n * self.cols], n, &mut out[..n * self.rows], pool)?;
+        if let Some(s) = self.scale {
+            out[..n * self.rows].iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
+
+    /// Row `r` dequantized (embedding lookup).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        if r >= self.rows {
+            return Err(ModelError::TokenOutOfRange { token: r as u64, n_vocab: self.rows });
+        }
+        let rb = self.row_bytes();
+        let bytes = &self.bytes()[r * rb..(r + 1) * rb];
+        formats::dequantize(self.ty, bytes, &mut out[..self.cols])?;
+        if let Some(s) = self.scale {
+            out[..self.cols].iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
+}

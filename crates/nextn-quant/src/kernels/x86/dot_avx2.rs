@@ -1,0 +1,166 @@
+//! AVX2 dot products of one staged weight row with one activation row.
+//!
+//! Each function's floating-point operation sequence depends only on the row length, so
+//! a (weight row, activation row) result is the same whichever rows share the batch.
+
+use core::arch::x86_64::*;
+
+use super::super::act::ActRow;
+use super::super::stage::Stage;
+
+/// K-family minimum handling (see `dot_k`).
+pub(super) const MINS_NONE: u8 = 0;
+/// `mins` hold offset·scale in the block's own scale: subtract in integers.
+pub(super) const MINS_OFFSET: u8 = 1;
+/// `mins` scale with the block's separate `dmin`.
+pub(super) const MINS_SCALED: u8 = 2;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Sixteen i16 sums of adjacent products w·x. Signed weights go through |w|·sign(x, w)
+/// because `maddubs` wants its first operand unsigned; no pair can saturate since
+/// activations are within ±127 and weights within -128..=127 (or 0..=63 unsigned).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pair_products<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+    if SIGNED {
+        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+    } else {
+        _mm256_maddubs_epi16(w, x)
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_block<const SIGNED: bool>(
+    q: *const u8,
+    x: *const u8,
+    wd: *const f32,
+    ad: *const f32,
+    b: usize,
+    acc: __m256,
+) -> __m256 {
+    let pairs = pair_products::<SIGNED>(load(q.add(32 * b)), load(x.add(32 * b)));
+    let p = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    let s = _mm256_set1_ps(*wd.add(b) * *ad.add(b));
+    _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc)
+}
+
+/// 32-element blocks: Σ_b d_w·d_a·Σ(w·x), plus Σ_b m_w·s_a when `MIN` (Q4_1, Q5_1).
+/// Even and odd blocks feed separate accumulators to hide the FMA latency.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
+    _w: &[u8],
+    st: &Stage,
+    a: &ActRow,
+    nb: usize,
+) -> f32 {
+    debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
+    let (q, x, wd, ad) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut b = 0;
+    while b + 2 <= nb {
+        acc0 = legacy_block::<SIGNED>(q, x, wd, ad, b, acc0);
+        acc1 = legacy_block::<SIGNED>(q, x, wd, ad, b + 1, acc1);
+        b += 2;
+    }
+    if b < nb {
+        acc0 = legacy_block::<SIGNED>(q, x, wd, ad, b, acc0);
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(acc0, acc1));
+    if MIN {
+        let mut mins = 0f32;
+        for b in 0..nb {
+            mins += st.m[b] * a.s[b];
+        }
+        sum += mins;
+    }
+    sum
+}
+
+/// 256-element blocks: per block Σ_chunks madd(pairs, scales) in i32, then
+/// `MINS_NONE`: d_w·d_a·Σ; `MINS_OFFSET`: d_w·d_a·(Σ − bsums·mins);
+/// `MINS_SCALED`: d_w·d_a·Σ − dmin_w·d_a·(bsums·mins).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(_w: &[u8], st: &Stage, a: &ActRow, nb: usize) -> f32 {
+    debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
+    debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
+    let (q, x, sc) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
+    let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
+    let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..8 {
+            let off = 256 * b + 32 * c;
+            let p = pair_products::<SIGNED>(load(q.add(off)), load(x.add(off)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, load(sc.add(off))));
+        }
+        let dd = *wd.add(b) * *ad.add(b);
+        if MINS == MINS_NONE {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+        } else {
+            let m = _mm256_madd_epi16(load(bsums.add(32 * b)), load(mins.add(32 * b)));
+            if MINS == MINS_OFFSET {
+                let total = _mm256_sub_epi32(sumi, m);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(total), acc);
+            } else {
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+                let dm = -(*wm.add(b) * *ad.add(b));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(m), acc);
+            }
+        }
+    }
+    hsum_ps(acc)
+}
+
+/// f32 dot of `n` elements with four accumulators; the tail is summed in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut j = 0;
+    while j + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j + 8 * k)), _mm256_loadu_ps(x.add(j + 8 * k)), *a);
+        }
+        j += 32;
+    }
+    while j + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j)), _mm256_loadu_ps(x.add(j)), acc[0]);
+        j += 8;
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    while j < n {
+        sum += w.add(j).read_unaligned() * *x.add(j);
+        j += 1;
+    }
+    sum
+}
+
+/// F32 weights, read straight from the row bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &Stage, a: &ActRow, n: usize) -> f32 {
+    debug_assert!(w.len() >= 4 * n && a.f.len() >= n);
+    dot_f32_ptrs(w.as_ptr() as *const f32, a.f.as_ptr(), n)
+}
+
+/// F16 / BF16 weights widened into the stage.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &Stage, a: &ActRow, n: usize) -> f32 {
+    debug_assert!(st.f.len() >= n && a.f.len() >= n);
+    dot_f32_ptrs(st.f.as_ptr(), a.f.as_ptr(), n)
+}

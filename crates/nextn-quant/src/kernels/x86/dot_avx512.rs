@@ -1,0 +1,173 @@
+//! AVX-512 (F, BW, VL) dot products: the AVX2 scheme on 64-byte vectors, two 32-weight
+//! blocks or chunks per instruction. Same staging and integer sums as AVX2; the f32
+//! accumulation differs (16 lanes), so results match AVX2 to rounding, not bit for bit.
+
+use core::arch::x86_64::*;
+
+use super::super::act::ActRow;
+use super::super::stage::Stage;
+use super::dot_avx2::{hsum_ps, MINS_NONE, MINS_OFFSET};
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn hsum512(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    hsum_ps(_mm256_add_ps(lo, hi))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn load512(p: *const u8) -> __m512i {
+    _mm512_loadu_si512(p as *const __m512i)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 32 i16 sums of adjacent products; AVX-512 has no `vpsignb`, so negative weights
+/// negate the activation through a mask (a zero weight gives |w| = 0 either way).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn pair_products<const SIGNED: bool>(w: __m512i, x: __m512i) -> __m512i {
+    if SIGNED {
+        let negative = _mm512_movepi8_mask(w);
+        let sx = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+        _mm512_maddubs_epi16(_mm512_abs_epi8(w), sx)
+    } else {
+        _mm512_maddubs_epi16(w, x)
+    }
+}
+
+/// Blocks `b` and `b + 1` (or only `b` when `single`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn legacy_pair<const SIGNED: bool>(
+    q: *const u8,
+    x: *const u8,
+    wd: *const f32,
+    ad: *const f32,
+    b: usize,
+    single: bool,
+    acc: __m512,
+) -> __m512 {
+    let s0 = *wd.add(b) * *ad.add(b);
+    let (wv, xv, s1) = if single {
+        let low = 0xffff_ffffu64;
+        let wv = _mm512_maskz_loadu_epi8(low, q.add(32 * b) as *const i8);
+        let xv = _mm512_maskz_loadu_epi8(low, x.add(32 * b) as *const i8);
+        (wv, xv, 0.0)
+    } else {
+        (load512(q.add(32 * b)), load512(x.add(32 * b)), *wd.add(b + 1) * *ad.add(b + 1))
+    };
+    let p = _mm512_madd_epi16(pair_products::<SIGNED>(wv, xv), _mm512_set1_epi16(1));
+    let s = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
+    _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
+    _w: &[u8],
+    st: &Stage,
+    a: &ActRow,
+    nb: usize,
+) -> f32 {
+    debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
+    let (q, x, wd, ad) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut b = 0;
+    while b + 4 <= nb {
+        acc0 = legacy_pair::<SIGNED>(q, x, wd, ad, b, false, acc0);
+        acc1 = legacy_pair::<SIGNED>(q, x, wd, ad, b + 2, false, acc1);
+        b += 4;
+    }
+    if b + 2 <= nb {
+        acc0 = legacy_pair::<SIGNED>(q, x, wd, ad, b, false, acc0);
+        b += 2;
+    }
+    if b < nb {
+        acc1 = legacy_pair::<SIGNED>(q, x, wd, ad, b, true, acc1);
+    }
+    let mut sum = hsum512(_mm512_add_ps(acc0, acc1));
+    if MIN {
+        let mut mins = 0f32;
+        for b in 0..nb {
+            mins += st.m[b] * a.s[b];
+        }
+        sum += mins;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(_w: &[u8], st: &Stage, a: &ActRow, nb: usize) -> f32 {
+    debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
+    debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
+    let (q, x, sc) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
+    let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
+    let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let mut wide = _mm512_setzero_si512();
+        for c in 0..4 {
+            let off = 256 * b + 64 * c;
+            let p = pair_products::<SIGNED>(load512(q.add(off)), load512(x.add(off)));
+            wide = _mm512_add_epi32(wide, _mm512_madd_epi16(p, load512(sc.add(off))));
+        }
+        let sumi = _mm256_add_epi32(_mm512_castsi512_si256(wide), _mm512_extracti64x4_epi64(wide, 1));
+        let dd = *wd.add(b) * *ad.add(b);
+        if MINS == MINS_NONE {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+        } else {
+            let m = _mm256_madd_epi16(load256(bsums.add(32 * b)), load256(mins.add(32 * b)));
+            if MINS == MINS_OFFSET {
+                let total = _mm256_sub_epi32(sumi, m);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(total), acc);
+            } else {
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+                let dm = -(*wm.add(b) * *ad.add(b));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(m), acc);
+            }
+        }
+    }
+    hsum_ps(acc)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut j = 0;
+    while j + 64 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(j + 16 * k)), _mm512_loadu_ps(x.add(j + 16 * k)), *a);
+        }
+        j += 64;
+    }
+    while j + 16 <= n {
+        acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(j)), _mm512_loadu_ps(x.add(j)), acc[0]);
+        j += 16;
+    }
+    let mut sum = hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    while j < n {
+        sum += w.add(j).read_unaligned() * *x.add(j);
+        j += 1;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &Stage, a: &ActRow, n: usize) -> f32 {
+    debug_assert!(w.len() >= 4 * n && a.f.len() >= n);
+    dot_f32_ptrs(w.as_ptr() as *const f32, a.f.as_ptr(), n)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &Stage, a: &ActRow, n: usize) -> f32 {
+    debug_assert!(st.f.len() >= n && a.f.len() >= n);
+    dot_f32_ptrs(st.f.as_ptr(), a.f.as_ptr(), n)
+}

@@ -1,0 +1,96 @@
+//! `nextn logits`: the target's logits for every position of a prompt, as JSON lines, for
+//! cross-checking against llama.cpp and reference implementations.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use nextn_model::LogitRows;
+use serde_json::json;
+
+use super::common::{self, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text (tokenized with special tokens parsed)
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file
+    #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
+    pub file: Option<PathBuf>,
+    /// Token ids instead of text, comma separated
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "file"])]
+    pub tokens: Vec<u32>,
+    /// Entries of the top list per row
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Also print the full logits vector of each row
+    #[arg(long)]
+    pub full: bool,
+    /// Rows per forward pass (default: the whole prompt in one pass)
+    #[arg(short = 'b', long = "batch-size")]
+    pub batch_size: Option<usize>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let loaded = common::load(&args.model)?;
+    let tokens = if !args.tokens.is_empty() {
+        args.tokens.clone()
+    } else {
+        let text = super::run::prompt_text(&args.prompt, &args.file)?;
+        loaded.tokenizer.encode(&text, true)
+    };
+    if tokens.is_empty() {
+        bail!("the prompt is empty: give -p TEXT, -f FILE or --tokens IDS");
+    }
+    if tokens.len() > loaded.n_ctx {
+        bail!("the prompt has {} tokens, more than the context length {} (-c)", tokens.len(), loaded.n_ctx);
+    }
+    let mut state = loaded.new_sequence();
+    let batch = args.batch_size.unwrap_or(tokens.len()).max(1);
+    let e = loaded.model.config.n_embd;
+    let mut pos = 0;
+    for chunk in tokens.chunks(batch) {
+        let out = loaded
+            .model
+            .forward(chunk, &mut state, LogitRows::All, &loaded.pool)
+            .with_context(|| format!("forward pass at position {pos}"))?;
+        for (i, &tok) in chunk.iter().enumerate() {
+            let row = out.logits_row(i);
+            let hidden = &out.hidden[i * e..(i + 1) * e];
+            println!("{}", serde_json::to_string(&row_json(pos, tok, row, hidden, args.top, args.full))?);
+            pos += 1;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One row's summary in the shape of the golden files: argmax, log-sum-exp, top list.
+pub fn row_json(pos: usize, token: u32, row: &[f32], hidden: &[f32], top: usize, full: bool) -> serde_json::Value {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max as f64 + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln();
+    let mut order: Vec<u32> = (0..row.len() as u32).collect();
+    let k = top.min(row.len());
+    if k > 0 {
+        order.select_nth_unstable_by(k - 1, |&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        order.truncate(k);
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+    }
+    let top_list: Vec<(u32, f32)> = order.iter().map(|&i| (i, row[i as usize])).collect();
+    let argmax = nextn_engine::sampler::argmax(row);
+    let hidden_l2 = hidden.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>().sqrt();
+    let mut v = json!({
+        "pos": pos,
+        "token": token,
+        "argmax": argmax,
+        "lse": lse,
+        "top": top_list,
+        "hidden_l2": hidden_l2,
+    });
+    if full {
+        v.as_object_mut().expect("json object").insert("logits".into(), json!(row));
+    }
+    v
+}

@@ -1,0 +1,5 @@
+pub mod common;
+pub mod inspect;
+pub mod logits;
+pub mod run;
+pub mod verify;
