@@ -163,7 +163,10 @@ fn penalties_follow_llama_cpp_formula() {
     let penalised = [-1.0f64, -3.5, 0.5, 0.0];
     let z: f64 = penalised.iter().map(|x| x.exp()).sum();
     let dist = s.distribution(&logits).to_vec();
-    assert_eq!(dist.iter().map(|t| t.id).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert_eq!(
+        dist.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
     for t in &dist {
         let want = penalised[t.id as usize].exp() / z;
         assert!((t.p as f64 - want).abs() < 1e-6, "{t:?} want {want}");
@@ -221,15 +224,69 @@ fn each_filter_matches_reference() {
     let base = cfg_no_filters(1.0, 3);
     let cases: Vec<(&str, SamplerConfig)> = vec![
         ("no filters", base.clone()),
-        ("top_k 1", SamplerConfig { top_k: 1, ..base.clone() }),
-        ("top_k 7", SamplerConfig { top_k: 7, ..base.clone() }),
-        ("top_k 40", SamplerConfig { top_k: 40, ..base.clone() }),
-        ("top_p 0", SamplerConfig { top_p: 0.0, ..base.clone() }),
-        ("top_p 0.5", SamplerConfig { top_p: 0.5, ..base.clone() }),
-        ("top_p 0.95", SamplerConfig { top_p: 0.95, ..base.clone() }),
-        ("min_p 0.05", SamplerConfig { min_p: 0.05, ..base.clone() }),
-        ("min_p 0.5", SamplerConfig { min_p: 0.5, ..base.clone() }),
-        ("min_p 1", SamplerConfig { min_p: 1.0, ..base.clone() }),
+        (
+            "top_k 1",
+            SamplerConfig {
+                top_k: 1,
+                ..base.clone()
+            },
+        ),
+        (
+            "top_k 7",
+            SamplerConfig {
+                top_k: 7,
+                ..base.clone()
+            },
+        ),
+        (
+            "top_k 40",
+            SamplerConfig {
+                top_k: 40,
+                ..base.clone()
+            },
+        ),
+        (
+            "top_p 0",
+            SamplerConfig {
+                top_p: 0.0,
+                ..base.clone()
+            },
+        ),
+        (
+            "top_p 0.5",
+            SamplerConfig {
+                top_p: 0.5,
+                ..base.clone()
+            },
+        ),
+        (
+            "top_p 0.95",
+            SamplerConfig {
+                top_p: 0.95,
+                ..base.clone()
+            },
+        ),
+        (
+            "min_p 0.05",
+            SamplerConfig {
+                min_p: 0.05,
+                ..base.clone()
+            },
+        ),
+        (
+            "min_p 0.5",
+            SamplerConfig {
+                min_p: 0.5,
+                ..base.clone()
+            },
+        ),
+        (
+            "min_p 1",
+            SamplerConfig {
+                min_p: 1.0,
+                ..base.clone()
+            },
+        ),
         ("temperature 0.3", cfg_no_filters(0.3, 3)),
         ("temperature 2.5", cfg_no_filters(2.5, 3)),
         ("llama.cpp defaults", SamplerConfig::default()),
@@ -283,7 +340,12 @@ fn full_vocabulary_top_k_with_penalties_matches_reference() {
             .unwrap_or(std::cmp::Ordering::Equal)
             .then(a.cmp(&b))
     });
-    let window: Vec<u32> = order.iter().filter(|&&i| !logits[i as usize].is_nan()).take(64).copied().collect();
+    let window: Vec<u32> = order
+        .iter()
+        .filter(|&&i| !logits[i as usize].is_nan())
+        .take(64)
+        .copied()
+        .collect();
     let cfg = SamplerConfig {
         repeat_penalty: 1.2,
         presence_penalty: 0.5,
@@ -322,7 +384,10 @@ fn same_seed_same_tokens_different_seed_different_tokens() {
     }
     let mut twin = s.clone();
     let tail: Vec<u32> = rows[50..].iter().map(|r| s.sample_and_accept(r)).collect();
-    let twin_tail: Vec<u32> = rows[50..].iter().map(|r| twin.sample_and_accept(r)).collect();
+    let twin_tail: Vec<u32> = rows[50..]
+        .iter()
+        .map(|r| twin.sample_and_accept(r))
+        .collect();
     assert_eq!(tail, twin_tail);
     assert_eq!(tail, a[50..].to_vec());
     s.reset();
@@ -355,7 +420,10 @@ const PINNED_SEED_2024: [u32; 24] = [
 fn draws_follow_softmax() {
     let logits = [0.3f32, -1.2, 2.0, 0.0, 1.1, -0.4];
     for temperature in [1.0f32, 0.6] {
-        let z: f64 = logits.iter().map(|&l| (l as f64 / temperature as f64).exp()).sum();
+        let z: f64 = logits
+            .iter()
+            .map(|&l| (l as f64 / temperature as f64).exp())
+            .sum();
         let want: Vec<f64> = logits
             .iter()
             .map(|&l| (l as f64 / temperature as f64).exp() / z)
@@ -411,7 +479,9 @@ fn degenerate_rows() {
         assert!(t == 1 || t == 3);
     }
     // All −∞: no information, so every token is equally likely (and NaN still excluded).
-    let d = s.distribution(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]).to_vec();
+    let d = s
+        .distribution(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY])
+        .to_vec();
     assert_eq!(d.len(), 2);
     assert!(d.iter().all(|t| (t.p - 0.5).abs() < 1e-7 && t.id != 1));
 }
@@ -444,22 +514,100 @@ fn top_probability() {
 #[test]
 fn validate_names_the_field() {
     let bad: Vec<(&str, SamplerConfig)> = vec![
-        ("temperature", SamplerConfig { temperature: f32::NAN, ..Default::default() }),
-        ("temperature", SamplerConfig { temperature: f32::INFINITY, ..Default::default() }),
-        ("top_p", SamplerConfig { top_p: 1.5, ..Default::default() }),
-        ("top_p", SamplerConfig { top_p: -0.1, ..Default::default() }),
-        ("top_p", SamplerConfig { top_p: f32::NAN, ..Default::default() }),
-        ("min_p", SamplerConfig { min_p: -0.5, ..Default::default() }),
-        ("min_p", SamplerConfig { min_p: f32::NAN, ..Default::default() }),
-        ("repeat_penalty", SamplerConfig { repeat_penalty: 0.0, ..Default::default() }),
-        ("repeat_penalty", SamplerConfig { repeat_penalty: -1.0, ..Default::default() }),
-        ("repeat_penalty", SamplerConfig { repeat_penalty: f32::NAN, ..Default::default() }),
-        ("repeat_last_n", SamplerConfig { repeat_last_n: usize::MAX, ..Default::default() }),
-        ("presence_penalty", SamplerConfig { presence_penalty: f32::NAN, ..Default::default() }),
-        ("frequency_penalty", SamplerConfig { frequency_penalty: f32::INFINITY, ..Default::default() }),
+        (
+            "temperature",
+            SamplerConfig {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+        ),
+        (
+            "temperature",
+            SamplerConfig {
+                temperature: f32::INFINITY,
+                ..Default::default()
+            },
+        ),
+        (
+            "top_p",
+            SamplerConfig {
+                top_p: 1.5,
+                ..Default::default()
+            },
+        ),
+        (
+            "top_p",
+            SamplerConfig {
+                top_p: -0.1,
+                ..Default::default()
+            },
+        ),
+        (
+            "top_p",
+            SamplerConfig {
+                top_p: f32::NAN,
+                ..Default::default()
+            },
+        ),
+        (
+            "min_p",
+            SamplerConfig {
+                min_p: -0.5,
+                ..Default::default()
+            },
+        ),
+        (
+            "min_p",
+            SamplerConfig {
+                min_p: f32::NAN,
+                ..Default::default()
+            },
+        ),
+        (
+            "repeat_penalty",
+            SamplerConfig {
+                repeat_penalty: 0.0,
+                ..Default::default()
+            },
+        ),
+        (
+            "repeat_penalty",
+            SamplerConfig {
+                repeat_penalty: -1.0,
+                ..Default::default()
+            },
+        ),
+        (
+            "repeat_penalty",
+            SamplerConfig {
+                repeat_penalty: f32::NAN,
+                ..Default::default()
+            },
+        ),
+        (
+            "repeat_last_n",
+            SamplerConfig {
+                repeat_last_n: usize::MAX,
+                ..Default::default()
+            },
+        ),
+        (
+            "presence_penalty",
+            SamplerConfig {
+                presence_penalty: f32::NAN,
+                ..Default::default()
+            },
+        ),
+        (
+            "frequency_penalty",
+            SamplerConfig {
+                frequency_penalty: f32::INFINITY,
+                ..Default::default()
+            },
+        ),
     ];
     for (field, cfg) in bad {
-        let err = Sampler::new(cfg).err().expect(field);
+        let err = Sampler::new(cfg).expect_err(field);
         let SamplerError::InvalidParameter { field: f, .. } = &err;
         assert_eq!(*f, field);
         assert!(err.to_string().contains(field), "{err}");

@@ -338,7 +338,8 @@ mod tests {
     #[test]
     fn tensor_data_rejects_foreign_infos() {
         let mut w = GgufWriter::new();
-        w.add_tensor("a", vec![4], GgmlType::F32, vec![7; 16]).unwrap();
+        w.add_tensor("a", vec![4], GgmlType::F32, vec![7; 16])
+            .unwrap();
         let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
         let mut t = f.tensors()[0].clone();
         assert_eq!(f.try_tensor_data(&t), Some(&[7u8; 16][..]));

@@ -135,11 +135,46 @@ impl RecurrentState {
     }
 }
 
+/// Per-row inputs of the delta-rule recurrence from a verify batch, kept until commit so that a
+/// partial acceptance replays only the kept rows.
+#[derive(Clone, Debug)]
+pub struct RowInputs {
+    pub n: usize,
+    /// Raw (pre-conv) projections `n × conv_dim`: they become the conv window.
+    pub raw: Vec<f32>,
+    /// Conv + SiLU outputs with q and k L2-normalised, `n × conv_dim`.
+    pub conv: Vec<f32>,
+    /// Per row and v head.
+    pub beta: Vec<f32>,
+    pub decay: Vec<f32>,
+}
+
+impl RowInputs {
+    pub fn new(n: usize, conv_dim: usize, v_heads: usize) -> Self {
+        RowInputs {
+            n,
+            raw: vec![0.0; n * conv_dim],
+            conv: vec![0.0; n * conv_dim],
+            beta: vec![0.0; n * v_heads],
+            decay: vec![0.0; n * v_heads],
+        }
+    }
+}
+
+/// A delta-net layer's cache: the committed state, a spare state buffer that a verify batch writes
+/// its final state into, and the verify rows awaiting commit.
+#[derive(Clone, Debug)]
+pub struct DeltaNetCache {
+    pub state: RecurrentState,
+    pub spare: Vec<f32>,
+    pub pending: Option<RowInputs>,
+}
+
 /// What one trunk layer caches for a sequence.
 #[derive(Clone, Debug)]
 pub enum LayerCache {
     Attention(KvLayer),
-    DeltaNet(RecurrentState),
+    DeltaNet(DeltaNetCache),
 }
 
 /// Everything the target model remembers about one sequence.
@@ -150,6 +185,8 @@ pub struct SequenceState {
     pub n_past: usize,
     /// Context length this sequence may grow to.
     pub n_ctx: usize,
+    /// Rows of a verify batch at the end of `n_past` that are not committed yet.
+    pub pending_rows: usize,
 }
 
 /// The delta-net states of every recurrent layer at one position, to roll back to.
@@ -180,7 +217,7 @@ impl SequenceState {
                 .layers
                 .iter()
                 .map(|l| match l {
-                    LayerCache::DeltaNet(s) => Some(s.clone()),
+                    LayerCache::DeltaNet(c) => Some(c.state.clone()),
                     LayerCache::Attention(_) => None,
                 })
                 .collect(),
@@ -189,7 +226,7 @@ impl SequenceState {
 
     /// Return to the position of `snap`: recurrent states restored, KV truncated.
     pub fn restore(&mut self, snap: &RecurrentSnapshot) -> Result<(), ModelError> {
-        if snap.n_past > self.n_past || snap.states.len() != self.layers.len() {
+        if self.pending_rows > 0 || snap.n_past > self.n_past || snap.states.len() != self.layers.len() {
             return Err(ModelError::Rollback(format!(
                 "snapshot at position {} cannot be restored onto a sequence at {}",
                 snap.n_past, self.n_past
@@ -197,7 +234,7 @@ impl SequenceState {
         }
         for (layer, saved) in self.layers.iter_mut().zip(&snap.states) {
             match (layer, saved) {
-                (LayerCache::DeltaNet(s), Some(saved)) => s.clone_from(saved),
+                (LayerCache::DeltaNet(c), Some(saved)) => c.state.clone_from(saved),
                 (LayerCache::Attention(kv), None) => kv.truncate(snap.n_past),
                 _ => return Err(ModelError::Rollback("snapshot layer kinds differ".into())),
             }
@@ -232,7 +269,7 @@ impl SequenceState {
                     };
                     kb + vb
                 }
-                LayerCache::DeltaNet(s) => (s.conv.len() + s.ssm.len()) * 4,
+                LayerCache::DeltaNet(c) => (c.state.conv.len() + c.state.ssm.len() + c.spare.len()) * 4,
             })
             .sum()
     }

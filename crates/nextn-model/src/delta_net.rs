@@ -4,7 +4,7 @@
 
 use nextn_quant::kernels::ThreadPool;
 
-use crate::cache::RecurrentState;
+use crate::cache::{DeltaNetCache, RecurrentState, RowInputs};
 use crate::config::Qwen35Config;
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
@@ -60,79 +60,81 @@ impl GatedDeltaNet {
     }
 
     /// A zero state of the right size for this layer.
-    pub fn new_state(&self) -> RecurrentState {
-        RecurrentState::zeros(
-            (self.kernel - 1) * self.conv_dim(),
-            self.v_heads * self.head_dim * self.head_dim,
-        )
+    pub fn new_cache(&self) -> DeltaNetCache {
+        DeltaNetCache {
+            state: RecurrentState::zeros((self.kernel - 1) * self.conv_dim(), self.v_heads * self.head_dim * self.head_dim),
+            spare: Vec::new(),
+            pending: None,
+        }
     }
 
-    /// Process `n` consecutive rows of one sequence, advancing `state` past all of them.
+    /// Process `n` consecutive rows of one sequence. With `verify` false the rows are committed
+    /// at once (`state.state` advances past all of them). With `verify` true the committed state is
+    /// left as it was, the state after the last row goes to a spare buffer and each row's inputs to
+    /// the recurrence are kept, so [`DeltaNetCache::commit`] can keep any prefix of the rows: all of
+    /// them by swapping buffers, fewer by replaying only the kept rows.
     /// `x` and `out` are `n × n_embd`.
     pub fn forward(
         &self,
         x: &[f32],
         n: usize,
-        state: &mut RecurrentState,
+        cache: &mut DeltaNetCache,
+        verify: bool,
         out: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
+        if cache.pending.is_some() {
+            return Err(ModelError::Rollback("delta-net layer has uncommitted verify rows".into()));
+        }
         let (hk, hv, d) = (self.k_heads, self.v_heads, self.head_dim);
         let conv_dim = self.conv_dim();
         let key_dim = hk * d;
         let value_dim = hv * d;
-        let mut mixed = vec![0.0f32; n * conv_dim];
+        let mut rows = RowInputs::new(n, conv_dim, hv);
         let mut z = vec![0.0f32; n * value_dim];
         let mut b = vec![0.0f32; n * hv];
         let mut alpha = vec![0.0f32; n * hv];
-        self.w_qkv.forward(x, n, &mut mixed, pool)?;
+        self.w_qkv.forward(x, n, &mut rows.raw, pool)?;
         self.w_gate.forward(x, n, &mut z, pool)?;
         self.w_beta.forward(x, n, &mut b, pool)?;
         self.w_alpha.forward(x, n, &mut alpha, pool)?;
 
+        // Conv + SiLU over time on a copy of the window (the committed one stays put until commit).
+        let mut window = cache.state.conv.clone();
+        for t in 0..n {
+            let (raw, conv) = (&rows.raw[t * conv_dim..(t + 1) * conv_dim], &mut rows.conv[t * conv_dim..(t + 1) * conv_dim]);
+            self.conv_step(raw, &mut window, conv);
+            let (q, k) = conv[..2 * key_dim].split_at_mut(key_dim);
+            q.chunks_exact_mut(d).for_each(|h| ops::l2_norm(h, self.eps));
+            k.chunks_exact_mut(d).for_each(|h| ops::l2_norm(h, self.eps));
+            for m in 0..hv {
+                rows.beta[t * hv + m] = ops::sigmoid(b[t * hv + m]);
+                rows.decay[t * hv + m] = (ops::softplus(alpha[t * hv + m] + self.dt_bias[m]) * self.a[m]).exp();
+            }
+        }
+
         let scale = 1.0 / (d as f32).sqrt();
         let mut y = vec![0.0f32; n * value_dim];
-        let mut c = vec![0.0f32; conv_dim];
         let mut u = vec![0.0f32; d];
         let mut o = vec![0.0f32; d];
         let mut normed = vec![0.0f32; d];
-        for t in 0..n {
-            let m = &mixed[t * conv_dim..(t + 1) * conv_dim];
-            self.conv_step(m, &mut state.conv, &mut c);
-            let (q, rest) = c.split_at_mut(key_dim);
-            let (k, v) = rest.split_at_mut(key_dim);
-            q.chunks_exact_mut(d).for_each(|h| ops::l2_norm(h, self.eps));
-            k.chunks_exact_mut(d).for_each(|h| ops::l2_norm(h, self.eps));
-
-            for mh in 0..hv {
-                let g = mh % hk;
-                let (qg, kg) = (&q[g * d..(g + 1) * d], &k[g * d..(g + 1) * d]);
-                let vm = &v[mh * d..(mh + 1) * d];
-                let beta = ops::sigmoid(b[t * hv + mh]);
-                let gamma = ops::softplus(alpha[t * hv + mh] + self.dt_bias[mh]) * self.a[mh];
-                let decay = gamma.exp();
-                let s = &mut state.ssm[mh * d * d..(mh + 1) * d * d];
-                // Decay the state and read it with k: u = Sᵀk.
-                u.fill(0.0);
-                for (i, row) in s.chunks_exact_mut(d).enumerate() {
-                    let ki = kg[i];
-                    for (sij, uj) in row.iter_mut().zip(u.iter_mut()) {
-                        *sij *= decay;
-                        *uj += *sij * ki;
-                    }
-                }
-                // δ = β(v − u); S += k δᵀ; o = s·Sᵀq with the updated state.
-                for (uj, &vj) in u.iter_mut().zip(vm) {
-                    *uj = beta * (vj - *uj);
-                }
-                o.fill(0.0);
-                for (i, row) in s.chunks_exact_mut(d).enumerate() {
-                    let (ki, qi) = (kg[i], qg[i]);
-                    for ((sij, &dj), oj) in row.iter_mut().zip(u.iter()).zip(o.iter_mut()) {
-                        *sij += ki * dj;
-                        *oj += *sij * qi;
-                    }
-                }
+        if verify {
+            cache.spare.resize(cache.state.ssm.len(), 0.0);
+        }
+        for mh in 0..hv {
+            let g = mh % hk;
+            let head = mh * d * d..(mh + 1) * d * d;
+            let s: &mut [f32] = if verify {
+                cache.spare[head.clone()].copy_from_slice(&cache.state.ssm[head.clone()]);
+                &mut cache.spare[head]
+            } else {
+                &mut cache.state.ssm[head]
+            };
+            for t in 0..n {
+                let c = &rows.conv[t * conv_dim..(t + 1) * conv_dim];
+                let (qg, kg) = (&c[g * d..(g + 1) * d], &c[key_dim + g * d..key_dim + (g + 1) * d]);
+                let vm = &c[2 * key_dim + mh * d..2 * key_dim + (mh + 1) * d];
+                delta_rule_step(s, kg, vm, rows.beta[t * hv + mh], rows.decay[t * hv + mh], &mut u, Some((qg, &mut o)));
                 o.iter_mut().for_each(|v| *v *= scale);
                 ops::rms_norm(&o, &self.norm, self.eps, &mut normed);
                 let zm = &z[t * value_dim + mh * d..][..d];
@@ -142,7 +144,50 @@ impl GatedDeltaNet {
                 }
             }
         }
+        if verify {
+            cache.pending = Some(rows);
+        } else {
+            cache.state.conv = window;
+        }
         self.w_out.forward(&y, n, out, pool)
+    }
+
+    /// Keep the first `keep` rows of the pending verify batch (0 drops them all).
+    pub fn commit(&self, cache: &mut DeltaNetCache, keep: usize) -> Result<(), ModelError> {
+        let Some(rows) = cache.pending.take() else {
+            return if keep == 0 { Ok(()) } else { Err(ModelError::Rollback("no verify rows to commit".into())) };
+        };
+        if keep > rows.n {
+            return Err(ModelError::Rollback(format!("cannot keep {keep} of {} verify rows", rows.n)));
+        }
+        let (hk, hv, d) = (self.k_heads, self.v_heads, self.head_dim);
+        let conv_dim = self.conv_dim();
+        let key_dim = hk * d;
+        if keep == rows.n {
+            std::mem::swap(&mut cache.state.ssm, &mut cache.spare);
+        } else if keep > 0 {
+            // Replay only the kept rows on the committed state: the same arithmetic as the forward
+            // pass, so the result is bit-identical to having decoded those rows alone.
+            let mut u = vec![0.0f32; d];
+            for mh in 0..hv {
+                let g = mh % hk;
+                let s = &mut cache.state.ssm[mh * d * d..(mh + 1) * d * d];
+                for t in 0..keep {
+                    let c = &rows.conv[t * conv_dim..(t + 1) * conv_dim];
+                    let kg = &c[key_dim + g * d..key_dim + (g + 1) * d];
+                    let vm = &c[2 * key_dim + mh * d..2 * key_dim + (mh + 1) * d];
+                    delta_rule_step(s, kg, vm, rows.beta[t * hv + mh], rows.decay[t * hv + mh], &mut u, None);
+                }
+            }
+        }
+        // The conv window after `keep` rows: the last Kc−1 raw inputs of [window, kept rows].
+        let kc1 = self.kernel - 1;
+        if keep > 0 && kc1 > 0 {
+            let mut all = std::mem::take(&mut cache.state.conv);
+            all.extend_from_slice(&rows.raw[..keep * conv_dim]);
+            cache.state.conv = all[all.len() - kc1 * conv_dim..].to_vec();
+        }
+        Ok(())
     }
 
     /// One step of the causal depthwise conv + SiLU; `window` holds the previous `Kc−1` raw inputs
@@ -162,6 +207,53 @@ impl GatedDeltaNet {
         if kc > 1 {
             window.copy_within(conv_dim.., 0);
             window[(kc - 2) * conv_dim..].copy_from_slice(m);
+        }
+    }
+}
+
+/// One delta-rule step on a head's state `s` (dk × dv, row i = key dim):
+/// `S ← decay·S; u = Sᵀk; δ = β(v − u); S += k δᵀ`, and with `readout = (q, o)`, `o = Sᵀq` on the
+/// updated state. The state update is the same float sequence with or without the readout.
+#[inline]
+fn delta_rule_step(
+    s: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    beta: f32,
+    decay: f32,
+    u: &mut [f32],
+    readout: Option<(&[f32], &mut [f32])>,
+) {
+    let d = u.len();
+    u.fill(0.0);
+    for (i, row) in s.chunks_exact_mut(d).enumerate() {
+        let ki = k[i];
+        for (sij, uj) in row.iter_mut().zip(u.iter_mut()) {
+            *sij *= decay;
+            *uj += *sij * ki;
+        }
+    }
+    for (uj, &vj) in u.iter_mut().zip(v) {
+        *uj = beta * (vj - *uj);
+    }
+    match readout {
+        Some((q, o)) => {
+            o.fill(0.0);
+            for (i, row) in s.chunks_exact_mut(d).enumerate() {
+                let (ki, qi) = (k[i], q[i]);
+                for ((sij, &dj), oj) in row.iter_mut().zip(u.iter()).zip(o.iter_mut()) {
+                    *sij += ki * dj;
+                    *oj += *sij * qi;
+                }
+            }
+        }
+        None => {
+            for (i, row) in s.chunks_exact_mut(d).enumerate() {
+                let ki = k[i];
+                for (sij, &dj) in row.iter_mut().zip(u.iter()) {
+                    *sij += ki * dj;
+                }
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ pub mod nextn;
 pub mod ops;
 pub mod weights;
 
-pub use cache::{KvType, RecurrentSnapshot, RecurrentState, SequenceState};
+pub use cache::{KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};
 pub use config::{Arch, LayerKind, Qwen35Config};
 pub use model::{ForwardOutput, LogitRows, Model};
 pub use nextn::NextnHead;

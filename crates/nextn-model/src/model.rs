@@ -49,6 +49,7 @@ impl DecoderLayer {
         start_pos: usize,
         cache: &mut LayerCache,
         eps: f32,
+        verify: bool,
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         let e = self.attn_norm.len();
@@ -59,7 +60,7 @@ impl DecoderLayer {
         let mut a = vec![0.0f32; n * e];
         match (&self.mixer, cache) {
             (Mixer::Attention(m), LayerCache::Attention(kv)) => m.forward(&x, n, start_pos, kv, &mut a, pool)?,
-            (Mixer::DeltaNet(m), LayerCache::DeltaNet(s)) => m.forward(&x, n, s, &mut a, pool)?,
+            (Mixer::DeltaNet(m), LayerCache::DeltaNet(c)) => m.forward(&x, n, c, verify, &mut a, pool)?,
             _ => return Err(ModelError::Rollback("layer cache kind does not match the layer".into())),
         }
         ops::add_in_place(h, &a);
@@ -81,6 +82,7 @@ pub enum LogitRows {
 }
 
 /// What a forward pass returns.
+#[derive(Clone, Debug)]
 pub struct ForwardOutput {
     /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed.
     pub hidden: Vec<f32>,
@@ -149,10 +151,10 @@ impl Model {
                 Mixer::Attention(_) => {
                     LayerCache::Attention(KvLayer::new(k_type, v_type, cfg.n_head_kv[il] * cfg.head_dim))
                 }
-                Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_state()),
+                Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_cache()),
             })
             .collect();
-        SequenceState { layers, n_past: 0, n_ctx }
+        SequenceState { layers, n_past: 0, n_ctx, pending_rows: 0 }
     }
 
     /// Embedding rows of `tokens` (`n × n_embd`).
@@ -178,6 +180,52 @@ impl Model {
         logit_rows: LogitRows,
         pool: &ThreadPool,
     ) -> Result<ForwardOutput, ModelError> {
+        self.run_rows(tokens, state, logit_rows, false, pool)
+    }
+
+    /// A speculative verify pass: like [`Model::forward`] with logits for every row, but the rows
+    /// stay pending until [`Model::commit`] keeps a prefix of them.
+    pub fn forward_verify(
+        &self,
+        tokens: &[u32],
+        state: &mut SequenceState,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let out = self.run_rows(tokens, state, LogitRows::All, true, pool)?;
+        state.pending_rows = tokens.len();
+        Ok(out)
+    }
+
+    /// Keep the first `keep` rows of the pending verify batch and roll back the rest: attention KV
+    /// is truncated, delta-net states take the buffer of the last row (all kept) or replay the kept
+    /// rows (some rejected).
+    pub fn commit(&self, state: &mut SequenceState, keep: usize) -> Result<(), ModelError> {
+        let pending = state.pending_rows;
+        if keep > pending {
+            return Err(ModelError::Rollback(format!("cannot keep {keep} of {pending} pending rows")));
+        }
+        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+            if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
+                d.commit(c, keep)?;
+            }
+        }
+        state.n_past = state.n_past - pending + keep;
+        state.truncate_kv(state.n_past);
+        state.pending_rows = 0;
+        Ok(())
+    }
+
+    fn run_rows(
+        &self,
+        tokens: &[u32],
+        state: &mut SequenceState,
+        logit_rows: LogitRows,
+        verify: bool,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        if state.pending_rows > 0 {
+            return Err(ModelError::Rollback("the previous verify batch was not committed".into()));
+        }
         let n = tokens.len();
         if n == 0 {
             return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab: self.n_vocab });
@@ -191,7 +239,7 @@ impl Model {
         let mut h = self.embed(tokens)?;
         let start = state.n_past;
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
-            layer.forward(&mut h, n, start, cache, eps, pool)?;
+            layer.forward(&mut h, n, start, cache, eps, verify, pool)?;
         }
         state.n_past += n;
 

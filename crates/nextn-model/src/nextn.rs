@@ -90,6 +90,21 @@ impl NextnHead {
         })
     }
 
+    /// Drop the head's cache entries at positions `>= pos`.
+    pub fn truncate(cache: &mut LayerCache, pos: usize) {
+        if let LayerCache::Attention(kv) = cache {
+            kv.truncate(pos);
+        }
+    }
+
+    /// Positions held by the head's cache.
+    pub fn cached(cache: &LayerCache) -> usize {
+        match cache {
+            LayerCache::Attention(kv) => kv.len(),
+            LayerCache::DeltaNet(_) => 0,
+        }
+    }
+
     /// The head's own single-layer KV cache.
     pub fn new_cache(&self, k_type: KvType, v_type: KvType) -> LayerCache {
         LayerCache::Attention(KvLayer::new(k_type, v_type, self.kv_width))
@@ -132,7 +147,7 @@ impl NextnHead {
         }
         let mut h = vec![0.0f32; n * e];
         self.eh_proj.forward(&cat, n, &mut h, pool)?;
-        self.layer.forward(&mut h, n, start_pos, cache, self.eps, pool)?;
+        self.layer.forward(&mut h, n, start_pos, cache, self.eps, false, pool)?;
         let mut hidden = vec![0.0f32; n * e];
         for i in 0..n {
             ops::rms_norm(&h[i * e..(i + 1) * e], &self.shared_head_norm, self.eps, &mut hidden[i * e..(i + 1) * e]);

@@ -2,7 +2,9 @@
 //! (gguf-py's numpy dequantizers and quantizers; ggml's reference C quantizers for the
 //! K-quants), plus the size and support errors.
 
-use nextn_quant::formats::{self, can_dequantize, can_quantize, check_supported, dequantize, quantize};
+use nextn_quant::formats::{
+    self, can_dequantize, can_quantize, check_supported, dequantize, quantize,
+};
 use nextn_quant::{GgmlType, QuantError};
 use std::path::{Path, PathBuf};
 
@@ -20,7 +22,8 @@ fn vectors_dir() -> PathBuf {
 
 fn load_cases() -> Vec<Case> {
     let dir = vectors_dir();
-    let manifest = std::fs::read_to_string(dir.join("manifest.txt")).expect("tests/vectors/manifest.txt");
+    let manifest =
+        std::fs::read_to_string(dir.join("manifest.txt")).expect("tests/vectors/manifest.txt");
     let mut cases = Vec::new();
     for line in manifest.lines() {
         let line = line.split('#').next().unwrap_or("");
@@ -42,7 +45,10 @@ fn load_cases() -> Vec<Case> {
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[test]
@@ -50,11 +56,17 @@ fn manifest_covers_every_supported_type() {
     let cases = load_cases();
     for ty in GgmlType::all() {
         if can_dequantize(ty) {
-            assert!(cases.iter().any(|c| c.op == "dequantize" && c.ty == ty), "no dequantize vectors for {ty}");
+            assert!(
+                cases.iter().any(|c| c.op == "dequantize" && c.ty == ty),
+                "no dequantize vectors for {ty}"
+            );
         }
     }
     for ty in GgmlType::all().filter(|&ty| can_quantize(ty)) {
-        assert!(cases.iter().any(|c| c.op == "quantize" && c.ty == ty), "no quantize vectors for {ty}");
+        assert!(
+            cases.iter().any(|c| c.op == "quantize" && c.ty == ty),
+            "no quantize vectors for {ty}"
+        );
     }
 }
 
@@ -67,7 +79,9 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
         let mut got = vec![0.0f32; case.n];
         dequantize(case.ty, &case.input, &mut got).unwrap_or_else(|e| panic!("{}: {e}", case.ty));
         let block = case.ty.block_size();
-        let bad: Vec<usize> = (0..case.n).filter(|&i| got[i].to_bits() != expected[i].to_bits()).collect();
+        let bad: Vec<usize> = (0..case.n)
+            .filter(|&i| got[i].to_bits() != expected[i].to_bits())
+            .collect();
         if let Some(&i) = bad.first() {
             failures.push(format!(
                 "{}: {} of {} differ; first at element {i} (block {}): got {:e} ({:#010x}), want {:e} ({:#010x})",
@@ -112,57 +126,149 @@ fn quantize_matches_reference_bit_for_bit() {
 fn partial_blocks_are_refused() {
     let mut dst = vec![0.0f32; 48];
     let err = dequantize(GgmlType::Q4_0, &[0u8; 18], &mut dst).unwrap_err();
-    assert_eq!(err, QuantError::PartialBlock { ty: GgmlType::Q4_0, n: 48, block: 32 });
-    assert_eq!(err.to_string(), "Q4_0: 48 elements is not a whole number of 32-element blocks");
+    assert_eq!(
+        err,
+        QuantError::PartialBlock {
+            ty: GgmlType::Q4_0,
+            n: 48,
+            block: 32
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "Q4_0: 48 elements is not a whole number of 32-element blocks"
+    );
 
     let err = quantize(GgmlType::Q4_K, &[0.0f32; 300], &mut [0u8; 144]).unwrap_err();
-    assert_eq!(err, QuantError::PartialBlock { ty: GgmlType::Q4_K, n: 300, block: 256 });
+    assert_eq!(
+        err,
+        QuantError::PartialBlock {
+            ty: GgmlType::Q4_K,
+            n: 300,
+            block: 256
+        }
+    );
 }
 
 #[test]
 fn mismatched_buffers_are_refused() {
     let mut dst = vec![0.0f32; 64];
     let err = dequantize(GgmlType::Q8_0, &[0u8; 34 * 2 + 1], &mut dst).unwrap_err();
-    assert!(matches!(err, QuantError::SizeMismatch { expected: 68, got: 69, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            QuantError::SizeMismatch {
+                expected: 68,
+                got: 69,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = dequantize(GgmlType::F16, &[0u8; 6], &mut [0.0f32; 4]).unwrap_err();
-    assert!(matches!(err, QuantError::SizeMismatch { expected: 8, got: 6, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            QuantError::SizeMismatch {
+                expected: 8,
+                got: 6,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let err = quantize(GgmlType::Q6_K, &[0.0f32; 256], &mut [0u8; 211]).unwrap_err();
-    assert!(matches!(err, QuantError::SizeMismatch { expected: 210, got: 211, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            QuantError::SizeMismatch {
+                expected: 210,
+                got: 211,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("expected 210, got 211"), "{err}");
 
     // The typed row functions check their own lengths too.
     let blocks = [formats::BlockQ4K::default(); 2];
     let err = formats::kquants::dequantize_row_q4_k(&blocks, &mut [0.0f32; 256]).unwrap_err();
-    assert!(matches!(err, QuantError::SizeMismatch { expected: 512, got: 256, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            QuantError::SizeMismatch {
+                expected: 512,
+                got: 256,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn unsupported_types_are_refused_with_the_tensor_name() {
     let err = check_supported(GgmlType::IQ2_XXS, "blk.0.ffn_up.weight").unwrap_err();
-    assert_eq!(err.to_string(), "unsupported tensor type IQ2_XXS in tensor blk.0.ffn_up.weight");
-    assert_eq!(err, QuantError::UnsupportedTensorType { ty: GgmlType::IQ2_XXS, tensor: "blk.0.ffn_up.weight".into() });
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::MXFP4, GgmlType::IQ4_XS] {
+    assert_eq!(
+        err.to_string(),
+        "unsupported tensor type IQ2_XXS in tensor blk.0.ffn_up.weight"
+    );
+    assert_eq!(
+        err,
+        QuantError::UnsupportedTensorType {
+            ty: GgmlType::IQ2_XXS,
+            tensor: "blk.0.ffn_up.weight".into()
+        }
+    );
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::BF16,
+        GgmlType::MXFP4,
+        GgmlType::IQ4_XS,
+    ] {
         assert_eq!(check_supported(ty, "t"), Ok(()), "{ty}");
     }
-    for ty in [GgmlType::IQ1_S, GgmlType::TQ1_0, GgmlType::Q8_1, GgmlType::I32, GgmlType::NVFP4] {
+    for ty in [
+        GgmlType::IQ1_S,
+        GgmlType::TQ1_0,
+        GgmlType::Q8_1,
+        GgmlType::I32,
+        GgmlType::NVFP4,
+    ] {
         assert!(check_supported(ty, "t").is_err(), "{ty}");
         assert!(!can_dequantize(ty) && !can_quantize(ty), "{ty}");
     }
 
     let err = dequantize(GgmlType::IQ2_XXS, &[0u8; 66], &mut [0.0f32; 256]).unwrap_err();
-    assert_eq!(err, QuantError::NoSuchOp { ty: GgmlType::IQ2_XXS, op: "dequantize" });
+    assert_eq!(
+        err,
+        QuantError::NoSuchOp {
+            ty: GgmlType::IQ2_XXS,
+            op: "dequantize"
+        }
+    );
     let err = quantize(GgmlType::IQ4_XS, &[0.0f32; 256], &mut [0u8; 136]).unwrap_err();
-    assert_eq!(err.to_string(), "quantize is not available for tensor type IQ4_XS");
+    assert_eq!(
+        err.to_string(),
+        "quantize is not available for tensor type IQ4_XS"
+    );
 }
 
 #[test]
 fn supported_sets_are_as_documented() {
     use GgmlType::*;
-    for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4] {
+    for ty in [
+        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL,
+        IQ4_XS, MXFP4,
+    ] {
         assert!(can_dequantize(ty), "{ty}");
     }
-    for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4] {
+    for ty in [
+        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4,
+    ] {
         assert!(can_quantize(ty), "{ty}");
     }
     assert!(!can_quantize(IQ4_NL) && !can_quantize(IQ4_XS));

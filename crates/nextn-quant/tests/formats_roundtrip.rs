@@ -6,12 +6,18 @@ use nextn_quant::GgmlType;
 
 /// ggml's synthetic test data: `0.1 + amplitude * cos(i + offset)`.
 fn ggml_test_data(offset: f32, n: usize) -> Vec<f32> {
-    (0..n).map(|i| (0.1f64 + (2.0f32 * (i as f32 + offset).cos()) as f64) as f32).collect()
+    (0..n)
+        .map(|i| (0.1f64 + (2.0f32 * (i as f32 + offset).cos()) as f64) as f32)
+        .collect()
 }
 
 /// ggml's `array_rmse`: sqrt of the summed squared error, divided by n (not by sqrt(n)).
 fn ggml_rmse(a: &[f32], b: &[f32]) -> f32 {
-    let sum: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let sum: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
     sum.sqrt() as f32 / a.len() as f32
 }
 
@@ -37,7 +43,11 @@ fn round_trip_error_within_ggml_bounds() {
         };
         let err = ggml_rmse(&x, &round_trip(ty, &x));
         report.push(format!("{ty}: {err:.6} (bound {bound})"));
-        assert!(err < bound, "{ty}: round-trip error {err} not below {bound}\n{}", report.join("\n"));
+        assert!(
+            err < bound,
+            "{ty}: round-trip error {err} not below {bound}\n{}",
+            report.join("\n")
+        );
     }
     println!("{}", report.join("\n"));
 }
@@ -52,10 +62,16 @@ fn more_bits_give_smaller_errors() {
         state ^= state << 17;
         (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
-    let x: Vec<f32> = (0..4096).map(|_| (0..4).map(|_| uniform()).sum::<f32>()).collect();
+    let x: Vec<f32> = (0..4096)
+        .map(|_| (0..4).map(|_| uniform()).sum::<f32>())
+        .collect();
     let rel = |ty| {
         let y = round_trip(ty, &x);
-        let num: f64 = x.iter().zip(&y).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+        let num: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+            .sum();
         let den: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
         (num / den).sqrt()
     };
@@ -63,7 +79,14 @@ fn more_bits_give_smaller_errors() {
     let chain = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K];
     let errs: Vec<f64> = chain.iter().map(|&ty| rel(ty)).collect();
     for w in 0..chain.len() - 1 {
-        assert!(errs[w] > errs[w + 1], "{:?} error {} not above {:?} error {}", chain[w], errs[w], chain[w + 1], errs[w + 1]);
+        assert!(
+            errs[w] > errs[w + 1],
+            "{:?} error {} not above {:?} error {}",
+            chain[w],
+            errs[w],
+            chain[w + 1],
+            errs[w + 1]
+        );
     }
     // Rough expectations for a Gaussian row (relative RMS error).
     assert!(errs[2] < 0.12, "Q4_K {}", errs[2]);

@@ -42,10 +42,10 @@ fn weighted_cut(items: &mut [Candidate], max: f32, mut need: f64) -> usize {
         if hi - lo <= 64 || rounds_left == 0 {
             items[lo..hi].sort_unstable_by(rank_order);
             let mut cumulative = 0.0f64;
-            for i in lo..hi {
-                cumulative += weight(&items[i]);
+            for (i, item) in items[lo..hi].iter().enumerate() {
+                cumulative += weight(item);
                 if cumulative >= need {
-                    return i + 1;
+                    return lo + i + 1;
                 }
             }
             return hi;
@@ -137,16 +137,17 @@ impl Candidates {
     /// Every non-NaN logit as a candidate in id order, with penalties applied.
     pub fn fill_all(&mut self, logits: &[f32], penalties: Option<ActivePenalties<'_>>) {
         self.items.clear();
-        self.items.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &logit)| Candidate {
-                    logit,
-                    id: i as u32,
-                }),
-        );
+        self.items
+            .extend(
+                logits
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| !l.is_nan())
+                    .map(|(i, &logit)| Candidate {
+                        logit,
+                        id: i as u32,
+                    }),
+            );
         self.sorted = false;
         if let Some(pen) = penalties {
             for adj in pen.adjusted(logits) {
@@ -194,7 +195,8 @@ impl Candidates {
             // whole; for a top-40 of a 248k row that is nearly all of them.
             const BLOCK: usize = 64;
             for (b, block) in logits[next..].chunks(BLOCK).enumerate() {
-                if !(nan_ignoring_max(block) > threshold) {
+                // The block maximum is never NaN (−∞ for an all-NaN block).
+                if nan_ignoring_max(block) <= threshold {
                     continue;
                 }
                 let base = next + b * BLOCK;

@@ -106,29 +106,38 @@ pub fn softmax_total(logits: &[f32], max: f32, temperature: f32) -> f64 {
 }
 
 /// Largest non-NaN value of `values`, −∞ if there is none. Independent lane maxima let the loop
-/// vectorise.
+/// vectorise, and the lanes are folded as a tree rather than a serial chain.
+#[inline]
 pub fn nan_ignoring_max(values: &[f32]) -> f32 {
     const LANES: usize = 16;
+    // NaN compares false and leaves the running value unchanged.
+    #[inline(always)]
+    fn keep_larger(acc: f32, v: f32) -> f32 {
+        if v > acc {
+            v
+        } else {
+            acc
+        }
+    }
     let mut lane_max = [f32::NEG_INFINITY; LANES];
     let chunks = values.chunks_exact(LANES);
     let tail = chunks.remainder();
     for chunk in chunks {
         for j in 0..LANES {
-            // NaN compares false and leaves the lane unchanged.
-            lane_max[j] = if chunk[j] > lane_max[j] {
-                chunk[j]
-            } else {
-                lane_max[j]
-            };
+            lane_max[j] = keep_larger(lane_max[j], chunk[j]);
         }
     }
-    let mut m = f32::NEG_INFINITY;
-    for v in lane_max.into_iter().chain(tail.iter().copied()) {
-        if v > m {
-            m = v;
-        }
+    for (j, &v) in tail.iter().enumerate() {
+        lane_max[j] = keep_larger(lane_max[j], v);
     }
-    m
+    let mut width = LANES / 2;
+    while width > 0 {
+        for j in 0..width {
+            lane_max[j] = keep_larger(lane_max[j], lane_max[j + width]);
+        }
+        width /= 2;
+    }
+    lane_max[0]
 }
 
 /// Index of the largest logit: the LOWEST index among equal maxima, NaN never wins (−0.0 and +0.0
@@ -183,7 +192,18 @@ mod tests {
         let v: Vec<f64> = (0..37).map(|i| i as f64 * 0.5).collect();
         assert_eq!(lane_sum(&v), v.iter().sum::<f64>());
         assert_eq!(lane_sum(&[]), 0.0);
-        let logits = [0.0f32, f32::NAN, -1.0, 0.0, -2.0, f32::NEG_INFINITY, 0.5, 1.0, -0.5, 0.25];
+        let logits = [
+            0.0f32,
+            f32::NAN,
+            -1.0,
+            0.0,
+            -2.0,
+            f32::NEG_INFINITY,
+            0.5,
+            1.0,
+            -0.5,
+            0.25,
+        ];
         let want: f64 = logits
             .iter()
             .filter(|l| !l.is_nan())
@@ -196,7 +216,10 @@ mod tests {
     fn softmax_weight_handles_infinities() {
         assert_eq!(softmax_weight(f32::INFINITY, f32::INFINITY, 1.0), 1.0);
         assert_eq!(softmax_weight(3.0, f32::INFINITY, 1.0), 0.0);
-        assert_eq!(softmax_weight(f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0), 1.0);
+        assert_eq!(
+            softmax_weight(f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0),
+            1.0
+        );
         assert_eq!(softmax_weight(f32::NEG_INFINITY, 2.0, 1.0), 0.0);
         assert_eq!(softmax_weight(f32::NAN, 2.0, 1.0), 0.0);
         let w = softmax_weight(1.0, 2.0, 0.5);
@@ -223,7 +246,7 @@ mod tests {
                 if l.is_nan() {
                     continue;
                 }
-                if best.map_or(true, |(_, b)| l > b) {
+                if !matches!(best, Some((_, b)) if l <= b) {
                     best = Some((i, l));
                 }
             }
@@ -234,7 +257,9 @@ mod tests {
             for _ in 0..50 {
                 let row: Vec<f32> = (0..n)
                     .map(|_| {
-                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        state = state
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
                         match (state >> 33) % 10 {
                             0 => f32::NAN,
                             1 => f32::NEG_INFINITY,

@@ -238,9 +238,10 @@ impl Sampler {
     }
 
     /// The distribution [`Sampler::sample`] would draw from right now, without drawing (the RNG is
-    /// untouched): the surviving candidates with probabilities summing to 1, in the chain's
-    /// candidate order (best first whenever a filter is active). Greedy configs give the argmax
-    /// with probability 1; empty or all-NaN logits give an empty slice.
+    /// untouched): the surviving candidates with probabilities summing to 1, in the order the
+    /// draw walks them — best first when top-k or top-p is active, token-id order otherwise.
+    /// Greedy configs give the argmax with probability 1; empty or all-NaN logits give an empty
+    /// slice.
     pub fn distribution(&mut self, logits: &[f32]) -> &[TokenProb] {
         self.distribution.clear();
         if self.cfg.is_greedy() {
@@ -306,12 +307,11 @@ impl Sampler {
 
     fn run_chain(&mut self, logits: &[f32]) {
         let params = self.cfg.penalty_params();
-        let penalties = (!params.is_neutral() && self.history.distinct() > 0).then_some(
-            ActivePenalties {
+        let penalties =
+            (!params.is_neutral() && self.history.distinct() > 0).then_some(ActivePenalties {
                 history: &self.history,
                 params,
-            },
-        );
+            });
         let k = self.cfg.top_k;
         if k > 0 && k < logits.len() {
             self.candidates.fill_top_k(logits, k, penalties);

@@ -36,12 +36,7 @@ fn naive_top_k(logits: &[f32], k: usize, pen: Option<ActivePenalties<'_>>) -> Ve
         }
     }
     all.retain(|c| !c.logit.is_nan());
-    all.sort_by(|a, b| {
-        b.logit
-            .partial_cmp(&a.logit)
-            .unwrap()
-            .then(a.id.cmp(&b.id))
-    });
+    all.sort_by(|a, b| b.logit.partial_cmp(&a.logit).unwrap().then(a.id.cmp(&b.id)));
     all.truncate(k);
     all
 }
@@ -53,7 +48,11 @@ fn top_k_scan_matches_full_sort() {
         let mut c = Candidates::default();
         c.fill_top_k(&logits, k, None);
         assert!(c.is_sorted());
-        assert_eq!(c.items(), naive_top_k(&logits, k, None).as_slice(), "seed {seed}");
+        assert_eq!(
+            c.items(),
+            naive_top_k(&logits, k, None).as_slice(),
+            "seed {seed}"
+        );
     }
 }
 
@@ -93,7 +92,11 @@ fn top_k_scan_with_penalties_matches_full_sort() {
         for k in [1, 5, 40] {
             let mut c = Candidates::default();
             c.fill_top_k(&logits, k, Some(pen));
-            assert_eq!(c.items(), naive_top_k(&logits, k, Some(pen)).as_slice(), "k {k}");
+            assert_eq!(
+                c.items(),
+                naive_top_k(&logits, k, Some(pen)).as_slice(),
+                "k {k}"
+            );
         }
     }
 }
@@ -114,17 +117,27 @@ fn top_p_adaptive_prefix_matches_sorted_cut() {
 
         assert!(unsorted.is_sorted());
         assert_eq!(unsorted.items(), sorted.items(), "p {p}");
-        assert!(unsorted.items().len() > 256, "p {p} should exceed the first prefix");
+        assert!(
+            unsorted.items().len() > 256,
+            "p {p} should exceed the first prefix"
+        );
     }
 }
 
 #[test]
 fn weighted_cut_finds_smallest_sufficient_prefix() {
     for seed in 0..20u64 {
-        let logits: Vec<f32> = noisy_logits(3000, 500 + seed).iter().map(|l| l * 0.1).collect();
+        let logits: Vec<f32> = noisy_logits(3000, 500 + seed)
+            .iter()
+            .map(|l| l * 0.1)
+            .collect();
         let mut c = Candidates::default();
         c.fill_all(&logits, None);
-        let max = logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| !l.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
         let mut items = c.items().to_vec();
         let weights: Vec<f64> = {
             let mut sorted = items.clone();

@@ -90,7 +90,7 @@ impl MergeTable {
         for (rank, line) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte; a line without one yields
             // an empty pair that no symbol pair can match.
-            let Some(split) = line.get(1..).and_then(|rest| rest.find(' ')).map(|i| i + 1) else {
+            let Some(split) = line.bytes().skip(1).position(|b| b == b' ').map(|i| i + 1) else {
                 continue;
             };
             let (left, right) = (&line[..split], &line[split + 1..]);

@@ -179,20 +179,19 @@ pub(crate) fn detect_specials(
     eog.sort_unstable();
     eog.dedup();
 
-    let id_of = |text: &str| eog.iter().copied().find(|&id| tokens[id as usize] == text);
+    let eog_id = |eog: &[u32], text: &str| eog.iter().copied().find(|&id| tokens[id as usize] == text);
+    let has = |eog: &[u32], text: &str| eog_id(eog, text).is_some();
     // Harmony-style vocabularies end a message with <|end|> but only stop at <|return|> / <|call|>.
-    let has = |text: &str| id_of(text).is_some();
-    if let Some(end) = id_of("<|end|>") {
-        if (has("<|return|>") && (has("<|call|>") || has("<|calls|>")))
-            || ((has("<|call|>") || has("<|calls|>")) && has("<|flush|>"))
-        {
+    if let Some(end) = eog_id(&eog, "<|end|>") {
+        let call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
+        if (has(&eog, "<|return|>") && call) || (call && has(&eog, "<|flush|>")) {
             eog.retain(|&id| id != end);
             attrs[end as usize] = TokenAttr::USER_DEFINED;
         }
     }
     // Vocabularies with <|tool_response> use </s> as ordinary text.
-    if has("<|tool_response>") {
-        if let Some(s) = id_of("</s>") {
+    if has(&eog, "<|tool_response>") {
+        if let Some(s) = eog_id(&eog, "</s>") {
             eog.retain(|&id| id != s);
             attrs[s as usize] = TokenAttr::NORMAL;
         }

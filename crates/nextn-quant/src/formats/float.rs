@@ -8,22 +8,21 @@
 /// f16 bits to f32 (exact; NaN payload kept, signalling NaNs stay signalling).
 #[inline]
 pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let exp = (h & 0x7c00) as u32;
-    let man = (h & 0x03ff) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // Subnormal: normalise the mantissa; the value is man * 2^-24.
-            let shift = man.leading_zeros() - 21; // brings the top set bit to bit 10
-            let man = (man << shift) & 0x03ff;
-            let exp = 127 - 15 + 1 - shift;
-            sign | (exp << 23) | (man << 13)
-        }
-        0x7c00 => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp >> 10) + 112) << 23 | (man << 13),
+    // Move exponent and mantissa into f32 position and rebias. Infinities/NaNs need the
+    // exponent forced to all-ones; subnormals come out as 2^-14 * (1 + m/1024) and an exact
+    // subtraction of 2^-14 leaves m * 2^-24 (no subnormal operands, so no slow path).
+    const SHIFTED_EXP: u32 = 0x7c00 << 13;
+    let mut bits = ((h & 0x7fff) as u32) << 13;
+    let exp = bits & SHIFTED_EXP;
+    bits += (127 - 15) << 23;
+    let magnitude = if exp == SHIFTED_EXP {
+        f32::from_bits(bits + ((128 - 16) << 23))
+    } else if exp == 0 {
+        f32::from_bits(bits + (1 << 23)) - f32::from_bits(113 << 23)
+    } else {
+        f32::from_bits(bits)
     };
-    f32::from_bits(bits)
+    f32::from_bits(magnitude.to_bits() | ((h & 0x8000) as u32) << 16)
 }
 
 /// f32 to f16 bits, rounding to nearest even; overflow gives infinity, NaN stays NaN.
@@ -142,7 +141,11 @@ mod tests {
             }
             assert_eq!(f32_to_f16(f), h, "{h:#06x} -> {f}");
             // Agrees with the half crate (IEEE) on every non-NaN value.
-            assert_eq!(f.to_bits(), half::f16::from_bits(h).to_f32().to_bits(), "{h:#06x}");
+            assert_eq!(
+                f.to_bits(),
+                half::f16::from_bits(h).to_f32().to_bits(),
+                "{h:#06x}"
+            );
         }
     }
 
@@ -153,12 +156,23 @@ mod tests {
         while bits < 0x7f80_0000 {
             for sign in [0u32, 0x8000_0000] {
                 let x = f32::from_bits(bits | sign);
-                assert_eq!(f32_to_f16(x), half::f16::from_f32(x).to_bits(), "{:#010x}", bits | sign);
+                assert_eq!(
+                    f32_to_f16(x),
+                    half::f16::from_f32(x).to_bits(),
+                    "{:#010x}",
+                    bits | sign
+                );
             }
             bits += 0x0000_0fff;
         }
         // Exact ties around the subnormal and normal boundaries.
-        for x in [2.0f32.powi(-25), 3.0 * 2.0f32.powi(-25), 65520.0, 65519.99, 2.0f32.powi(-14) * 1.00048828125] {
+        for x in [
+            2.0f32.powi(-25),
+            3.0 * 2.0f32.powi(-25),
+            65520.0,
+            65519.99,
+            2.0f32.powi(-14) * (1.0 + 2.0f32.powi(-11)),
+        ] {
             assert_eq!(f32_to_f16(x), half::f16::from_f32(x).to_bits(), "{x:e}");
         }
     }

@@ -13,13 +13,16 @@ pub fn dequantize_row_q2_k(blocks: &[BlockQ2K], dst: &mut [f32]) -> Result<(), Q
     check_rows(blocks.len(), QK_K, dst.len())?;
     for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let (d, dmin) = (b.d(), b.dmin());
-        for (j, o) in out.iter_mut().enumerate() {
-            let (h, s, l) = (j / 128, (j / 32) % 4, j % 32);
-            let q = (b.qs[32 * h + l] >> (2 * s)) & 3;
-            let sc = b.scales[j / 16];
+        // Sub-block `sub` = 8*h + 2*s + half covers elements 128*h + 32*s + 16*half + (0..16).
+        for (sub, out) in out.chunks_exact_mut(16).enumerate() {
+            let (h, s, half) = (sub / 8, (sub / 2) % 4, sub % 2);
+            let sc = b.scales[sub];
             let dl = d * ((sc & 0x0f) as f32);
             let ml = dmin * ((sc >> 4) as f32);
-            *o = dl * (q as f32) - ml;
+            let qs = &b.qs[32 * h + 16 * half..][..16];
+            for (o, &q) in out.iter_mut().zip(qs) {
+                *o = dl * (((q >> (2 * s)) & 3) as f32) - ml;
+            }
         }
     }
     Ok(())
@@ -30,13 +33,18 @@ pub fn dequantize_row_q3_k(blocks: &[BlockQ3K], dst: &mut [f32]) -> Result<(), Q
     for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = b.d();
         let scales = q3k_scales(&b.scales);
-        for (j, o) in out.iter_mut().enumerate() {
-            let (h, s, l) = (j / 128, (j / 32) % 4, j % 32);
-            let low = ((b.qs[32 * h + l] >> (2 * s)) & 3) as i8;
-            let high_set = (b.hmask[j % 32] >> (j / 32)) & 1 == 1;
-            let q = if high_set { low } else { low - 4 };
-            let dl = d * (scales[j / 16] as f32);
-            *o = dl * (q as f32);
+        for (sub, out) in out.chunks_exact_mut(16).enumerate() {
+            let (h, s, half) = (sub / 8, (sub / 2) % 4, sub % 2);
+            let dl = d * (scales[sub] as f32);
+            let qs = &b.qs[32 * h + 16 * half..][..16];
+            let hmask = &b.hmask[16 * half..][..16];
+            let hbit = 4 * h + s;
+            for ((o, &q), &m) in out.iter_mut().zip(qs).zip(hmask) {
+                let low = ((q >> (2 * s)) & 3) as i8;
+                // A clear high bit means the code is offset by -4.
+                let q = low - (((m >> hbit) & 1) ^ 1) as i8 * 4;
+                *o = dl * (q as f32);
+            }
         }
     }
     Ok(())
@@ -82,13 +90,16 @@ pub fn dequantize_row_q6_k(blocks: &[BlockQ6K], dst: &mut [f32]) -> Result<(), Q
     check_rows(blocks.len(), QK_K, dst.len())?;
     for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = b.d();
-        for (j, o) in out.iter_mut().enumerate() {
-            let (h, s, l) = (j / 128, (j / 32) % 4, j % 32);
-            let low = (b.ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0f;
-            let high = (b.qh[32 * h + l] >> (2 * s)) & 3;
-            let q = (low | (high << 4)) as i8 - 32;
-            let dl = d * (b.scales[j / 16] as f32);
-            *o = dl * (q as f32);
+        for (sub, out) in out.chunks_exact_mut(16).enumerate() {
+            let (h, s, half) = (sub / 8, (sub / 2) % 4, sub % 2);
+            let dl = d * (b.scales[sub] as f32);
+            let ql = &b.ql[64 * h + 32 * (s & 1) + 16 * half..][..16];
+            let qh = &b.qh[32 * h + 16 * half..][..16];
+            let (lshift, hshift) = (4 * (s >> 1), 2 * s);
+            for ((o, &lo), &hi) in out.iter_mut().zip(ql).zip(qh) {
+                let q = (((lo >> lshift) & 0x0f) | (((hi >> hshift) & 3) << 4)) as i8 - 32;
+                *o = dl * (q as f32);
+            }
         }
     }
     Ok(())

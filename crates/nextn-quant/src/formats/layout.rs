@@ -59,7 +59,9 @@ pub fn blocks_from_bytes_mut<B: Block>(bytes: &mut [u8]) -> Result<&mut [B], Qua
 /// Views blocks as their bytes, without copying.
 pub fn blocks_as_bytes<B: Block>(blocks: &[B]) -> &[u8] {
     // SAFETY: the structs have no padding, so all `len * BYTES` bytes are initialised.
-    unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks)) }
+    unsafe {
+        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+    }
 }
 
 fn whole_blocks<B: Block>(len: usize) -> Result<usize, QuantError> {
@@ -380,7 +382,17 @@ mod tests {
         assert_eq!(blocks[1].qs[0], -1);
         assert_eq!(blocks_as_bytes(blocks), &bytes[..]);
         let err = blocks_from_bytes::<BlockQ8_0>(&bytes[..35]).unwrap_err();
-        assert!(matches!(err, QuantError::SizeMismatch { got: 35, expected: 68, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                QuantError::SizeMismatch {
+                    got: 35,
+                    expected: 68,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let mut q8k_bytes = [0u8; 292];
         let mut_blocks: &mut [BlockQ8K] = blocks_from_bytes_mut(&mut q8k_bytes).unwrap();
         mut_blocks[0].set_bsum(15, -300);

@@ -6,7 +6,7 @@
 //! (Q4/Q5) or by round-half-away-from-zero (Q8_0).
 
 use super::layout::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK32};
-use super::{check_rows, inverse_or_zero, trunc_i32_like_x86};
+use super::{check_rows, inverse_or_zero, round_i32_like_x86, trunc_i32_like_x86};
 use crate::QuantError;
 
 const HALF: usize = QK32 / 2;
@@ -88,7 +88,10 @@ fn signed_absmax(x: &[f32]) -> f32 {
 }
 
 fn min_max(x: &[f32]) -> (f32, f32) {
-    x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+    x.iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        })
 }
 
 /// Truncating code clamped to `0..=max`, as the reference's `astype(uint8).clip(0, max)`
@@ -176,7 +179,7 @@ pub fn quantize_row_q8_0(src: &[f32], blocks: &mut [BlockQ8_0]) -> Result<(), Qu
         let d = amax / 127.0;
         let id = inverse_or_zero(d);
         for (q, &v) in b.qs.iter_mut().zip(x) {
-            *q = trunc_i32_like_x86((v * id).round()) as i8;
+            *q = round_i32_like_x86(v * id) as i8;
         }
         b.set_d(d);
     }

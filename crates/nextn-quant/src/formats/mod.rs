@@ -23,11 +23,11 @@ pub mod tables;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use layout::{
-    blocks_as_bytes, blocks_from_bytes, blocks_from_bytes_mut, Block, BlockIQ4NL, BlockIQ4XS, BlockMxfp4, BlockQ2K,
-    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    K_SCALE_SIZE, QK32, QK_K,
+    blocks_as_bytes, blocks_from_bytes, blocks_from_bytes_mut, Block, BlockIQ4NL, BlockIQ4XS,
+    BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8K, BlockQ8_0, K_SCALE_SIZE, QK32, QK_K,
 };
-pub use tables::{get_scale_min_k4, e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
+pub use tables::{e8m0_to_f32_half, get_scale_min_k4, KVALUES_IQ4NL, KVALUES_MXFP4};
 
 use crate::QuantError;
 use nextn_gguf::GgmlType;
@@ -37,14 +37,32 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_NL | IQ4_XS | MXFP4
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | IQ4_NL
+            | IQ4_XS
+            | MXFP4
     )
 }
 
 /// Whether [`quantize`] handles `ty`.
 pub fn can_quantize(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4) || quantize_k::has_quantizer(ty)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4
+    ) || quantize_k::has_quantizer(ty)
 }
 
 /// The refusal a model loader uses: `Err(UnsupportedTensorType)` for a tensor whose type
@@ -53,7 +71,10 @@ pub fn check_supported(ty: GgmlType, tensor: &str) -> Result<(), QuantError> {
     if can_dequantize(ty) {
         Ok(())
     } else {
-        Err(QuantError::UnsupportedTensorType { ty, tensor: tensor.to_string() })
+        Err(QuantError::UnsupportedTensorType {
+            ty,
+            tensor: tensor.to_string(),
+        })
     }
 }
 
@@ -61,11 +82,18 @@ pub fn check_supported(ty: GgmlType, tensor: &str) -> Result<(), QuantError> {
 /// exactly `ty.row_bytes(dst.len())` bytes.
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     if !can_dequantize(ty) {
-        return Err(QuantError::NoSuchOp { ty, op: "dequantize" });
+        return Err(QuantError::NoSuchOp {
+            ty,
+            op: "dequantize",
+        });
     }
     let expected = row_bytes(ty, dst.len())?;
     if src.len() != expected {
-        return Err(QuantError::SizeMismatch { what: "dequantize: source bytes", expected, got: src.len() });
+        return Err(QuantError::SizeMismatch {
+            what: "dequantize: source bytes",
+            expected,
+            got: src.len(),
+        });
     }
     use GgmlType::*;
     match ty {
@@ -86,7 +114,12 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         IQ4_NL => iquants::dequantize_row_iq4_nl(blocks_from_bytes(src)?, dst)?,
         IQ4_XS => iquants::dequantize_row_iq4_xs(blocks_from_bytes(src)?, dst)?,
         MXFP4 => mxfp4::dequantize_row_mxfp4(blocks_from_bytes(src)?, dst)?,
-        _ => return Err(QuantError::NoSuchOp { ty, op: "dequantize" }),
+        _ => {
+            return Err(QuantError::NoSuchOp {
+                ty,
+                op: "dequantize",
+            })
+        }
     }
     Ok(())
 }
@@ -99,7 +132,11 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
     }
     let expected = row_bytes(ty, src.len())?;
     if dst.len() != expected {
-        return Err(QuantError::SizeMismatch { what: "quantize: destination bytes", expected, got: dst.len() });
+        return Err(QuantError::SizeMismatch {
+            what: "quantize: destination bytes",
+            expected,
+            got: dst.len(),
+        });
     }
     use GgmlType::*;
     match ty {
@@ -127,14 +164,26 @@ fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     // (a slice of n f32 already exists), but stay checked all the same.
     (n / block)
         .checked_mul(ty.type_size())
-        .ok_or(QuantError::SizeMismatch { what: "row bytes (overflow)", expected: usize::MAX, got: n })
+        .ok_or(QuantError::SizeMismatch {
+            what: "row bytes (overflow)",
+            expected: usize::MAX,
+            got: n,
+        })
 }
 
 /// Checks that `n_blocks` blocks of `block_elems` elements fit `n_elems` exactly.
-pub(crate) fn check_rows(n_blocks: usize, block_elems: usize, n_elems: usize) -> Result<(), QuantError> {
+pub(crate) fn check_rows(
+    n_blocks: usize,
+    block_elems: usize,
+    n_elems: usize,
+) -> Result<(), QuantError> {
     let expected = n_blocks * block_elems;
     if expected != n_elems {
-        return Err(QuantError::SizeMismatch { what: "elements for the given blocks", expected, got: n_elems });
+        return Err(QuantError::SizeMismatch {
+            what: "elements for the given blocks",
+            expected,
+            got: n_elems,
+        });
     }
     Ok(())
 }
@@ -145,11 +194,25 @@ pub(crate) fn check_rows(n_blocks: usize, block_elems: usize, n_elems: usize) ->
 /// f32-subnormal maximum, whose inverse scale overflows to infinity) bit-identical.
 #[inline]
 pub(crate) fn trunc_i32_like_x86(v: f32) -> i32 {
+    // Rust's `as` saturates instead; the two agree inside this range.
     if v > -2_147_483_904.0 && v < 2_147_483_648.0 {
         v as i32
     } else {
         i32::MIN
     }
+}
+
+/// `roundf` (half away from zero) followed by the x86 conversion, using only a truncating
+/// conversion and an exact subtraction (no libm call, so it vectorizes on baseline x86-64).
+#[inline]
+pub(crate) fn round_i32_like_x86(v: f32) -> i32 {
+    let t = trunc_i32_like_x86(v);
+    if t == i32::MIN {
+        return t;
+    }
+    // `v - t` is exact: t has the same sign and exponent range as v.
+    let frac = v - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
 }
 
 /// `1/d`, or 0 for a zero scale (an all-zero block then quantizes to the zero code).
@@ -159,5 +222,50 @@ pub(crate) fn inverse_or_zero(d: f32) -> f32 {
         0.0
     } else {
         1.0 / d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_matches_roundf_then_x86_conversion() {
+        let reference = |v: f32| trunc_i32_like_x86(v.round());
+        let mut cases = vec![
+            0.5f32,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            0.49999997,
+            -0.49999997,
+            126.5,
+            -127.5,
+            8388607.5,
+        ];
+        cases.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            2147483520.0,
+            -2147483648.0,
+            3e9,
+            -3e9,
+            -0.0,
+        ]);
+        let mut bits = 0u32;
+        while bits < 0xffff_0000 {
+            cases.push(f32::from_bits(bits));
+            bits += 0x0000_7fff;
+        }
+        for v in cases {
+            assert_eq!(
+                round_i32_like_x86(v),
+                reference(v),
+                "{v:e} ({:#010x})",
+                v.to_bits()
+            );
+        }
     }
 }

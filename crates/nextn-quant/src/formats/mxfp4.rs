@@ -1,8 +1,8 @@
 //! MXFP4 (OCP microscaling FP4): 32 e2m1 values sharing one E8M0 exponent.
 
-use super::{check_rows, trunc_i32_like_x86};
 use super::layout::{BlockMxfp4, QK32};
 use super::tables::{e8m0_to_f32_half, KVALUES_MXFP4};
+use super::{check_rows, trunc_i32_like_x86};
 use crate::QuantError;
 
 pub fn dequantize_row_mxfp4(blocks: &[BlockMxfp4], dst: &mut [f32]) -> Result<(), QuantError> {

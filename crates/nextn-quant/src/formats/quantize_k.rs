@@ -10,7 +10,9 @@
 //! usually compiled with FMA contraction); quality is checked with ggml's own error bounds.
 
 use super::check_rows;
-use super::layout::{blocks_from_bytes_mut, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use super::layout::{
+    blocks_from_bytes_mut, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
+};
 use super::tables::{get_scale_min_k4, pack_scale_min_k4, q3k_scale};
 use crate::QuantError;
 use nextn_gguf::GgmlType;
@@ -189,7 +191,11 @@ impl Qkx2 {
             let mut err = 0.0f32;
             for ((&v, &w), &l) in x.iter().zip(weights).zip(codes) {
                 let diff = scale * l as f32 + min - v;
-                err += w * if self.use_mad { diff.abs() } else { diff * diff };
+                err += w * if self.use_mad {
+                    diff.abs()
+                } else {
+                    diff * diff
+                };
             }
             err
         };
@@ -244,7 +250,13 @@ fn pack_2bit(codes: &[u8; QK_K], qs: &mut [u8; 64]) {
 
 pub fn quantize_row_q2_k(src: &[f32], blocks: &mut [BlockQ2K]) -> Result<(), QuantError> {
     check_rows(blocks.len(), QK_K, src.len())?;
-    let search = Qkx2 { nmax: 3, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
+    let search = Qkx2 {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: true,
+    };
     for (x, b) in src.chunks_exact(QK_K).zip(blocks.iter_mut()) {
         let mut codes = [0u8; QK_K];
         let mut aux = [0u8; 16];
@@ -254,15 +266,16 @@ pub fn quantize_row_q2_k(src: &[f32], blocks: &mut [BlockQ2K]) -> Result<(), Qua
         for j in 0..16 {
             let xs = &x[16 * j..16 * j + 16];
             let weights: [f32; 16] = std::array::from_fn(|l| xs[l].abs());
-            (scales[j], mins[j]) = search.run(xs, &weights, &mut codes[16 * j..16 * j + 16], &mut aux);
+            (scales[j], mins[j]) =
+                search.run(xs, &weights, &mut codes[16 * j..16 * j + 16], &mut aux);
             max_scale = max_scale.max(scales[j]);
             max_min = max_min.max(mins[j]);
         }
         // Codes are truncated to a byte as ggml stores them (`uint8_t = int`).
         if max_scale > 0.0 {
             let iscale = 15.0 / max_scale;
-            for j in 0..16 {
-                b.scales[j] = nearest_int(iscale * scales[j]) as u8;
+            for (packed, &scale) in b.scales.iter_mut().zip(&scales) {
+                *packed = nearest_int(iscale * scale) as u8;
             }
             b.set_d(max_scale / 15.0);
         } else {
@@ -271,8 +284,8 @@ pub fn quantize_row_q2_k(src: &[f32], blocks: &mut [BlockQ2K]) -> Result<(), Qua
         }
         if max_min > 0.0 {
             let iscale = 15.0 / max_min;
-            for j in 0..16 {
-                b.scales[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+            for (packed, &min) in b.scales.iter_mut().zip(&mins) {
+                *packed |= (nearest_int(iscale * min) << 4) as u8;
             }
             b.set_dmin(max_min / 15.0);
         } else {
@@ -310,9 +323,9 @@ pub fn quantize_row_q3_k(src: &[f32], blocks: &mut [BlockQ3K]) -> Result<(), Qua
         b.scales = [0; 12];
         if max_scale != 0.0 {
             let iscale = -32.0 / max_scale;
-            for j in 0..16 {
+            for (j, &scale) in scales.iter().enumerate() {
                 // ggml keeps the code in an i8 before clamping.
-                let l = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) as i32 + 32;
+                let l = (nearest_int(iscale * scale) as i8).clamp(-32, 31) as i32 + 32;
                 if j < 8 {
                     b.scales[j] = (l & 0x0f) as u8;
                 } else {
@@ -348,7 +361,11 @@ pub fn quantize_row_q3_k(src: &[f32], blocks: &mut [BlockQ3K]) -> Result<(), Qua
 
 /// Shared by Q4_K (`nmax` 15) and Q5_K (`nmax` 31): per 32-element sub-block scale and
 /// min search, 6-bit quantization of both, then codes against the stored values.
-fn quantize_scales_mins_k(x: &[f32], search: &Qkx2, codes: &mut [u8; QK_K]) -> ([u8; 12], f32, f32) {
+fn quantize_scales_mins_k(
+    x: &[f32],
+    search: &Qkx2,
+    codes: &mut [u8; QK_K],
+) -> ([u8; 12], f32, f32) {
     let mut aux = [0u8; 32];
     let mut scales = [0.0f32; 8];
     let mut mins = [0.0f32; 8];
@@ -366,17 +383,32 @@ fn quantize_scales_mins_k(x: &[f32], search: &Qkx2, codes: &mut [u8; QK_K]) -> (
             max_min = mins[j];
         }
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     // Truncation to a byte before the clamp, as ggml does.
     let ls: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
     let lm: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
-    (pack_scale_min_k4(&ls, &lm), max_scale / 63.0, max_min / 63.0)
+    (
+        pack_scale_min_k4(&ls, &lm),
+        max_scale / 63.0,
+        max_min / 63.0,
+    )
 }
 
 /// Codes in `0..=nmax` against the stored (f16) super-block scales; sub-blocks whose
 /// stored scale is zero keep the codes of the search.
-fn requantize_k(x: &[f32], scales: &[u8; 12], d_all: f32, dmin_all: f32, nmax: i32, codes: &mut [u8; QK_K]) {
+fn requantize_k(
+    x: &[f32],
+    scales: &[u8; 12],
+    d_all: f32,
+    dmin_all: f32,
+    nmax: i32,
+    codes: &mut [u8; QK_K],
+) {
     for j in 0..8 {
         let (sc, m) = get_scale_min_k4(j, scales);
         let d = d_all * sc as f32;
@@ -392,7 +424,13 @@ fn requantize_k(x: &[f32], scales: &[u8; 12], d_all: f32, dmin_all: f32, nmax: i
 
 pub fn quantize_row_q4_k(src: &[f32], blocks: &mut [BlockQ4K]) -> Result<(), QuantError> {
     check_rows(blocks.len(), QK_K, src.len())?;
-    let search = Qkx2 { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
+    let search = Qkx2 {
+        nmax: 15,
+        rmin: -1.0,
+        rdelta: 0.1,
+        nstep: 20,
+        use_mad: false,
+    };
     for (x, b) in src.chunks_exact(QK_K).zip(blocks.iter_mut()) {
         let mut codes = [0u8; QK_K];
         let (scales, d, dmin) = quantize_scales_mins_k(x, &search, &mut codes);
@@ -411,7 +449,13 @@ pub fn quantize_row_q4_k(src: &[f32], blocks: &mut [BlockQ4K]) -> Result<(), Qua
 
 pub fn quantize_row_q5_k(src: &[f32], blocks: &mut [BlockQ5K]) -> Result<(), QuantError> {
     check_rows(blocks.len(), QK_K, src.len())?;
-    let search = Qkx2 { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
+    let search = Qkx2 {
+        nmax: 31,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: false,
+    };
     for (x, b) in src.chunks_exact(QK_K).zip(blocks.iter_mut()) {
         let mut codes = [0u8; QK_K];
         let (scales, d, dmin) = quantize_scales_mins_k(x, &search, &mut codes);
@@ -425,7 +469,8 @@ pub fn quantize_row_q5_k(src: &[f32], blocks: &mut [BlockQ5K]) -> Result<(), Qua
         }
         for c in 0..4 {
             for l in 0..32 {
-                b.qs[32 * c + l] = (codes[64 * c + l] & 0x0f) | ((codes[64 * c + 32 + l] & 0x0f) << 4);
+                b.qs[32 * c + l] =
+                    (codes[64 * c + l] & 0x0f) | ((codes[64 * c + 32 + l] & 0x0f) << 4);
             }
         }
     }
@@ -439,7 +484,8 @@ pub fn quantize_row_q6_k(src: &[f32], blocks: &mut [BlockQ6K]) -> Result<(), Qua
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for j in 0..16 {
-            scales[j] = make_qx_quants(32, &x[16 * j..16 * j + 16], &mut codes[16 * j..16 * j + 16]);
+            scales[j] =
+                make_qx_quants(32, &x[16 * j..16 * j + 16], &mut codes[16 * j..16 * j + 16]);
             if scales[j].abs() > max_abs_scale {
                 max_abs_scale = scales[j].abs();
                 max_scale = scales[j];
@@ -451,8 +497,9 @@ pub fn quantize_row_q6_k(src: &[f32], blocks: &mut [BlockQ6K]) -> Result<(), Qua
         }
         let iscale = -128.0 / max_scale;
         b.set_d(1.0 / iscale);
-        for j in 0..16 {
-            b.scales[j] = nearest_int(iscale * scales[j]).clamp(-128, 127) as i8;
+        for (packed, &scale) in b.scales.iter_mut().zip(&scales) {
+            // Byte truncation after the upper clamp, as ggml stores it.
+            *packed = nearest_int(iscale * scale).min(127) as i8;
         }
         let d_all = b.d();
         for j in 0..16 {
@@ -469,7 +516,8 @@ pub fn quantize_row_q6_k(src: &[f32], blocks: &mut [BlockQ6K]) -> Result<(), Qua
                 let c = |s: usize| codes[128 * h + 32 * s + l];
                 b.ql[64 * h + l] = (c(0) & 0x0f) | ((c(2) & 0x0f) << 4);
                 b.ql[64 * h + 32 + l] = (c(1) & 0x0f) | ((c(3) & 0x0f) << 4);
-                b.qh[32 * h + l] = (c(0) >> 4) | ((c(1) >> 4) << 2) | ((c(2) >> 4) << 4) | ((c(3) >> 4) << 6);
+                b.qh[32 * h + l] =
+                    (c(0) >> 4) | ((c(1) >> 4) << 2) | ((c(2) >> 4) << 4) | ((c(3) >> 4) << 6);
             }
         }
     }

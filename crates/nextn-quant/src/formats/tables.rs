@@ -1,7 +1,9 @@
 //! Lookup tables and small scale decoders shared by the formats and the kernels.
 
 /// IQ4_NL / IQ4_XS non-linear 4-bit code book (ggml `kvalues_iq4nl`).
-pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// MXFP4 e2m1 values, doubled so that they are integers (ggml `kvalues_mxfp4`); pair them
 /// with the halved scale of [`e8m0_to_f32_half`].
@@ -12,7 +14,11 @@ pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4,
 /// e = 255 (the OCP NaN code) is treated as a plain exponent, 2^127.
 #[inline]
 pub fn e8m0_to_f32_half(e: u8) -> f32 {
-    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e as u32) - 1) << 23 };
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        ((e as u32) - 1) << 23
+    };
     f32::from_bits(bits)
 }
 
