@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use nextn_model::{LogitRows, Model, ModelError, SequenceState};
+use nextn_model::{ForwardOutput, LogitRows, Model, ModelError, SequenceState};
 use nextn_quant::kernels::ThreadPool;
 
 use crate::sampler::Sampler;
@@ -147,6 +147,19 @@ impl StopMatcher {
     }
 }
 
+/// One prefill chunk that keeps every row's hidden state (the NextN head needs them); logits only
+/// for the last row when `last` is set.
+pub fn prefill_with_hidden(
+    model: &Model,
+    state: &mut SequenceState,
+    chunk: &[u32],
+    last: bool,
+    pool: &ThreadPool,
+) -> Result<ForwardOutput, EngineError> {
+    let rows = if last { LogitRows::Last } else { LogitRows::None };
+    Ok(model.forward(chunk, state, rows, pool)?)
+}
+
 /// Run the prompt through the model in chunks of `n_batch` rows, returning the last row's logits.
 pub fn prefill(
     model: &Model,
@@ -170,8 +183,89 @@ pub fn prefill(
     Ok(logits)
 }
 
+/// Turns sampled tokens into streamed text and decides when generation ends: end-of-generation
+/// tokens, stop strings, the token budget, a full context or a caller that stops listening.
+/// Plain and speculative generation share it, so they end in exactly the same place.
+pub struct Emitter<'a, F: FnMut(&str) -> bool> {
+    tokenizer: &'a Tokenizer,
+    decoder: StreamDecoder<'a>,
+    stops: StopMatcher,
+    params: &'a GenerateParams,
+    on_text: F,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    finished: Option<FinishReason>,
+    hit_stop: bool,
+}
+
+impl<'a, F: FnMut(&str) -> bool> Emitter<'a, F> {
+    pub fn new(tokenizer: &'a Tokenizer, params: &'a GenerateParams, on_text: F) -> Self {
+        Emitter {
+            tokenizer,
+            decoder: StreamDecoder::new(tokenizer),
+            stops: StopMatcher::new(&params.stop),
+            params,
+            on_text,
+            text: String::new(),
+            tokens: Vec::new(),
+            finished: None,
+            hit_stop: false,
+        }
+    }
+
+    /// Emit one sampled token; returns the finish reason once generation must end.
+    /// `context_left` is how many more positions the sequence can take after this token.
+    pub fn push(&mut self, token: u32, context_left: usize) -> Option<FinishReason> {
+        if self.finished.is_some() {
+            return self.finished;
+        }
+        if self.tokenizer.is_eog(token) && !self.params.ignore_eos {
+            self.finished = Some(FinishReason::Stop);
+            return self.finished;
+        }
+        self.tokens.push(token);
+        let (piece, hit) = self.stops.push(&self.decoder.push(token));
+        if !piece.is_empty() {
+            self.text.push_str(&piece);
+            if !(self.on_text)(&piece) {
+                self.finished = Some(FinishReason::Stop);
+                return self.finished;
+            }
+        }
+        if hit {
+            self.hit_stop = true;
+            self.finished = Some(FinishReason::Stop);
+        } else if self.params.n_predict.is_some_and(|n| self.tokens.len() >= n) || context_left == 0 {
+            self.finished = Some(FinishReason::Length);
+        }
+        self.finished
+    }
+
+    /// Tokens still allowed by the budget (`usize::MAX` when unbounded).
+    pub fn budget_left(&self) -> usize {
+        self.params.n_predict.map(|n| n.saturating_sub(self.tokens.len())).unwrap_or(usize::MAX)
+    }
+
+    /// Flush held-back text and return (text, tokens, finish reason).
+    pub fn finish(mut self) -> (String, Vec<u32>, FinishReason) {
+        if !self.hit_stop {
+            // Bytes of an unfinished character and text held back for a possible stop string.
+            let (mut rest, hit) = self.stops.push(&self.decoder.flush());
+            if !hit {
+                rest.push_str(&self.stops.finish());
+            }
+            if !rest.is_empty() {
+                self.text.push_str(&rest);
+                (self.on_text)(&rest);
+            }
+        }
+        (self.text, self.tokens, self.finished.unwrap_or(FinishReason::Length))
+    }
+}
+
 /// Generate after `prompt`, calling `on_text` with each newly complete piece of text.
 /// `on_text` returns false to stop early (e.g. the client went away).
+#[allow(clippy::too_many_arguments)]
 pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
@@ -180,7 +274,7 @@ pub fn generate(
     prompt: &[u32],
     params: &GenerateParams,
     sampler: &mut Sampler,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, EngineError> {
     let t0 = Instant::now();
     for &t in prompt {
@@ -190,51 +284,22 @@ pub fn generate(
     let mut timings = Timings { prompt_n: prompt.len(), prompt_ms: ms_since(t0), ..Default::default() };
 
     let t1 = Instant::now();
-    let mut decoder = StreamDecoder::new(tokenizer);
-    let mut stops = StopMatcher::new(&params.stop);
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    let mut hit_stop = false;
-    let finish = loop {
+    let mut emitter = Emitter::new(tokenizer, params, on_text);
+    loop {
         let token = sampler.sample(&logits);
         sampler.accept(token);
-        if tokenizer.is_eog(token) && !params.ignore_eos {
-            break FinishReason::Stop;
-        }
-        tokens.push(token);
-        let (piece, hit) = stops.push(&decoder.push(token));
-        if !piece.is_empty() {
-            text.push_str(&piece);
-            if !on_text(&piece) {
-                break FinishReason::Stop;
-            }
-        }
-        if hit {
-            hit_stop = true;
-            break FinishReason::Stop;
-        }
-        if params.n_predict.is_some_and(|n| tokens.len() >= n) || state.remaining() == 0 {
-            break FinishReason::Length;
+        if emitter.push(token, state.remaining()).is_some() {
+            break;
         }
         logits = model.forward(&[token], state, LogitRows::Last, pool)?.logits;
-    };
-    if !hit_stop {
-        // Bytes of an unfinished character and text held back for a possible stop string.
-        let (mut rest, hit) = stops.push(&decoder.flush());
-        if !hit {
-            rest.push_str(&stops.finish());
-        }
-        if !rest.is_empty() {
-            text.push_str(&rest);
-            on_text(&rest);
-        }
     }
+    let (text, tokens, finish) = emitter.finish();
     timings.predicted_n = tokens.len();
     timings.predicted_ms = ms_since(t1);
     Ok(Generation { tokens, text, finish, timings })
 }
 
-fn ms_since(t: Instant) -> f64 {
+pub(crate) fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 

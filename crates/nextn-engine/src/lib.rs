@@ -3,4 +3,5 @@
 pub mod chat;
 pub mod generate;
 pub mod sampler;
+pub mod speculative;
 pub mod tokenizer;

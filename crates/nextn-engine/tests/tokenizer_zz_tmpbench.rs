@@ -6,10 +6,7 @@ fn bench_build() {
     let f = nextn_gguf::GgufFile::open(p).unwrap();
     eprintln!("open {:?}", t0.elapsed());
     let t0 = Instant::now();
-    let spec = nextn_engine::tokenizer::TokenizerSpec::from_gguf(&f).unwrap();
-    eprintln!("spec {:?}", t0.elapsed());
-    let t0 = Instant::now();
-    let tok = nextn_engine::tokenizer::Tokenizer::new(spec).unwrap();
+    let tok = nextn_engine::tokenizer::Tokenizer::from_gguf(&f).unwrap();
     eprintln!("new {:?}", t0.elapsed());
     let text = std::fs::read_to_string("/root/.pyenv/versions/3.11.7/lib/python3.11/json/decoder.py").unwrap().repeat(20);
     let t0 = Instant::now();

@@ -10,35 +10,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+
+use super::lookup::FastBuild;
 
 /// Symbol id of a byte whose printable char appears neither in the vocabulary nor in any merge.
 const NO_SYMBOL: u32 = u32::MAX;
 const NO_INDEX: usize = usize::MAX;
 
-/// Multiplicative hasher for the packed (left, right) symbol pairs; SipHash would dominate the
-/// merge loop and its DoS resistance buys nothing for keys taken from the model file.
-#[derive(Default)]
-pub(crate) struct PairHasher(u64);
-
-impl Hasher for PairHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        let x = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = x ^ (x >> 32);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type PairMap = HashMap<u64, Merge, BuildHasherDefault<PairHasher>>;
+type PairMap = HashMap<u64, Merge, FastBuild>;
 
 #[derive(Debug, Clone, Copy)]
 struct Merge {
@@ -63,16 +42,17 @@ pub(crate) struct MergeTable {
 
 impl MergeTable {
     /// `merges` are GGUF merge lines ("left right"); the line index is the rank.
+    /// `token_id` looks a text up in the vocabulary.
     pub fn build(
-        token_to_id: &HashMap<String, u32>,
+        token_id: &dyn Fn(&str) -> Option<u32>,
         n_vocab: u32,
         merges: &[String],
         byte_chars: &[char; 256],
     ) -> MergeTable {
-        let mut extra_ids: HashMap<String, u32> = HashMap::new();
+        let mut extra_ids: HashMap<String, u32, FastBuild> = HashMap::default();
         let mut extra_texts: Vec<String> = Vec::new();
-        let mut intern = |text: &str, extra_ids: &mut HashMap<String, u32>| -> u32 {
-            if let Some(&id) = token_to_id.get(text) {
+        let mut intern = |text: &str, extra_ids: &mut HashMap<String, u32, FastBuild>| -> u32 {
+            if let Some(id) = token_id(text) {
                 return id;
             }
             if let Some(&id) = extra_ids.get(text) {
@@ -111,18 +91,14 @@ impl MergeTable {
         let mut buf = [0u8; 4];
         for (byte, symbol) in byte_symbols.iter_mut().enumerate() {
             let text: &str = byte_chars[byte].encode_utf8(&mut buf);
-            *symbol = token_to_id
-                .get(text)
-                .or_else(|| extra_ids.get(text))
-                .copied()
-                .unwrap_or(NO_SYMBOL);
+            *symbol = token_id(text).or_else(|| extra_ids.get(text).copied()).unwrap_or(NO_SYMBOL);
         }
 
         let mut ascii_tokens = [None; 128];
         for (byte, slot) in ascii_tokens.iter_mut().enumerate() {
             let text = [byte as u8];
             if let Ok(text) = std::str::from_utf8(&text) {
-                *slot = token_to_id.get(text).copied();
+                *slot = token_id(text);
             }
         }
 
@@ -250,7 +226,7 @@ mod tests {
     fn table(tokens: &[&str], merges: &[&str]) -> MergeTable {
         let map: HashMap<String, u32> = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
         let merges: Vec<String> = merges.iter().map(|s| s.to_string()).collect();
-        MergeTable::build(&map, tokens.len() as u32, &merges, &byte_to_char_table())
+        MergeTable::build(&|text| map.get(text).copied(), tokens.len() as u32, &merges, &byte_to_char_table())
     }
 
     fn encode(t: &MergeTable, word: &str) -> Vec<u32> {

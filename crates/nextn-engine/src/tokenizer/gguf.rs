@@ -36,13 +36,21 @@ fn type_error(key: &'static str, expected: &'static str, array: &MetadataArray) 
 
 impl TokenizerSpec {
     pub fn from_gguf(f: &GgufFile) -> Result<Self, TokenizerError> {
+        let (mut spec, merges) = TokenizerSpec::from_gguf_without_merges(f)?;
+        spec.merges = merges.to_vec();
+        Ok(spec)
+    }
+
+    /// The spec with empty `merges`, plus the merge lines borrowed from the file (copying 250k
+    /// strings only to drop them after building is a measurable part of loading).
+    pub(crate) fn from_gguf_without_merges(f: &GgufFile) -> Result<(Self, &[String]), TokenizerError> {
         let model = required(f.get_str(KEY_MODEL)?, KEY_MODEL)?.to_owned();
         if model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(model));
         }
         let pre = f.get_str(KEY_PRE)?.map(str::to_owned);
         let tokens = required(string_array(f, KEY_TOKENS)?, KEY_TOKENS)?.to_vec();
-        let merges = required(string_array(f, KEY_MERGES)?, KEY_MERGES)?.to_vec();
+        let merges = required(string_array(f, KEY_MERGES)?, KEY_MERGES)?;
         let token_types = match f.get_array(KEY_TOKEN_TYPE)? {
             None => None,
             Some(array) => Some(
@@ -56,17 +64,18 @@ impl TokenizerSpec {
             .as_deref()
             .and_then(pre_tokenizer)
             .is_some_and(|p| p.ignore_merges);
-        Ok(TokenizerSpec {
+        let spec = TokenizerSpec {
             model,
             pre,
             tokens,
             token_types,
-            merges,
+            merges: Vec::new(),
             bos: f.get_u32(KEY_BOS)?,
             eos: f.get_u32(KEY_EOS)?,
             eot: f.get_u32(KEY_EOT)?,
             pad: f.get_u32(KEY_PAD)?,
             add_bos: f.get_bool(KEY_ADD_BOS)?.unwrap_or(add_bos_default),
-        })
+        };
+        Ok((spec, merges))
     }
 }

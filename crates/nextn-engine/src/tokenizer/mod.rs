@@ -8,14 +8,14 @@
 
 mod bpe;
 mod gguf;
+mod lookup;
 mod pretokenize;
 mod stream;
 mod unicode;
 mod vocab;
 
-use std::collections::HashMap;
-
 use bpe::{BpeScratch, MergeTable};
+use lookup::TokenIndex;
 use pretokenize::{SplitRules, Splitter};
 use vocab::TokenAttr;
 
@@ -95,7 +95,7 @@ pub struct Tokenizer {
     pre_tokenizer: PreTokenizer,
     tokens: Vec<String>,
     attrs: Vec<TokenAttr>,
-    token_to_id: HashMap<String, u32>,
+    token_index: TokenIndex,
     merges: MergeTable,
     byte_chars: [char; 256],
     /// `llama_token_to_piece(special = true)` of every token, concatenated.
@@ -131,7 +131,13 @@ enum Fragment {
 }
 
 impl Tokenizer {
-    pub fn new(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+    pub fn new(mut spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+        let merges = std::mem::take(&mut spec.merges);
+        Tokenizer::build(spec, &merges)
+    }
+
+    /// Builds from a spec whose merges are given separately (borrowed from the GGUF metadata).
+    fn build(spec: TokenizerSpec, merge_lines: &[String]) -> Result<Self, TokenizerError> {
         if spec.model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(spec.model));
         }
@@ -155,16 +161,17 @@ impl Tokenizer {
             None => vec![TokenAttr::NORMAL; tokens.len()],
         };
 
-        let mut token_to_id = HashMap::with_capacity(tokens.len());
         for (id, text) in tokens.iter_mut().enumerate() {
             if text.is_empty() {
                 // llama.cpp gives empty tokens a placeholder text so they can never match.
                 *text = format!("[EMPTY_{id}]");
             }
-            if let Some(first) = token_to_id.insert(text.clone(), id as u32) {
-                return Err(TokenizerError::DuplicateToken { text: text.clone(), first, second: id as u32 });
-            }
         }
+        let token_index = TokenIndex::build(&tokens).map_err(|(first, second)| TokenizerError::DuplicateToken {
+            text: tokens[first as usize].clone(),
+            first,
+            second,
+        })?;
 
         // Ids outside the vocabulary are ignored, as llama.cpp does.
         let in_vocab = |id: Option<u32>| id.filter(|&id| id < n_vocab);
@@ -175,7 +182,7 @@ impl Tokenizer {
         let detected = vocab::detect_specials(&tokens, &mut attrs, eos, in_vocab(spec.eot));
 
         let byte_chars = unicode::byte_to_char_table();
-        let merges = MergeTable::build(&token_to_id, n_vocab, &spec.merges, &byte_chars);
+        let merges = MergeTable::build(&|text| token_index.get(&tokens, text), n_vocab, merge_lines, &byte_chars);
 
         let char_to_byte = unicode::char_to_byte_table(&byte_chars);
         let mut pieces = Vec::with_capacity(tokens.len() * 6);
@@ -197,7 +204,7 @@ impl Tokenizer {
             pre_tokenizer,
             tokens,
             attrs,
-            token_to_id,
+            token_index,
             merges,
             byte_chars,
             pieces,
@@ -214,7 +221,8 @@ impl Tokenizer {
 
     /// Builds the tokenizer described by a GGUF file's `tokenizer.*` metadata.
     pub fn from_gguf(f: &nextn_gguf::GgufFile) -> Result<Self, TokenizerError> {
-        Tokenizer::new(TokenizerSpec::from_gguf(f)?)
+        let (spec, merges) = TokenizerSpec::from_gguf_without_merges(f)?;
+        Tokenizer::build(spec, merges)
     }
 
     /// Token ids of `text`, with BOS first when the vocabulary asks for it (Qwen does not).
@@ -248,7 +256,7 @@ impl Tokenizer {
                 if self.pre_tokenizer.ignore_merges {
                     encoded_word.clear();
                     encoded_word.extend(word.iter().map(|&byte| self.byte_chars[byte as usize]));
-                    if let Some(&id) = self.token_to_id.get(&encoded_word) {
+                    if let Some(id) = self.token_index.get(&self.tokens, &encoded_word) {
                         out.push(id);
                         continue;
                     }
@@ -359,7 +367,7 @@ impl Tokenizer {
     /// Id of the token whose vocabulary text is exactly `text` (GGUF form: "Ġhello" for " hello",
     /// plain text for special tokens such as "<|im_end|>").
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.token_index.get(&self.tokens, text)
     }
 
     /// Vocabulary text of a token (GGUF form).
