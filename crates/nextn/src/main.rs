@@ -24,15 +24,23 @@ enum Command {
     Run(cmd::run::Args),
     /// Print the model's logits for every position of a prompt (JSON lines).
     Logits(cmd::logits::Args),
+    /// Plain vs MTP speculative decoding at several draft depths, with the cost model behind it.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
+    #[cfg(unix)]
+    // SAFETY: called before any other thread exists; only resets a signal disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse_from(cmd::common::normalize_args(std::env::args()));
     let result = match cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Logits(a) => cmd::logits::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(code) => code,

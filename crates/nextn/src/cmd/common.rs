@@ -71,7 +71,6 @@ pub fn resolve_model_path(arg: Option<&PathBuf>) -> Result<PathBuf> {
 
 pub struct Loaded {
     pub path: PathBuf,
-    pub file: Arc<GgufFile>,
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
@@ -154,5 +153,5 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             kv_per_token
         );
     }
-    Ok(Loaded { path, file, model, tokenizer, template, pool, n_ctx, k_type, v_type })
+    Ok(Loaded { path, model, tokenizer, template, pool, n_ctx, k_type, v_type })
 }

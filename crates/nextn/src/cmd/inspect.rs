@@ -99,6 +99,11 @@ fn value_summary(v: &MetadataValue) -> Value {
     }
 }
 
+/// An f32 as JSON with its shortest decimal form (1e-6, not 9.99999997e-7).
+fn f32_json(x: f32) -> Value {
+    x.to_string().parse::<f64>().map(|v| json!(v)).unwrap_or(Value::Null)
+}
+
 fn hyper_parameters(cfg: &Qwen35Config, n_vocab: usize) -> Value {
     let full: Vec<usize> = cfg
         .layer_kinds
@@ -122,12 +127,12 @@ fn hyper_parameters(cfg: &Qwen35Config, n_vocab: usize) -> Value {
         "head_dim": cfg.head_dim,
         "n_rot": cfg.n_rot,
         "rope_sections": cfg.rope_sections,
-        "rope_freq_base": cfg.rope_freq_base,
+        "rope_freq_base": f32_json(cfg.rope_freq_base),
         "rope_scaling": match cfg.rope_scaling {
             RopeScaling::None => json!("none"),
-            RopeScaling::Linear { freq_scale } => json!({"linear": {"freq_scale": freq_scale}}),
+            RopeScaling::Linear { freq_scale } => json!({"linear": {"freq_scale": f32_json(freq_scale)}}),
         },
-        "rms_eps": cfg.rms_eps,
+        "rms_eps": f32_json(cfg.rms_eps),
         "ssm_conv_kernel": cfg.conv_kernel,
         "ssm_state_size": cfg.ssm_head_dim,
         "ssm_group_count": cfg.ssm_k_heads,

@@ -29,6 +29,13 @@ pub struct Args {
     /// Also print the full logits vector of each row
     #[arg(long)]
     pub full: bool,
+    /// Print the NextN head's teacher-forced rows instead (row p: token p with the target's hidden
+    /// state of p−1, zeros at p = 0; predicts token p+1 like target row p)
+    #[arg(long)]
+    pub mtp: bool,
+    /// MTP-only sidecar GGUF for --mtp
+    #[arg(long = "spec-draft-model", visible_alias = "model-draft", requires = "mtp")]
+    pub draft_model: Option<PathBuf>,
     /// Rows per forward pass (default: the whole prompt in one pass)
     #[arg(short = 'b', long = "batch-size")]
     pub batch_size: Option<usize>,
@@ -48,15 +55,39 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if tokens.len() > loaded.n_ctx {
         bail!("the prompt has {} tokens, more than the context length {} (-c)", tokens.len(), loaded.n_ctx);
     }
+    let head = if args.mtp {
+        let spec = super::run::SpecArgs {
+            spec_type: "nextn".into(),
+            n_max: 1,
+            n_min: 0,
+            p_min: 0.0,
+            draft_model: args.draft_model.clone(),
+        };
+        Some(spec.load_head(&loaded)?)
+    } else {
+        None
+    };
     let mut state = loaded.new_sequence();
+    let mut head_cache = head.as_ref().map(|h| h.new_cache(loaded.k_type, loaded.v_type));
     let batch = args.batch_size.unwrap_or(tokens.len()).max(1);
     let e = loaded.model.config.n_embd;
+    let mut prev_hidden = vec![0.0f32; e];
     let mut pos = 0;
     for chunk in tokens.chunks(batch) {
-        let out = loaded
+        let target_rows = if head.is_some() { LogitRows::None } else { LogitRows::All };
+        let mut out = loaded
             .model
-            .forward(chunk, &mut state, LogitRows::All, &loaded.pool)
+            .forward(chunk, &mut state, target_rows, &loaded.pool)
             .with_context(|| format!("forward pass at position {pos}"))?;
+        if let (Some(head), Some(cache)) = (&head, head_cache.as_mut()) {
+            let n = chunk.len();
+            let mut hprev = prev_hidden.clone();
+            hprev.extend_from_slice(&out.hidden[..(n - 1) * e]);
+            prev_hidden = out.hidden[(n - 1) * e..].to_vec();
+            out = head
+                .forward(chunk, &hprev, pos, cache, LogitRows::All, &loaded.pool)
+                .with_context(|| format!("NextN head at position {pos}"))?;
+        }
         for (i, &tok) in chunk.iter().enumerate() {
             let row = out.logits_row(i);
             let hidden = &out.hidden[i * e..(i + 1) * e];

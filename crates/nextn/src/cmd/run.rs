@@ -8,7 +8,11 @@ use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatMessage;
 use nextn_engine::generate::{generate, GenerateParams};
 use nextn_engine::sampler::{Sampler, SamplerConfig};
+use nextn_engine::speculative::{generate_speculative, SpecParams, SpecSequence};
+use nextn_gguf::GgufFile;
+use nextn_model::NextnHead;
 use serde_json::json;
+use std::sync::Arc;
 
 use super::common::{self, ModelArgs};
 
@@ -18,6 +22,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Prompt text
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
@@ -79,6 +85,55 @@ pub struct SamplingArgs {
     pub seed: i64,
 }
 
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding: none, or nextn / draft-mtp (synonyms) to draft with the model's MTP head
+    #[arg(long = "spec-type", default_value = "none", value_parser = ["none", "nextn", "draft-mtp", "mtp"])]
+    pub spec_type: String,
+    /// Most tokens drafted per step
+    #[arg(long = "spec-draft-n-max", visible_alias = "draft-max", default_value_t = 3)]
+    pub n_max: usize,
+    /// Drafts shorter than this are discarded
+    #[arg(long = "spec-draft-n-min", visible_alias = "draft-min", default_value_t = 0)]
+    pub n_min: usize,
+    /// Stop drafting when the head's top-1 probability (full softmax) is below this
+    #[arg(long = "spec-draft-p-min", visible_alias = "draft-p-min", default_value_t = 0.0)]
+    pub p_min: f32,
+    /// MTP-only sidecar GGUF holding the NextN head (when the model file has none)
+    #[arg(long = "spec-draft-model", visible_alias = "model-draft")]
+    pub draft_model: Option<PathBuf>,
+}
+
+impl SpecArgs {
+    pub fn enabled(&self) -> bool {
+        self.spec_type != "none"
+    }
+
+    pub fn params(&self) -> Result<SpecParams> {
+        if !(0.0..=1.0).contains(&self.p_min) {
+            bail!("--spec-draft-p-min {} must be between 0 and 1", self.p_min);
+        }
+        Ok(SpecParams { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, trace: false })
+    }
+
+    /// Bind the NextN head from the model file or the sidecar; a clear error when there is none.
+    pub fn load_head(&self, loaded: &common::Loaded) -> Result<NextnHead> {
+        match &self.draft_model {
+            Some(p) => {
+                let f = Arc::new(GgufFile::open(p).with_context(|| format!("cannot read MTP file {}", p.display()))?);
+                NextnHead::load_from(&loaded.model, f).with_context(|| format!("{} has no usable NextN head", p.display()))
+            }
+            None => NextnHead::load(&loaded.model).with_context(|| {
+                format!(
+                    "--spec-type {} needs a NextN (MTP) head, and {} has none; give an MTP sidecar with -md FILE or use --spec-type none",
+                    self.spec_type,
+                    loaded.path.display()
+                )
+            }),
+        }
+    }
+}
+
 impl SamplingArgs {
     pub fn config(&self) -> Result<SamplerConfig> {
         let seed = if self.seed < 0 {
@@ -112,8 +167,10 @@ pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<St
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let sampler_cfg = args.sampling.config()?;
+    let spec_params = args.spec.params()?;
     let text = prompt_text(&args.prompt, &args.file)?;
     let loaded = common::load(&args.model)?;
+    let head = if args.spec.enabled() { Some(args.spec.load_head(&loaded)?) } else { None };
     let prompt = if args.chat {
         let mut kwargs = serde_json::Map::new();
         if let Some(k) = &args.chat_template_kwargs {
@@ -140,37 +197,58 @@ pub fn run(args: Args) -> Result<ExitCode> {
         stop: args.stop.clone(),
     };
     let mut sampler = Sampler::new(sampler_cfg)?;
-    let mut state = loaded.new_sequence();
     let stdout = std::io::stdout();
     let streaming = !args.json;
-    let generation = generate(
-        &loaded.model,
-        &loaded.tokenizer,
-        &loaded.pool,
-        &mut state,
-        &tokens,
-        &params,
-        &mut sampler,
-        |piece| {
-            if streaming {
-                let mut out = stdout.lock();
-                // A closed pipe (e.g. `| head`) ends generation instead of failing.
-                out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
-            } else {
-                true
-            }
-        },
-    )?;
+    let on_text = |piece: &str| {
+        if streaming {
+            let mut out = stdout.lock();
+            // A closed pipe (e.g. `| head`) ends generation instead of failing.
+            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+        } else {
+            true
+        }
+    };
+    let (generation, spec_stats) = match &head {
+        Some(head) => {
+            let mut seq = SpecSequence::new(&loaded.model, head, loaded.n_ctx, loaded.k_type, loaded.v_type);
+            let (g, s) = generate_speculative(
+                &loaded.model,
+                head,
+                &loaded.tokenizer,
+                &loaded.pool,
+                &mut seq,
+                &tokens,
+                &params,
+                &spec_params,
+                &mut sampler,
+                on_text,
+            )?;
+            (g, Some(s))
+        }
+        None => {
+            let mut state = loaded.new_sequence();
+            let g = generate(&loaded.model, &loaded.tokenizer, &loaded.pool, &mut state, &tokens, &params, &mut sampler, on_text)?;
+            (g, None)
+        }
+    };
     let t = &generation.timings;
     if args.json {
-        let out = json!({
+        let mut timings = t.to_json();
+        if let Some(s) = &spec_stats {
+            timings["draft_n"] = json!(s.draft_n);
+            timings["draft_n_accepted"] = json!(s.draft_n_accepted);
+        }
+        let mut out = json!({
             "model": loaded.path.display().to_string(),
             "prompt_tokens": tokens,
             "text": generation.text,
             "tokens": generation.tokens,
             "finish_reason": generation.finish.as_str(),
-            "timings": t.to_json(),
+            "timings": timings,
         });
+        if let Some(s) = &spec_stats {
+            out["spec"] = s.to_json(generation.tokens.len());
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!();
@@ -185,5 +263,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         t.predicted_per_second(),
         generation.finish.as_str()
     );
+    if let Some(s) = &spec_stats {
+        eprintln!("{}", s.summary());
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,294 @@
+//! `nextn bench`: plain decoding against MTP speculative decoding at several draft depths on the
+//! same prompts, plus the cost model behind the speed (decode step, verify of r rows, draft step)
+//! and the speedup those costs project at a given per-position acceptance.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use nextn_engine::generate::{generate, GenerateParams};
+use nextn_engine::sampler::{Sampler, SamplerConfig};
+use nextn_engine::speculative::{generate_speculative, SpecParams, SpecSequence, SpecStats};
+use nextn_model::{LogitRows, NextnHead};
+use serde_json::{json, Value};
+
+use super::common::{self, Loaded, ModelArgs};
+
+/// The default prompt set: code and prose.
+const DEFAULT_PROMPTS: &str = include_str!("../../bench/prompts.jsonl");
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompts as JSON lines {"name": ..., "prompt": ...} (default: the built-in code and prose set)
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Tokens generated per prompt
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    pub n_predict: usize,
+    /// Draft depths to run; 0 is plain decoding
+    #[arg(long = "spec-draft-n-max", value_delimiter = ',', default_value = "0,1,2,3,4")]
+    pub n_max: Vec<usize>,
+    /// Per-position acceptance to project the speedup at (e.g. published numbers for a real model)
+    #[arg(long = "assume-acceptance", value_delimiter = ',', default_value = "0.95,0.86,0.75")]
+    pub assume_acceptance: Vec<f64>,
+    /// Repetitions of each cost-model measurement (the median is reported)
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    /// Also write the results as JSON to this file
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+struct Prompt {
+    name: String,
+    tokens: Vec<u32>,
+}
+
+fn read_prompts(loaded: &Loaded, path: Option<&PathBuf>) -> Result<Vec<Prompt>> {
+    let text = match path {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("cannot read prompts {}", p.display()))?,
+        None => DEFAULT_PROMPTS.to_string(),
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).with_context(|| format!("prompts line {}: not JSON", i + 1))?;
+        let Some(prompt) = v["prompt"].as_str() else { bail!("prompts line {}: no \"prompt\" string", i + 1) };
+        let name = v["name"].as_str().map(str::to_string).unwrap_or_else(|| format!("prompt{}", i + 1));
+        let tokens = loaded.tokenizer.encode(prompt, true);
+        if tokens.is_empty() {
+            bail!("prompts line {}: the prompt is empty", i + 1);
+        }
+        out.push(Prompt { name, tokens });
+    }
+    if out.is_empty() {
+        bail!("no prompts");
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[derive(Default)]
+struct RunTotals {
+    prompt_n: usize,
+    prompt_ms: f64,
+    predicted_n: usize,
+    predicted_ms: f64,
+    stats: SpecStats,
+}
+
+fn run_depth(loaded: &Loaded, head: Option<&NextnHead>, prompts: &[Prompt], n: usize, n_max: usize) -> Result<RunTotals> {
+    let mut t = RunTotals::default();
+    let params = GenerateParams { n_predict: Some(n), ignore_eos: true, ..Default::default() };
+    for p in prompts {
+        let mut sampler = Sampler::new(SamplerConfig::greedy())?;
+        let g = match (n_max, head) {
+            (0, _) | (_, None) => {
+                let mut st = loaded.new_sequence();
+                generate(&loaded.model, &loaded.tokenizer, &loaded.pool, &mut st, &p.tokens, &params, &mut sampler, |_| true)?
+            }
+            (k, Some(head)) => {
+                let mut seq = SpecSequence::new(&loaded.model, head, loaded.n_ctx, loaded.k_type, loaded.v_type);
+                let spec = SpecParams { n_max: k, ..Default::default() };
+                let (g, s) = generate_speculative(
+                    &loaded.model,
+                    head,
+                    &loaded.tokenizer,
+                    &loaded.pool,
+                    &mut seq,
+                    &p.tokens,
+                    &params,
+                    &spec,
+                    &mut sampler,
+                    |_| true,
+                )?;
+                t.stats.merge(&s);
+                g
+            }
+        };
+        t.prompt_n += g.timings.prompt_n;
+        t.prompt_ms += g.timings.prompt_ms;
+        t.predicted_n += g.timings.predicted_n;
+        t.predicted_ms += g.timings.predicted_ms;
+    }
+    Ok(t)
+}
+
+struct Costs {
+    decode_ms: f64,
+    verify_ms: Vec<f64>,
+    draft_ms: f64,
+}
+
+/// Time one decode step, verify passes of 1..=max_rows rows, and one full-vocabulary draft step, at
+/// the context of the first prompt.
+fn measure_costs(loaded: &Loaded, head: Option<&NextnHead>, prompt: &[u32], max_rows: usize, reps: usize) -> Result<Costs> {
+    let pool = &loaded.pool;
+    let model = &loaded.model;
+    let reps = reps.max(1);
+    let mut st = loaded.new_sequence();
+    let out = model.forward(prompt, &mut st, LogitRows::Last, pool)?;
+    let e = model.config.n_embd;
+    let h_last = out.hidden[(prompt.len() - 1) * e..].to_vec();
+    let probe: Vec<u32> = prompt.iter().cycle().take(max_rows).copied().collect();
+    let mut verify_ms = Vec::new();
+    for r in 1..=max_rows {
+        let mut times = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            model.forward_verify(&probe[..r], &mut st, pool)?;
+            model.commit(&mut st, 0)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        verify_ms.push(median(times));
+    }
+    let mut times = Vec::new();
+    let mut dec = st.clone();
+    for i in 0..reps {
+        let t = Instant::now();
+        model.forward(&probe[i % probe.len()..i % probe.len() + 1], &mut dec, LogitRows::Last, pool)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let decode_ms = median(times);
+    let draft_ms = match head {
+        Some(head) => {
+            let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
+            // Fill the head's cache over the prompt first, so the step runs at the same context.
+            let mut teacher = vec![0.0f32; e];
+            teacher.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
+            head.forward(prompt, &teacher, 0, &mut cache, LogitRows::None, pool)?;
+            let mut times = Vec::new();
+            for _ in 0..reps {
+                let t = Instant::now();
+                head.forward(&probe[..1], &h_last, prompt.len(), &mut cache, LogitRows::Last, pool)?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                NextnHead::truncate(&mut cache, prompt.len());
+            }
+            median(times)
+        }
+        None => f64::NAN,
+    };
+    Ok(Costs { decode_ms, verify_ms, draft_ms })
+}
+
+/// Expected tokens per step with n drafts when position i is accepted with (marginal) rate a_i,
+/// and the projected speedup over plain decoding from the measured costs.
+fn project(costs: &Costs, acceptance: &[f64], n: usize) -> (f64, f64) {
+    let a = |i: usize| acceptance.get(i).or(acceptance.last()).copied().unwrap_or(0.0);
+    let tokens = 1.0 + (0..n).map(a).sum::<f64>();
+    let step = n as f64 * costs.draft_ms + costs.verify_ms[n];
+    (tokens, tokens * costs.decode_ms / step)
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let loaded = common::load(&args.model)?;
+    let head = NextnHead::load(&loaded.model).ok();
+    let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
+    let want_spec = args.n_max.iter().any(|&k| k > 0);
+    if want_spec && head.is_none() {
+        bail!("{} has no NextN head: only --spec-draft-n-max 0 (plain decoding) can run", loaded.path.display());
+    }
+    let max_n = args.n_max.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "bench: {} prompts × {} tokens, {} threads, draft depths {:?}",
+        prompts.len(),
+        args.n_predict,
+        loaded.pool.n_threads(),
+        args.n_max
+    );
+
+    let mut rows = Vec::new();
+    let mut plain_tps = None;
+    println!(
+        "{:>5} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
+        "n_max", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
+    );
+    for &k in &args.n_max {
+        let t = run_depth(&loaded, head.as_ref(), &prompts, args.n_predict, k)?;
+        let prefill = t.prompt_n as f64 * 1e3 / t.prompt_ms.max(1e-9);
+        let decode = t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9);
+        if k == 0 {
+            plain_tps = Some(decode);
+        }
+        let speedup = plain_tps.map(|p| decode / p);
+        let per_pos: Vec<f64> = t
+            .stats
+            .accepted_per_pos
+            .iter()
+            .zip(&t.stats.drafted_per_pos)
+            .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
+            .collect();
+        println!(
+            "{:>5} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
+            k,
+            prefill,
+            decode,
+            speedup.map(|s| format!("{s:.3}x")).unwrap_or_else(|| "-".into()),
+            if k > 0 { format!("{:.3}", t.stats.acceptance_rate()) } else { "-".into() },
+            t.stats.mean_accepted_len(),
+            t.stats.draft_ms,
+            t.stats.verify_ms,
+            per_pos.iter().map(|p| format!("{p:.2}")).collect::<Vec<_>>().join(" ")
+        );
+        rows.push(json!({
+            "n_max": k,
+            "prompt_n": t.prompt_n,
+            "prompt_ms": t.prompt_ms,
+            "prefill_tok_s": prefill,
+            "predicted_n": t.predicted_n,
+            "predicted_ms": t.predicted_ms,
+            "decode_tok_s": decode,
+            "speedup_vs_plain": speedup,
+            "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
+        }));
+    }
+
+    let costs = measure_costs(&loaded, head.as_ref(), &prompts[0].tokens, max_n.max(1) + 1, args.reps)?;
+    println!();
+    println!("cost model (median of {} reps, context {} tokens):", args.reps, prompts[0].tokens.len());
+    println!("  plain decode step        {:8.3} ms", costs.decode_ms);
+    for (i, v) in costs.verify_ms.iter().enumerate() {
+        println!("  verify {} row{}            {:8.3} ms  ({:.2}x decode)", i + 1, if i == 0 { " " } else { "s" }, v, v / costs.decode_ms);
+    }
+    if head.is_some() {
+        println!("  draft step (full vocab)  {:8.3} ms  ({:.2}x decode)", costs.draft_ms, costs.draft_ms / costs.decode_ms);
+    }
+    let mut projections = Vec::new();
+    if head.is_some() {
+        println!("projected speedup at acceptance {:?}:", args.assume_acceptance);
+        for n in 1..=max_n.max(1) {
+            if n >= costs.verify_ms.len() {
+                break;
+            }
+            let (tokens, speedup) = project(&costs, &args.assume_acceptance, n);
+            println!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x");
+            projections.push(json!({"n_max": n, "tokens_per_step": tokens, "speedup": speedup}));
+        }
+    }
+
+    if let Some(path) = &args.json {
+        let report = json!({
+            "model": loaded.path.display().to_string(),
+            "threads": loaded.pool.n_threads(),
+            "n_predict": args.n_predict,
+            "prompts": prompts.iter().map(|p| json!({"name": p.name, "n_tokens": p.tokens.len()})).collect::<Vec<_>>(),
+            "runs": rows,
+            "costs": {
+                "decode_ms": costs.decode_ms,
+                "verify_ms": costs.verify_ms,
+                "draft_ms": if costs.draft_ms.is_nan() { Value::Null } else { json!(costs.draft_ms) },
+            },
+            "assume_acceptance": args.assume_acceptance,
+            "projections": projections,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
