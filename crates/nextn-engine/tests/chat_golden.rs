@@ -29,16 +29,23 @@ fn messages(request: &Value) -> Vec<ChatMessage> {
 
 fn gguf_template(path: &PathBuf) -> ChatTemplate {
     let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    ChatTemplate::from_gguf(&file).expect("template compiles").expect("file has a chat template")
+    ChatTemplate::from_gguf(&file)
+        .expect("template compiles")
+        .expect("file has a chat template")
 }
 
 /// Renders a llama-server request: a trailing assistant message is continued, otherwise the
 /// generation prompt is added.
 fn render_like_server(template: &ChatTemplate, request: &Value) -> String {
     let msgs = messages(request);
-    let kwargs: Map<String, Value> = request["chat_template_kwargs"].as_object().cloned().unwrap_or_default();
+    let kwargs: Map<String, Value> = request["chat_template_kwargs"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     if msgs.last().is_some_and(|m| m.role == "assistant") {
-        template.render_prefill(&msgs, &kwargs).expect("prefill renders")
+        template
+            .render_prefill(&msgs, &kwargs)
+            .expect("prefill renders")
     } else {
         template.render(&msgs, true, &kwargs).expect("renders")
     }
@@ -50,18 +57,35 @@ fn qwen_fixture_template_matches_llama_server() {
     let dir = shared.join("golden/q35-dense-qwenvocab");
     let golden = load_json(&dir.join("golden.json"));
     let template = gguf_template(&dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf"));
-    assert_eq!(template.source(), golden["chat_template"]["template"].as_str().expect("template text"));
+    assert_eq!(
+        template.source(),
+        golden["chat_template"]["template"]
+            .as_str()
+            .expect("template text")
+    );
 
-    let cases = golden["chat_template"]["jinja_server"].as_object().expect("jinja_server cases");
+    let cases = golden["chat_template"]["jinja_server"]
+        .as_object()
+        .expect("jinja_server cases");
     assert!(cases.len() >= 5);
     for (name, case) in cases {
         let prompt = render_like_server(&template, &case["request"]);
-        assert_eq!(prompt, case["prompt"].as_str().expect("prompt"), "case {name}");
+        assert_eq!(
+            prompt,
+            case["prompt"].as_str().expect("prompt"),
+            "case {name}"
+        );
     }
     // The same renderings recorded from the MTP server run.
-    let server = golden["server_mtp"]["apply_template"].as_object().expect("apply_template");
+    let server = golden["server_mtp"]["apply_template"]
+        .as_object()
+        .expect("apply_template");
     for (name, case) in server {
-        assert_eq!(render_like_server(&template, &case["request"]), case["prompt"].as_str().expect("prompt"), "{name}");
+        assert_eq!(
+            render_like_server(&template, &case["request"]),
+            case["prompt"].as_str().expect("prompt"),
+            "{name}"
+        );
     }
 }
 
@@ -79,8 +103,16 @@ fn builtin_chatml_matches_llama_cpp() {
         ];
         let chatml = ChatTemplate::chatml();
         let none = Map::new();
-        assert_eq!(chatml.render(&msgs, false, &none).unwrap(), builtin["no_assistant"].as_str().unwrap(), "{fixture}");
-        assert_eq!(chatml.render(&msgs, true, &none).unwrap(), builtin["add_assistant"].as_str().unwrap(), "{fixture}");
+        assert_eq!(
+            chatml.render(&msgs, false, &none).unwrap(),
+            builtin["no_assistant"].as_str().unwrap(),
+            "{fixture}"
+        );
+        assert_eq!(
+            chatml.render(&msgs, true, &none).unwrap(),
+            builtin["add_assistant"].as_str().unwrap(),
+            "{fixture}"
+        );
     }
 }
 
@@ -92,10 +124,16 @@ fn rendered_chat_prompt_tokenizes_like_the_golden_sequence() {
     let path = dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf");
     let file = GgufFile::open(&path).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
-    let template = ChatTemplate::from_gguf(&file).expect("compiles").expect("has template");
+    let template = ChatTemplate::from_gguf(&file)
+        .expect("compiles")
+        .expect("has template");
 
     let prompt = template
-        .render(&[ChatMessage::new("user", "Write a haiku about tensors.")], true, &Map::new())
+        .render(
+            &[ChatMessage::new("user", "Write a haiku about tensors.")],
+            true,
+            &Map::new(),
+        )
         .expect("renders");
     assert_eq!(prompt, "<|im_start|>user\nWrite a haiku about tensors.<|im_end|>\n<|im_start|>assistant\n<think>\n");
     let chat = golden["sequences"]
@@ -111,21 +149,33 @@ fn rendered_chat_prompt_tokenizes_like_the_golden_sequence() {
 #[test]
 fn qwen_fixture_template_thinking_switch_and_tools_turn() {
     let Some(shared) = shared_dir() else { return };
-    let template = gguf_template(&shared.join("golden/q35-dense-qwenvocab/q35-dense-qwenvocab-F32-embQ8_0.gguf"));
+    let template = gguf_template(
+        &shared.join("golden/q35-dense-qwenvocab/q35-dense-qwenvocab-F32-embQ8_0.gguf"),
+    );
     let msgs = [ChatMessage::new("user", "Hi")];
     let off = json!({"enable_thinking": false});
     assert_eq!(
-        template.render(&msgs, true, off.as_object().unwrap()).unwrap(),
+        template
+            .render(&msgs, true, off.as_object().unwrap())
+            .unwrap(),
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     );
     // Without a generation prompt the conversation ends after the last turn.
-    assert_eq!(template.render(&msgs, false, &Map::new()).unwrap(), "<|im_start|>user\nHi<|im_end|>\n");
+    assert_eq!(
+        template.render(&msgs, false, &Map::new()).unwrap(),
+        "<|im_start|>user\nHi<|im_end|>\n"
+    );
 }
 
 #[test]
 fn tiny_model_template_is_chatml() {
     let Some(shared) = shared_dir() else { return };
     let template = gguf_template(&shared.join("models/tiny-qwen35-mtp/tiny-qwen35-mtp-F32.gguf"));
-    let prompt = template.render(&[ChatMessage::new("user", "hi")], true, &Map::new()).expect("renders");
-    assert_eq!(prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    let prompt = template
+        .render(&[ChatMessage::new("user", "hi")], true, &Map::new())
+        .expect("renders");
+    assert_eq!(
+        prompt,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
 }

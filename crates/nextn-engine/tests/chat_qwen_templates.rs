@@ -426,8 +426,11 @@ const EXPECTED_JSON: &str = r###"{
 }"###;
 
 fn render_case(template: &ChatTemplate, case: &Value) -> Result<String, ChatTemplateError> {
-    let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
-    let add_generation_prompt = case["add_generation_prompt"].as_bool().expect("add_generation_prompt");
+    let messages: Vec<ChatMessage> =
+        serde_json::from_value(case["messages"].clone()).expect("messages");
+    let add_generation_prompt = case["add_generation_prompt"]
+        .as_bool()
+        .expect("add_generation_prompt");
     let mut kwargs = Map::new();
     for (key, value) in case.as_object().expect("case object") {
         if key != "messages" && key != "add_generation_prompt" {
@@ -459,8 +462,16 @@ fn qwen_style_templates_render_like_jinja2() {
 #[test]
 fn xml_tools_template_rejects_unknown_roles() {
     let template = ChatTemplate::new(XML_TOOLS_TEMPLATE).expect("template compiles");
-    let err = template.render(&[ChatMessage::new("narrator", "x")], true, &Map::new()).unwrap_err();
-    assert!(matches!(&err, ChatTemplateError::Raised(m) if m == "Unexpected message role: narrator"), "{err}");
+    let err = template
+        .render(&[ChatMessage::new("narrator", "x")], true, &Map::new())
+        .unwrap_err();
+    assert!(
+        matches!(&err, ChatTemplateError::Raised(m) if m == "Unexpected message role: narrator"),
+        "{err}"
+    );
     let err = template.render(&[], true, &Map::new()).unwrap_err();
-    assert!(matches!(&err, ChatTemplateError::Raised(m) if m == "No messages provided."), "{err}");
+    assert!(
+        matches!(&err, ChatTemplateError::Raised(m) if m == "No messages provided."),
+        "{err}"
+    );
 }

@@ -19,7 +19,7 @@ fn shared_dir() -> Option<PathBuf> {
 }
 
 fn hex_decode(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "odd hex length");
+    assert!(hex.len().is_multiple_of(2), "odd hex length");
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digit"))
@@ -42,7 +42,8 @@ fn load_json(path: &PathBuf) -> Value {
 fn load_tokenizer(gguf: &PathBuf) -> Tokenizer {
     let file = GgufFile::open(gguf).unwrap_or_else(|e| panic!("{}: {e}", gguf.display()));
     let start = Instant::now();
-    let tokenizer = Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e}", gguf.display()));
+    let tokenizer =
+        Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{}: {e}", gguf.display()));
     println!(
         "{}: vocab {} merges {} built in {:?}",
         gguf.display(),
@@ -60,7 +61,9 @@ fn check_fixture(fixture: &str, gguf_name: &str) {
     let golden = load_json(&dir.join("golden.json"));
     let tokenizer = load_tokenizer(&dir.join(gguf_name));
 
-    let entries = golden["tokenize"]["entries"].as_array().expect("tokenize.entries");
+    let entries = golden["tokenize"]["entries"]
+        .as_array()
+        .expect("tokenize.entries");
     assert!(!entries.is_empty());
     let mut failures = Vec::new();
     for entry in entries {
@@ -71,12 +74,16 @@ fn check_fixture(fixture: &str, gguf_name: &str) {
         let with_special = tokenizer.encode(&text, true);
         let expected_special = ids(&entry["ids_parse_special"]);
         if with_special != expected_special {
-            failures.push(format!("{name} (parse_special): got {with_special:?}, llama.cpp {expected_special:?}"));
+            failures.push(format!(
+                "{name} (parse_special): got {with_special:?}, llama.cpp {expected_special:?}"
+            ));
         }
         let without_special = tokenizer.encode(&text, false);
         let expected_plain = ids(&entry["ids_no_parse_special"]);
         if without_special != expected_plain {
-            failures.push(format!("{name} (no parse_special): got {without_special:?}, llama.cpp {expected_plain:?}"));
+            failures.push(format!(
+                "{name} (no parse_special): got {without_special:?}, llama.cpp {expected_plain:?}"
+            ));
         }
 
         let pieces: Vec<Vec<u8>> = entry["pieces_hex"]
@@ -85,25 +92,44 @@ fn check_fixture(fixture: &str, gguf_name: &str) {
             .iter()
             .map(|p| hex_decode(p.as_str().expect("piece hex")))
             .collect();
-        assert_eq!(pieces.len(), expected_special.len(), "{name}: pieces per id");
+        assert_eq!(
+            pieces.len(),
+            expected_special.len(),
+            "{name}: pieces per id"
+        );
         for (id, piece) in expected_special.iter().zip(&pieces) {
             if tokenizer.token_bytes(*id) != piece.as_slice() {
-                failures.push(format!("{name}: piece of {id} is {:?}, llama.cpp {piece:?}", tokenizer.token_bytes(*id)));
+                failures.push(format!(
+                    "{name}: piece of {id} is {:?}, llama.cpp {piece:?}",
+                    tokenizer.token_bytes(*id)
+                ));
             }
         }
         let detok = hex_decode(entry["detok_hex"].as_str().expect("detok_hex"));
-        assert_eq!(tokenizer.decode_bytes(&expected_special), detok, "{name}: detokenization");
+        assert_eq!(
+            tokenizer.decode_bytes(&expected_special),
+            detok,
+            "{name}: detokenization"
+        );
         if entry["detok_roundtrip_equal"].as_bool() == Some(true) {
             assert_eq!(tokenizer.decode(&with_special), text, "{name}: round trip");
         }
     }
-    assert!(failures.is_empty(), "{fixture}: {} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{fixture}: {} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     println!("{fixture}: {} entries match llama.cpp", entries.len());
 }
 
 #[test]
 fn qwen_vocab_matches_llama_cpp() {
-    check_fixture("q35-dense-qwenvocab", "q35-dense-qwenvocab-F32-embQ8_0.gguf");
+    check_fixture(
+        "q35-dense-qwenvocab",
+        "q35-dense-qwenvocab-F32-embQ8_0.gguf",
+    );
 }
 
 #[test]
@@ -135,7 +161,12 @@ fn qwen_vocab_eog_and_specials() {
     assert_eq!(tokenizer.vocab_size(), 248320);
     // Padding rows of the embedding have no text.
     assert_eq!(tokenizer.token_bytes(248100), b"");
-    for control in ["<|fim_prefix|>", "<|repo_name|>", "<|file_sep|>", "<|im_start|>"] {
+    for control in [
+        "<|fim_prefix|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+        "<|im_start|>",
+    ] {
         let id = tokenizer.token_id(control).expect(control);
         assert!(tokenizer.is_control(id), "{control}");
     }
@@ -153,7 +184,11 @@ fn tiny_model_prompts_match_reference_ids() {
     assert!(!goldens.is_empty());
     for g in goldens {
         let prompt = g["prompt"].as_str().expect("prompt");
-        assert_eq!(tokenizer.encode(prompt, true), ids(&g["prompt_ids"]), "prompt {prompt:?}");
+        assert_eq!(
+            tokenizer.encode(prompt, true),
+            ids(&g["prompt_ids"]),
+            "prompt {prompt:?}"
+        );
         assert_eq!(tokenizer.decode(&ids(&g["prompt_ids"])), prompt);
     }
     assert_eq!(tokenizer.eog_ids(), [8189, 8191]);

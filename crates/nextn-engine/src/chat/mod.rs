@@ -31,7 +31,11 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into(), ..ChatMessage::default() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..ChatMessage::default()
+        }
     }
 }
 
@@ -80,7 +84,10 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED_PREFIX}{message}")))
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED_PREFIX}{message}"),
+    ))
 }
 
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
@@ -104,7 +111,10 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         match <[String; 2]>::try_from(seps) {
             Ok([item, key]) => options.separators = Some((item, key)),
             Err(_) => {
-                return Err(Error::new(ErrorKind::InvalidOperation, "tojson separators must be a pair"));
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson separators must be a pair",
+                ));
             }
         }
     }
@@ -151,7 +161,12 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| ChatTemplateError::Syntax(template_error(&e)))?;
-        Ok(ChatTemplate { env, source: source.to_owned(), bos_token: String::new(), eos_token: String::new() })
+        Ok(ChatTemplate {
+            env,
+            source: source.to_owned(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+        })
     }
 
     /// ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), llama.cpp's built-in fallback.
@@ -205,7 +220,9 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatTemplateError::Render(template_error(&e)))?;
-        template.render(Value::from_serialize(&context)).map_err(render_error)
+        template
+            .render(Value::from_serialize(&context))
+            .map_err(render_error)
     }
 
     /// Renders a conversation whose last message is a partial reply to be continued: the prompt
@@ -226,7 +243,9 @@ impl ChatTemplate {
         let rendered = self.render(&marked, false, kwargs)?;
         match rendered.find(PREFILL_SENTINEL) {
             Some(end) => Ok(rendered[..end].to_owned()),
-            None => Err(ChatTemplateError::Prefill("the template does not print the final message's content")),
+            None => Err(ChatTemplateError::Prefill(
+                "the template does not print the final message's content",
+            )),
         }
     }
 }

@@ -6,8 +6,8 @@
 
 use serde_json::Value;
 
-/// Formatting options of `json.dumps`.
-#[derive(Debug, Clone)]
+/// Formatting options of `json.dumps` (defaults: compact, non-ASCII kept, keys in order).
+#[derive(Debug, Clone, Default)]
 pub(crate) struct DumpOptions {
     /// Pretty-print with this string per level (Python: an int n means n spaces).
     pub indent: Option<String>,
@@ -17,12 +17,6 @@ pub(crate) struct DumpOptions {
     pub separators: Option<(String, String)>,
 }
 
-impl Default for DumpOptions {
-    fn default() -> Self {
-        DumpOptions { indent: None, ensure_ascii: false, sort_keys: false, separators: None }
-    }
-}
-
 pub(crate) fn dumps(value: &Value, options: &DumpOptions) -> String {
     let (item_sep, key_sep) = match &options.separators {
         Some((item, key)) => (item.as_str(), key.as_str()),
@@ -30,7 +24,11 @@ pub(crate) fn dumps(value: &Value, options: &DumpOptions) -> String {
         None => (", ", ": "),
     };
     let mut out = String::new();
-    let writer = Writer { options, item_sep, key_sep };
+    let writer = Writer {
+        options,
+        item_sep,
+        key_sep,
+    };
     writer.value(value, 0, &mut out);
     out
 }
@@ -139,10 +137,18 @@ pub(crate) fn python_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     if f == 0.0 {
-        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if f.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // `{:e}` prints the shortest round-trip digits: "1.2345e3", "-5e-7".
     let sci = format!("{f:e}");
@@ -160,11 +166,19 @@ pub(crate) fn python_float_repr(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{body}")
     } else {
-        let mantissa = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
+        let mantissa = if digits.len() > 1 {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        } else {
+            digits
+        };
         let exp_sign = if exponent < 0 { '-' } else { '+' };
         format!("{sign}{mantissa}e{exp_sign}{:02}", exponent.abs())
     }
@@ -202,9 +216,22 @@ mod tests {
             dumps(&v, &DumpOptions::default()),
             r#"{"name": "get_weather", "parameters": {"type": "object", "required": ["city"], "x": [], "y": {}}, "s": "é\"\n<b>&", "n": 3, "f": 0.5, "t": true, "z": null}"#
         );
-        let pretty = DumpOptions { indent: Some("  ".into()), ..DumpOptions::default() };
-        assert_eq!(dumps(&json!({"a": [1, 2], "b": {}}), &pretty), "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {}\n}");
-        let ascii = DumpOptions { ensure_ascii: true, sort_keys: true, ..DumpOptions::default() };
-        assert_eq!(dumps(&json!({"b": "é😀", "a": 1}), &ascii), r#"{"a": 1, "b": "\u00e9\ud83d\ude00"}"#);
+        let pretty = DumpOptions {
+            indent: Some("  ".into()),
+            ..DumpOptions::default()
+        };
+        assert_eq!(
+            dumps(&json!({"a": [1, 2], "b": {}}), &pretty),
+            "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {}\n}"
+        );
+        let ascii = DumpOptions {
+            ensure_ascii: true,
+            sort_keys: true,
+            ..DumpOptions::default()
+        };
+        assert_eq!(
+            dumps(&json!({"b": "é😀", "a": 1}), &ascii),
+            r#"{"a": 1, "b": "\u00e9\ud83d\ude00"}"#
+        );
     }
 }

@@ -7,12 +7,18 @@ fn no_kwargs() -> serde_json::Map<String, serde_json::Value> {
 
 fn render_with(source: &str, messages: &[ChatMessage], kwargs: serde_json::Value) -> String {
     let kwargs = kwargs.as_object().cloned().unwrap_or_default();
-    ChatTemplate::new(source).expect("compiles").render(messages, true, &kwargs).expect("renders")
+    ChatTemplate::new(source)
+        .expect("compiles")
+        .render(messages, true, &kwargs)
+        .expect("renders")
 }
 
 #[test]
 fn chatml_builtin() {
-    let messages = [ChatMessage::new("system", "S"), ChatMessage::new("user", "Hi")];
+    let messages = [
+        ChatMessage::new("system", "S"),
+        ChatMessage::new("user", "Hi"),
+    ];
     let t = ChatTemplate::chatml();
     assert_eq!(
         t.render(&messages, true, &no_kwargs()).unwrap(),
@@ -30,7 +36,10 @@ fn python_string_methods() {
                {{ 'a,b'.split(',') | join('+') }}|{{ '\\nr\\n'.strip('\\n') }}|{{ 'abc'.startswith('ab') }}|\
                {{ 'abc'.endswith('bc') }}|{{ 'a-b'.replace('-', '_') }}|{{ 'Hi'.upper() }}";
     let messages = [ChatMessage::new("assistant", "<think>r</think>\n\nanswer")];
-    assert_eq!(render_with(src, &messages, json!({})), "answer|  x|a+b|r|True|True|a_b|HI");
+    assert_eq!(
+        render_with(src, &messages, json!({})),
+        "answer|  x|a+b|r|True|True|a_b|HI"
+    );
 }
 
 #[test]
@@ -46,7 +55,10 @@ fn namespace_loop_vars_and_reverse_slicing() {
         ChatMessage::new("user", "u"),
         ChatMessage::new("assistant", "a"),
     ];
-    assert_eq!(render_with(src, &messages, json!({})), "1|aus|s s>u u>a |3!");
+    assert_eq!(
+        render_with(src, &messages, json!({})),
+        "1|aus|s s>u u>a |3!"
+    );
 }
 
 #[test]
@@ -57,9 +69,18 @@ fn defined_string_and_boolean_tests() {
     let mut with_reasoning = ChatMessage::new("assistant", "x");
     with_reasoning.reasoning_content = Some("why".into());
     let messages = [ChatMessage::new("user", "u"), with_reasoning];
-    assert_eq!(render_with(src, &messages, json!({})), "on|False|True|False");
-    assert_eq!(render_with(src, &messages, json!({"enable_thinking": false})), "off|False|True|False");
-    assert_eq!(render_with(src, &messages, json!({"enable_thinking": true})), "on|False|True|False");
+    assert_eq!(
+        render_with(src, &messages, json!({})),
+        "on|False|True|False"
+    );
+    assert_eq!(
+        render_with(src, &messages, json!({"enable_thinking": false})),
+        "off|False|True|False"
+    );
+    assert_eq!(
+        render_with(src, &messages, json!({"enable_thinking": true})),
+        "on|False|True|False"
+    );
 }
 
 #[test]
@@ -83,23 +104,43 @@ fn items_filter_and_dict_methods_iterate_in_order() {
                {{ messages[0].tool_calls[0].arguments.get('zeta', 'none') }}";
     let mut m = ChatMessage::new("assistant", "");
     m.tool_calls = Some(json!([{"arguments": {"zeta": 1, "alpha": "b"}}]));
-    assert_eq!(render_with(src, &[m], json!({})), "zeta=1;alpha=b;|zetaalpha|1");
+    assert_eq!(
+        render_with(src, &[m], json!({})),
+        "zeta=1;alpha=b;|zetaalpha|1"
+    );
 }
 
 #[test]
 fn raise_exception_surfaces_the_message() {
-    let t = ChatTemplate::new("{% if messages[0].role != 'system' %}{{ raise_exception('System first!') }}{% endif %}ok")
-        .expect("compiles");
-    let err = t.render(&[ChatMessage::new("user", "u")], false, &no_kwargs()).unwrap_err();
-    assert!(matches!(&err, ChatTemplateError::Raised(m) if m == "System first!"), "{err}");
-    assert_eq!(t.render(&[ChatMessage::new("system", "s")], false, &no_kwargs()).unwrap(), "ok");
+    let t = ChatTemplate::new(
+        "{% if messages[0].role != 'system' %}{{ raise_exception('System first!') }}{% endif %}ok",
+    )
+    .expect("compiles");
+    let err = t
+        .render(&[ChatMessage::new("user", "u")], false, &no_kwargs())
+        .unwrap_err();
+    assert!(
+        matches!(&err, ChatTemplateError::Raised(m) if m == "System first!"),
+        "{err}"
+    );
+    assert_eq!(
+        t.render(&[ChatMessage::new("system", "s")], false, &no_kwargs())
+            .unwrap(),
+        "ok"
+    );
 }
 
 #[test]
 fn syntax_and_runtime_errors_are_reported() {
-    assert!(matches!(ChatTemplate::new("{% for %}"), Err(ChatTemplateError::Syntax(_))));
+    assert!(matches!(
+        ChatTemplate::new("{% for %}"),
+        Err(ChatTemplateError::Syntax(_))
+    ));
     let t = ChatTemplate::new("{{ messages[0].content.nosuchmethod() }}").expect("compiles");
-    assert!(matches!(t.render(&[ChatMessage::new("user", "u")], false, &no_kwargs()), Err(ChatTemplateError::Render(_))));
+    assert!(matches!(
+        t.render(&[ChatMessage::new("user", "u")], false, &no_kwargs()),
+        Err(ChatTemplateError::Render(_))
+    ));
 }
 
 #[test]
@@ -114,18 +155,32 @@ fn special_token_variables() {
     let t = ChatTemplate::new("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}")
         .expect("compiles")
         .with_special_tokens("<s>", "</s>");
-    assert_eq!(t.render(&[ChatMessage::new("user", "x")], false, &no_kwargs()).unwrap(), "<s>x</s>");
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "x")], false, &no_kwargs())
+            .unwrap(),
+        "<s>x</s>"
+    );
 }
 
 #[test]
 fn prefill_stops_after_the_final_content() {
     let t = ChatTemplate::chatml();
-    let messages = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hel")];
+    let messages = [
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hel"),
+    ];
     assert_eq!(
         t.render_prefill(&messages, &no_kwargs()).unwrap(),
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHel"
     );
-    assert!(matches!(t.render_prefill(&[], &no_kwargs()), Err(ChatTemplateError::Prefill(_))));
-    let dropping = ChatTemplate::new("{% for m in messages %}{{ m.role }}{% endfor %}").expect("compiles");
-    assert!(matches!(dropping.render_prefill(&messages, &no_kwargs()), Err(ChatTemplateError::Prefill(_))));
+    assert!(matches!(
+        t.render_prefill(&[], &no_kwargs()),
+        Err(ChatTemplateError::Prefill(_))
+    ));
+    let dropping =
+        ChatTemplate::new("{% for m in messages %}{{ m.role }}{% endfor %}").expect("compiles");
+    assert!(matches!(
+        dropping.render_prefill(&messages, &no_kwargs()),
+        Err(ChatTemplateError::Prefill(_))
+    ));
 }

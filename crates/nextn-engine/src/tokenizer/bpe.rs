@@ -84,14 +84,19 @@ impl MergeTable {
             let right_id = intern(right, &mut extra_ids);
             let merged = intern(&joined, &mut extra_ids);
             // The first line for a pair wins, like `std::map::emplace`.
-            table.entry(pair_key(left_id, right_id)).or_insert(Merge { rank: rank as u32, merged });
+            table.entry(pair_key(left_id, right_id)).or_insert(Merge {
+                rank: rank as u32,
+                merged,
+            });
         }
 
         let mut byte_symbols = [NO_SYMBOL; 256];
         let mut buf = [0u8; 4];
         for (byte, symbol) in byte_symbols.iter_mut().enumerate() {
             let text: &str = byte_chars[byte].encode_utf8(&mut buf);
-            *symbol = token_id(text).or_else(|| extra_ids.get(text).copied()).unwrap_or(NO_SYMBOL);
+            *symbol = token_id(text)
+                .or_else(|| extra_ids.get(text).copied())
+                .unwrap_or(NO_SYMBOL);
         }
 
         let mut ascii_tokens = [None; 128];
@@ -102,7 +107,13 @@ impl MergeTable {
             }
         }
 
-        MergeTable { merges: table, byte_symbols, n_vocab, extra_texts, ascii_tokens }
+        MergeTable {
+            merges: table,
+            byte_symbols,
+            n_vocab,
+            extra_texts,
+            ascii_tokens,
+        }
     }
 
     /// Number of distinct merge pairs.
@@ -160,7 +171,13 @@ impl MergeTable {
         }
     }
 
-    fn push_pair(&self, symbols: &[Symbol], queue: &mut BinaryHeap<Reverse<PendingMerge>>, left: usize, right: usize) {
+    fn push_pair(
+        &self,
+        symbols: &[Symbol],
+        queue: &mut BinaryHeap<Reverse<PendingMerge>>,
+        left: usize,
+        right: usize,
+    ) {
         let (left_id, right_id) = (symbols[left].id, symbols[right].id);
         if let Some(m) = self.merges.get(&pair_key(left_id, right_id)) {
             queue.push(Reverse(PendingMerge {
@@ -224,9 +241,18 @@ mod tests {
     use crate::tokenizer::unicode::byte_to_char_table;
 
     fn table(tokens: &[&str], merges: &[&str]) -> MergeTable {
-        let map: HashMap<String, u32> = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
+        let map: HashMap<String, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), i as u32))
+            .collect();
         let merges: Vec<String> = merges.iter().map(|s| s.to_string()).collect();
-        MergeTable::build(&|text| map.get(text).copied(), tokens.len() as u32, &merges, &byte_to_char_table())
+        MergeTable::build(
+            &|text| map.get(text).copied(),
+            tokens.len() as u32,
+            &merges,
+            &byte_to_char_table(),
+        )
     }
 
     fn encode(t: &MergeTable, word: &str) -> Vec<u32> {

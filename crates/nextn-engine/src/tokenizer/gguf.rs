@@ -19,11 +19,17 @@ fn required<T>(value: Option<T>, key: &'static str) -> Result<T, TokenizerError>
     value.ok_or(TokenizerError::MissingKey { key })
 }
 
-fn string_array<'f>(f: &'f GgufFile, key: &'static str) -> Result<Option<&'f [String]>, TokenizerError> {
+fn string_array<'f>(
+    f: &'f GgufFile,
+    key: &'static str,
+) -> Result<Option<&'f [String]>, TokenizerError> {
     let Some(array) = f.get_array(key)? else {
         return Ok(None);
     };
-    array.as_strings().map(Some).ok_or_else(|| type_error(key, "an array of strings", array))
+    array
+        .as_strings()
+        .map(Some)
+        .ok_or_else(|| type_error(key, "an array of strings", array))
 }
 
 fn type_error(key: &'static str, expected: &'static str, array: &MetadataArray) -> TokenizerError {
@@ -43,7 +49,9 @@ impl TokenizerSpec {
 
     /// The spec with empty `merges`, plus the merge lines borrowed from the file (copying 250k
     /// strings only to drop them after building is a measurable part of loading).
-    pub(crate) fn from_gguf_without_merges(f: &GgufFile) -> Result<(Self, &[String]), TokenizerError> {
+    pub(crate) fn from_gguf_without_merges(
+        f: &GgufFile,
+    ) -> Result<(Self, &[String]), TokenizerError> {
         let model = required(f.get_str(KEY_MODEL)?, KEY_MODEL)?.to_owned();
         if model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(model));

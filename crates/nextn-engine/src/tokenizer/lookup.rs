@@ -84,7 +84,10 @@ impl TokenIndex {
     /// Indexes `tokens`; on a repeated text returns the (first, second) ids instead.
     pub fn build(tokens: &[String]) -> Result<TokenIndex, (u32, u32)> {
         let capacity = (tokens.len() * 2).next_power_of_two().max(8);
-        let mut index = TokenIndex { slots: vec![EMPTY; capacity], mask: capacity - 1 };
+        let mut index = TokenIndex {
+            slots: vec![EMPTY; capacity],
+            mask: capacity - 1,
+        };
         for (id, text) in tokens.iter().enumerate() {
             let hash = hash_text(text);
             let mut slot = hash as usize & index.mask;

@@ -28,7 +28,11 @@ pub enum TokenizerError {
     #[error("GGUF key {key} is missing")]
     MissingKey { key: &'static str },
     #[error("GGUF key {key} holds {found}, expected {expected}")]
-    KeyType { key: &'static str, expected: &'static str, found: String },
+    KeyType {
+        key: &'static str,
+        expected: &'static str,
+        found: String,
+    },
     #[error("tokenizer model {0:?} is not supported (only \"gpt2\", byte-level BPE)")]
     UnsupportedModel(String),
     #[error("pre-tokenizer {0:?} (tokenizer.ggml.pre) is not supported; supported: qwen35, qwen2 and aliases, llama3 family")]
@@ -40,7 +44,11 @@ pub enum TokenizerError {
     #[error("tokenizer.ggml.token_type has {types} entries for {tokens} tokens")]
     TokenTypeCount { types: usize, tokens: usize },
     #[error("token {text:?} appears twice in the vocabulary, at ids {first} and {second}")]
-    DuplicateToken { text: String, first: u32, second: u32 },
+    DuplicateToken {
+        text: String,
+        first: u32,
+        second: u32,
+    },
     #[error("tokenizer.ggml.add_bos_token is true but no BOS token id is set")]
     MissingBos,
 }
@@ -75,14 +83,22 @@ struct PreTokenizer {
 }
 
 fn pre_tokenizer(name: &str) -> Option<PreTokenizer> {
-    let plain = |rules| Some(PreTokenizer { rules, ignore_merges: false });
+    let plain = |rules| {
+        Some(PreTokenizer {
+            rules,
+            ignore_merges: false,
+        })
+    };
     match name {
         "qwen35" => plain(SplitRules::QWEN35),
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" => {
             plain(SplitRules::QWEN2)
         }
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-        | "jina-v5-nano" => Some(PreTokenizer { rules: SplitRules::LLAMA3, ignore_merges: true }),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" => Some(PreTokenizer {
+            rules: SplitRules::LLAMA3,
+            ignore_merges: true,
+        }),
         "dbrx" | "smaug-bpe" | "glm4" | "chatglm-bpe" => plain(SplitRules::LLAMA3),
         _ => None,
     }
@@ -142,8 +158,8 @@ impl Tokenizer {
             return Err(TokenizerError::UnsupportedModel(spec.model));
         }
         let pre = spec.pre.clone().unwrap_or_default();
-        let pre_tokenizer =
-            pre_tokenizer(&pre).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre.clone()))?;
+        let pre_tokenizer = pre_tokenizer(&pre)
+            .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre.clone()))?;
         let mut tokens = spec.tokens;
         if tokens.is_empty() {
             return Err(TokenizerError::EmptyVocab);
@@ -155,9 +171,15 @@ impl Tokenizer {
 
         let mut attrs = match &spec.token_types {
             Some(types) if types.len() < tokens.len() => {
-                return Err(TokenizerError::TokenTypeCount { types: types.len(), tokens: tokens.len() })
+                return Err(TokenizerError::TokenTypeCount {
+                    types: types.len(),
+                    tokens: tokens.len(),
+                })
             }
-            Some(types) => types[..tokens.len()].iter().map(|&t| TokenAttr::from_gguf_type(t)).collect(),
+            Some(types) => types[..tokens.len()]
+                .iter()
+                .map(|&t| TokenAttr::from_gguf_type(t))
+                .collect(),
             None => vec![TokenAttr::NORMAL; tokens.len()],
         };
 
@@ -167,10 +189,12 @@ impl Tokenizer {
                 *text = format!("[EMPTY_{id}]");
             }
         }
-        let token_index = TokenIndex::build(&tokens).map_err(|(first, second)| TokenizerError::DuplicateToken {
-            text: tokens[first as usize].clone(),
-            first,
-            second,
+        let token_index = TokenIndex::build(&tokens).map_err(|(first, second)| {
+            TokenizerError::DuplicateToken {
+                text: tokens[first as usize].clone(),
+                first,
+                second,
+            }
         })?;
 
         // Ids outside the vocabulary are ignored, as llama.cpp does.
@@ -182,7 +206,12 @@ impl Tokenizer {
         let detected = vocab::detect_specials(&tokens, &mut attrs, eos, in_vocab(spec.eot));
 
         let byte_chars = unicode::byte_to_char_table();
-        let merges = MergeTable::build(&|text| token_index.get(&tokens, text), n_vocab, merge_lines, &byte_chars);
+        let merges = MergeTable::build(
+            &|text| token_index.get(&tokens, text),
+            n_vocab,
+            merge_lines,
+            &byte_chars,
+        );
 
         let char_to_byte = unicode::char_to_byte_table(&byte_chars);
         let mut pieces = Vec::with_capacity(tokens.len() * 6);
@@ -193,9 +222,12 @@ impl Tokenizer {
             piece_offsets.push(pieces.len());
         }
 
-        let verbatim = TokenAttr::CONTROL.with(TokenAttr::USER_DEFINED).with(TokenAttr::UNKNOWN);
-        let mut special_tokens: Vec<u32> =
-            (0..n_vocab).filter(|&id| attrs[id as usize].has(verbatim)).collect();
+        let verbatim = TokenAttr::CONTROL
+            .with(TokenAttr::USER_DEFINED)
+            .with(TokenAttr::UNKNOWN);
+        let mut special_tokens: Vec<u32> = (0..n_vocab)
+            .filter(|&id| attrs[id as usize].has(verbatim))
+            .collect();
         special_tokens.sort_by_key(|&id| std::cmp::Reverse(tokens[id as usize].len()));
 
         Ok(Tokenizer {
@@ -377,7 +409,9 @@ impl Tokenizer {
 
     /// Whether the token is a control token (after llama.cpp's retyping of chat / FIM tokens).
     pub fn is_control(&self, id: u32) -> bool {
-        self.attrs.get(id as usize).is_some_and(|a| a.has(TokenAttr::CONTROL))
+        self.attrs
+            .get(id as usize)
+            .is_some_and(|a| a.has(TokenAttr::CONTROL))
     }
 
     pub fn model_name(&self) -> &str {
@@ -400,7 +434,9 @@ impl Tokenizer {
 
 /// llama.cpp's `token_to_piece(special = true)` for byte-level BPE.
 fn append_piece(text: &str, attr: TokenAttr, char_to_byte: &[Option<u8>], out: &mut Vec<u8>) {
-    let verbatim = TokenAttr::CONTROL.with(TokenAttr::USER_DEFINED).with(TokenAttr::UNKNOWN);
+    let verbatim = TokenAttr::CONTROL
+        .with(TokenAttr::USER_DEFINED)
+        .with(TokenAttr::UNKNOWN);
     if attr.has(verbatim) {
         out.extend_from_slice(text.as_bytes());
     } else if attr.has(TokenAttr::NORMAL) || attr.has(TokenAttr::BYTE) {

@@ -20,9 +20,18 @@ pub(crate) struct SplitRules {
 }
 
 impl SplitRules {
-    pub const QWEN2: SplitRules = SplitRules { marks_join_letters: false, max_digits: 1 };
-    pub const QWEN35: SplitRules = SplitRules { marks_join_letters: true, max_digits: 1 };
-    pub const LLAMA3: SplitRules = SplitRules { marks_join_letters: false, max_digits: 3 };
+    pub const QWEN2: SplitRules = SplitRules {
+        marks_join_letters: false,
+        max_digits: 1,
+    };
+    pub const QWEN35: SplitRules = SplitRules {
+        marks_join_letters: true,
+        max_digits: 1,
+    };
+    pub const LLAMA3: SplitRules = SplitRules {
+        marks_join_letters: false,
+        max_digits: 3,
+    };
 }
 
 /// Reusable buffers for splitting.
@@ -97,7 +106,11 @@ impl Splitter {
 
             // [^\r\n\p{L}\p{N}]?\p{L}+ : an optional leading non-letter (not CR/LF, not a digit) glued
             // to a letter run.
-            if c != '\r' && c != '\n' && class != CharClass::Number && (is_letter_run(pos) || is_letter_run(pos + 1)) {
+            if c != '\r'
+                && c != '\n'
+                && class != CharClass::Number
+                && (is_letter_run(pos) || is_letter_run(pos + 1))
+            {
                 pos += 1;
                 while is_letter_run(pos) {
                     pos += 1;
@@ -109,7 +122,9 @@ impl Splitter {
             // \p{N} (or \p{N}{1,3}).
             if class == CharClass::Number {
                 let group_start = pos;
-                while class_at(pos) == Some(CharClass::Number) && pos - group_start < rules.max_digits {
+                while class_at(pos) == Some(CharClass::Number)
+                    && pos - group_start < rules.max_digits
+                {
                     pos += 1;
                 }
                 emit(pos, &mut start);
@@ -171,12 +186,21 @@ mod tests {
     fn splits_like_the_qwen_regex() {
         let q = SplitRules::QWEN35;
         assert_eq!(words(q, "Hello world"), ["Hello", " world"]);
-        assert_eq!(words(q, "I'm you're IT'S"), ["I", "'m", " you", "'re", " IT", "'S"]);
-        assert_eq!(words(q, "x = 1234;"), ["x", " =", " ", "1", "2", "3", "4", ";"]);
+        assert_eq!(
+            words(q, "I'm you're IT'S"),
+            ["I", "'m", " you", "'re", " IT", "'S"]
+        );
+        assert_eq!(
+            words(q, "x = 1234;"),
+            ["x", " =", " ", "1", "2", "3", "4", ";"]
+        );
         assert_eq!(words(q, "a  b   "), ["a", " ", " b", "   "]);
         assert_eq!(words(q, "end\n\n\n"), ["end", "\n\n\n"]);
         assert_eq!(words(q, "  \n  x"), ["  \n", " ", " x"]);
-        assert_eq!(words(q, "f(x):\n    return"), ["f", "(x", "):\n", "   ", " return"]);
+        assert_eq!(
+            words(q, "f(x):\n    return"),
+            ["f", "(x", "):\n", "   ", " return"]
+        );
         assert_eq!(words(q, "\u{a0}nbsp"), ["\u{a0}nbsp"]);
         assert_eq!(words(q, "...\r\n"), ["...\r\n"]);
         assert_eq!(words(q, " 'x"), [" '", "x"]);
@@ -185,8 +209,14 @@ mod tests {
     #[test]
     fn combining_marks_join_letters_only_for_qwen35() {
         let text = "cafe\u{301} n\u{303}";
-        assert_eq!(words(SplitRules::QWEN35, text), ["cafe\u{301}", " n\u{303}"]);
-        assert_eq!(words(SplitRules::QWEN2, text), ["cafe", "\u{301}", " n", "\u{303}"]);
+        assert_eq!(
+            words(SplitRules::QWEN35, text),
+            ["cafe\u{301}", " n\u{303}"]
+        );
+        assert_eq!(
+            words(SplitRules::QWEN2, text),
+            ["cafe", "\u{301}", " n", "\u{303}"]
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ pub struct StreamDecoder<'t> {
 
 impl<'t> StreamDecoder<'t> {
     pub fn new(tokenizer: &'t Tokenizer) -> Self {
-        StreamDecoder { tokenizer, pending: Vec::new() }
+        StreamDecoder {
+            tokenizer,
+            pending: Vec::new(),
+        }
     }
 
     /// Adds one token and returns the text it completes (possibly empty).
@@ -38,7 +41,10 @@ impl<'t> StreamDecoder<'t> {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // The prefix up to `valid_up_to` is valid UTF-8 by definition.
-                    text.push_str(std::str::from_utf8(&self.pending[consumed..consumed + valid]).unwrap_or(""));
+                    text.push_str(
+                        std::str::from_utf8(&self.pending[consumed..consumed + valid])
+                            .unwrap_or(""),
+                    );
                     consumed += valid;
                     match e.error_len() {
                         Some(invalid) => {

@@ -26,7 +26,12 @@ fn spec(merges: &[&str], specials: &[(&str, i32)]) -> TokenizerSpec {
 fn hello_tokenizer() -> Tokenizer {
     // 256 Ġh, 257 Ġhe, 258 ll, 259 Ġhell, 260 Ġhello; specials from 261.
     let merges = ["Ġ h", "Ġh e", "l l", "Ġhe ll", "Ġhell o"];
-    let specials = [("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("<|fim_pad|>", 4)];
+    let specials = [
+        ("<|im_start|>", 3),
+        ("<|im_end|>", 3),
+        ("<think>", 4),
+        ("<|fim_pad|>", 4),
+    ];
     let mut s = spec(&merges, &specials);
     s.eos = Some(262);
     Tokenizer::new(s).expect("valid spec")
@@ -36,7 +41,10 @@ fn hello_tokenizer() -> Tokenizer {
 fn encodes_with_merges_and_specials() {
     let t = hello_tokenizer();
     assert_eq!(t.encode(" hello", false), [260]);
-    assert_eq!(t.encode("hello", false), [b'h' as u32, b'e' as u32, 258, b'o' as u32]);
+    assert_eq!(
+        t.encode("hello", false),
+        [b'h' as u32, b'e' as u32, 258, b'o' as u32]
+    );
     // Control tokens are text unless parse_special; user-defined ones always match.
     assert_eq!(t.encode("<|im_end|>", true), [262]);
     assert_eq!(t.encode("<think> hello", false), [263, 260]);
@@ -75,20 +83,32 @@ fn end_of_generation_set() {
 fn rejects_bad_specs() {
     let mut s = spec(&[], &[]);
     s.model = "llama".into();
-    assert!(matches!(Tokenizer::new(s), Err(TokenizerError::UnsupportedModel(_))));
+    assert!(matches!(
+        Tokenizer::new(s),
+        Err(TokenizerError::UnsupportedModel(_))
+    ));
     let mut s = spec(&[], &[]);
     s.pre = Some("mystery".into());
-    assert!(matches!(Tokenizer::new(s), Err(TokenizerError::UnsupportedPreTokenizer(_))));
+    assert!(matches!(
+        Tokenizer::new(s),
+        Err(TokenizerError::UnsupportedPreTokenizer(_))
+    ));
     let mut s = spec(&[], &[]);
     s.tokens.push("a".into());
     s.token_types = None;
-    assert!(matches!(Tokenizer::new(s), Err(TokenizerError::DuplicateToken { .. })));
+    assert!(matches!(
+        Tokenizer::new(s),
+        Err(TokenizerError::DuplicateToken { .. })
+    ));
     let mut s = spec(&[], &[]);
     s.add_bos = true;
     assert!(matches!(Tokenizer::new(s), Err(TokenizerError::MissingBos)));
     let mut s = spec(&[], &[]);
     s.token_types = Some(vec![1; 3]);
-    assert!(matches!(Tokenizer::new(s), Err(TokenizerError::TokenTypeCount { .. })));
+    assert!(matches!(
+        Tokenizer::new(s),
+        Err(TokenizerError::TokenTypeCount { .. })
+    ));
 }
 
 #[test]

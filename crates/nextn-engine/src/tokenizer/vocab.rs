@@ -84,7 +84,13 @@ const FIM_MID_TEXTS: &[&str] = &[
     "<|middle|>",
 ];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
 /// Token texts that end generation wherever they appear in a vocabulary.
@@ -114,7 +120,8 @@ const EOG_TEXTS: &[&str] = &[
 ];
 
 /// gpt-oss channel markers llama.cpp always renders as plain user-defined text.
-const FORCED_USER_DEFINED_TEXTS: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+const FORCED_USER_DEFINED_TEXTS: &[&str] =
+    &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 /// Special ids after llama.cpp's text-based detection.
 #[derive(Debug, Clone, Default)]
@@ -133,7 +140,10 @@ pub(crate) fn detect_specials(
     declared_eot: Option<u32>,
 ) -> DetectedSpecials {
     let find_first = |texts: &[&str]| -> Option<u32> {
-        tokens.iter().position(|t| texts.contains(&t.as_str())).map(|i| i as u32)
+        tokens
+            .iter()
+            .position(|t| texts.contains(&t.as_str()))
+            .map(|i| i as u32)
     };
     let force_control = |id: Option<u32>, attrs: &mut [TokenAttr]| {
         if let Some(attr) = id.and_then(|id| attrs.get_mut(id as usize)) {
@@ -179,12 +189,13 @@ pub(crate) fn detect_specials(
     eog.sort_unstable();
     eog.dedup();
 
-    let eog_id = |eog: &[u32], text: &str| eog.iter().copied().find(|&id| tokens[id as usize] == text);
+    let eog_id =
+        |eog: &[u32], text: &str| eog.iter().copied().find(|&id| tokens[id as usize] == text);
     let has = |eog: &[u32], text: &str| eog_id(eog, text).is_some();
     // Harmony-style vocabularies end a message with <|end|> but only stop at <|return|> / <|call|>.
     if let Some(end) = eog_id(&eog, "<|end|>") {
         let call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
-        if (has(&eog, "<|return|>") && call) || (call && has(&eog, "<|flush|>")) {
+        if call && (has(&eog, "<|return|>") || has(&eog, "<|flush|>")) {
             eog.retain(|&id| id != end);
             attrs[end as usize] = TokenAttr::USER_DEFINED;
         }
@@ -206,10 +217,19 @@ mod tests {
 
     #[test]
     fn qwen_chat_tokens_become_control_and_end_generation() {
-        let tokens: Vec<String> = ["a", "<|endoftext|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<think>"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let tokens: Vec<String> = [
+            "a",
+            "<|endoftext|>",
+            "<|im_end|>",
+            "<|fim_prefix|>",
+            "<|fim_pad|>",
+            "<|repo_name|>",
+            "<|file_sep|>",
+            "<think>",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let mut attrs = vec![
             TokenAttr::NORMAL,
             TokenAttr::CONTROL,
@@ -223,8 +243,8 @@ mod tests {
         let found = detect_specials(&tokens, &mut attrs, Some(2), None);
         assert_eq!(found.eog, [1, 2, 4, 5, 6]);
         assert_eq!(found.eot, Some(1));
-        for id in 3..=6 {
-            assert!(attrs[id].has(TokenAttr::CONTROL), "token {id}");
+        for (id, attr) in attrs.iter().enumerate().take(7).skip(3) {
+            assert!(attr.has(TokenAttr::CONTROL), "token {id}");
         }
         assert!(!attrs[7].has(TokenAttr::CONTROL));
     }

@@ -1,0 +1,166 @@
+//! The real `nextn` binary on the bundled model and on broken or foreign files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nextn_gguf::{GgufFile, GgufWriter};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nextn"))
+}
+
+fn bundled() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run nextn")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nextn-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The bundled model without its NextN tensors and with nextn_predict_layers = 0.
+fn headless_copy() -> PathBuf {
+    let path = tmp("headless.gguf");
+    let f = GgufFile::open(bundled()).unwrap();
+    let mut w = GgufWriter::from_file(&f);
+    for t in f.tensors() {
+        if t.name.starts_with("blk.8.") {
+            assert!(w.remove_tensor(&t.name));
+        }
+    }
+    w.set_kv("qwen35.block_count", 8u32);
+    w.set_kv("qwen35.nextn_predict_layers", 0u32);
+    w.discard_preserved_layout();
+    w.write_file(&path).unwrap();
+    path
+}
+
+#[test]
+fn inspect_json_describes_the_bundled_model() {
+    let o = run(&["inspect", "--json", bundled().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("inspect --json prints JSON");
+    assert_eq!(v["architecture"], "qwen35");
+    assert_eq!(v["hyper_parameters"]["n_layer"], 8);
+    assert_eq!(v["hyper_parameters"]["full_attention_layers"], serde_json::json!([3, 7]));
+    assert_eq!(v["hyper_parameters"]["rms_eps"], serde_json::json!(1e-6));
+    assert_eq!(v["types"]["Q8_0"]["tensors"], 71);
+    assert_eq!(v["nextn"]["block"], 8);
+    assert_eq!(v["nextn"]["complete"], true);
+    assert_eq!(v["tokenizer"]["n_tokens"], 8192);
+    assert_eq!(v["tokenizer"]["chat_template"], true);
+}
+
+#[test]
+fn inspect_lists_tensors_and_dumps_them_dequantized() {
+    let model = bundled();
+    let o = run(&["inspect", "--tensors", model.to_str().unwrap()]);
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("blk.8.nextn.eh_proj.weight"));
+    let out = tmp("eh_proj.f32");
+    let o = run(&["inspect", model.to_str().unwrap(), "--dump", "blk.8.nextn.eh_proj.weight", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    let f = GgufFile::open(&model).unwrap();
+    let t = f.tensor("blk.8.nextn.eh_proj.weight").unwrap();
+    let mut want = vec![0.0f32; t.n_elements as usize];
+    nextn_quant::formats::dequantize(t.ty, f.tensor_data(t), &mut want).unwrap();
+    let got: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, want);
+    let o = run(&["inspect", model.to_str().unwrap(), "--dump", "no.such.tensor"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no tensor named 'no.such.tensor'"));
+}
+
+#[test]
+fn verify_exit_codes() {
+    assert_eq!(run(&["verify", bundled().to_str().unwrap()]).status.code(), Some(0));
+    let headless = headless_copy();
+    let o = run(&["verify", headless.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no NextN head"), "{}", stderr(&o));
+
+    let bytes = std::fs::read(bundled()).unwrap();
+    let truncated = tmp("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let o = run(&["verify", truncated.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    let foreign = tmp("foreign.gguf");
+    std::fs::write(&foreign, b"not a gguf file at all").unwrap();
+    assert_eq!(run(&["verify", foreign.to_str().unwrap()]).status.code(), Some(2));
+
+    // A mis-shaped head tensor: the file is valid GGUF but unusable for MTP.
+    let f = GgufFile::open(bundled()).unwrap();
+    let mut w = GgufWriter::from_file(&f);
+    assert!(w.remove_tensor("blk.8.nextn.hnorm.weight"));
+    w.discard_preserved_layout();
+    let missing = tmp("missing-hnorm.gguf");
+    w.write_file(&missing).unwrap();
+    let o = run(&["verify", missing.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("blk.8.nextn.hnorm.weight"), "{}", stderr(&o));
+}
+
+#[test]
+fn run_greedy_is_identical_with_and_without_mtp() {
+    let model = bundled();
+    let m = model.to_str().unwrap();
+    let prompt = "class Stack:\n    def __init__(self):\n";
+    let plain = run(&["run", "-m", m, "-p", prompt, "-n", "24", "--temp", "0", "--json", "-t", "2"]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let plain: serde_json::Value = serde_json::from_str(&stdout(&plain)).unwrap();
+    for n_max in ["1", "3"] {
+        let o = run(&["run", "-m", m, "-p", prompt, "-n", "24", "--temp", "0", "--json", "--spec-type", "nextn", "--spec-draft-n-max", n_max]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["tokens"], plain["tokens"]);
+        assert_eq!(v["text"], plain["text"]);
+        assert!(v["spec"]["draft_n"].as_u64().unwrap() > 0);
+        assert_eq!(v["timings"]["draft_n"], v["spec"]["draft_n"]);
+        assert!(v["spec"]["accepted_per_pos"].as_array().unwrap().len() == n_max.parse::<usize>().unwrap());
+        assert!(stderr(&o).contains("draft acceptance"));
+    }
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let headless = headless_copy();
+    let o = run(&["run", "-m", headless.to_str().unwrap(), "-p", "x", "-n", "2", "--spec-type", "nextn"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("needs a NextN (MTP) head"), "{}", stderr(&o));
+    // Plain decoding still works on it.
+    let o = run(&["run", "-m", headless.to_str().unwrap(), "-p", "x", "-n", "2", "--temp", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let o = run(&["run", "-m", m, "-c", "8", "-p", "import os\nimport sys\nimport re\nimport json\n", "-n", "4"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("context"), "{}", stderr(&o));
+
+    let o = run(&["run", "-m", "/nonexistent/model.gguf", "-p", "x"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("/nonexistent/model.gguf"));
+
+    let o = run(&["run", "-m", m, "-p", "x", "--top-p", "7"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("top_p"), "{}", stderr(&o));
+
+    for o in [&o] {
+        assert!(!stderr(o).contains("panicked"));
+    }
+}
