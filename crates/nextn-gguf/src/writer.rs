@@ -221,6 +221,10 @@ impl<'a> GgufWriter<'a> {
     }
 
     /// Writes the whole file. Everything is validated before the first byte goes out.
+    ///
+    /// Laid out afresh, tensors follow the tensor infos in order, each at the next multiple of
+    /// the alignment, zero padded (as llama.cpp and gguf-py do); a file without tensors ends
+    /// right after its key-value pairs.
     pub fn write_to<W: Write + ?Sized>(&self, w: &mut W) -> Result<(), GgufError> {
         if !matches!(self.version, 2 | 3) {
             return Err(GgufError::UnsupportedWriteVersion {
@@ -243,6 +247,10 @@ impl<'a> GgufWriter<'a> {
             Some(l) if l.header_len == header_len => {
                 w.write_all(l.header_padding).map_err(GgufError::Write)?
             }
+            // No tensors, no data section to align (gguf-py writes vocab-only files this way).
+            // Padding anyway would let a tiny file with a huge `general.alignment` expand into
+            // gigabytes of zeros.
+            _ if self.tensors.is_empty() => {}
             _ => write_zeros(w, padding(header_len, alignment)?)?,
         }
         match layout {

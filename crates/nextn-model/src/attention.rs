@@ -4,7 +4,8 @@
 
 use nextn_quant::kernels::ThreadPool;
 
-use crate::cache::KvLayer;
+use crate::cache::{KvLayer, LayerCache};
+use crate::model::Segment;
 use crate::config::{Qwen35Config, RopeScaling};
 use crate::ops::{self, RopeTable};
 use crate::weights::{Linear, WeightLoader};
@@ -54,23 +55,10 @@ impl GatedAttention {
         })
     }
 
-    /// Attend `n` rows at positions `start_pos..start_pos+n`, appending their keys and values to `kv`
-    /// (which must hold exactly `start_pos` positions). `x` and `out` are `n × n_embd`.
-    pub fn forward(
-        &self,
-        x: &[f32],
-        n: usize,
-        start_pos: usize,
-        kv: &mut KvLayer,
-        out: &mut [f32],
-        pool: &ThreadPool,
-    ) -> Result<(), ModelError> {
-        if kv.len() != start_pos {
-            return Err(ModelError::Rollback(format!(
-                "attention cache holds {} positions, the batch starts at {start_pos}",
-                kv.len()
-            )));
-        }
+    /// Attend the rows of every segment (each one sequence's consecutive rows, at positions
+    /// `start_pos..`), appending their keys and values to that sequence's cache. The projections
+    /// run once over all `n` rows; attention runs per sequence. `x` and `out` are `n × n_embd`.
+    pub fn forward(&self, x: &[f32], n: usize, segments: &mut [Segment], out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
         let hd = self.head_dim;
         let (q_width, kv_width) = (2 * self.n_head * hd, self.n_head_kv * hd);
         let mut qg = vec![0.0f32; n * q_width];
@@ -80,6 +68,35 @@ impl GatedAttention {
         self.wk.forward(x, n, &mut k, pool)?;
         self.wv.forward(x, n, &mut v, pool)?;
 
+        let mut attn = vec![0.0f32; n * self.n_head * hd];
+        for seg in segments.iter_mut() {
+            let LayerCache::Attention(kv) = &mut *seg.cache else {
+                return Err(ModelError::Rollback("attention layer given a recurrent cache".into()));
+            };
+            let r = seg.rows.clone();
+            self.attend(
+                &qg[r.start * q_width..r.end * q_width],
+                &mut k[r.start * kv_width..r.end * kv_width],
+                &v[r.start * kv_width..r.end * kv_width],
+                seg.start_pos,
+                kv,
+                &mut attn[r.start * self.n_head * hd..r.end * self.n_head * hd],
+            )?;
+        }
+        self.wo.forward(&attn, n, out, pool)
+    }
+
+    /// One sequence's rows: q/k norms, RoPE, cache append, causal softmax attention, output gate.
+    fn attend(&self, qg: &[f32], k: &mut [f32], v: &[f32], start_pos: usize, kv: &mut KvLayer, attn: &mut [f32]) -> Result<(), ModelError> {
+        if kv.len() != start_pos {
+            return Err(ModelError::Rollback(format!(
+                "attention cache holds {} positions, the batch starts at {start_pos}",
+                kv.len()
+            )));
+        }
+        let hd = self.head_dim;
+        let (q_width, kv_width) = (2 * self.n_head * hd, self.n_head_kv * hd);
+        let n = qg.len() / q_width;
         // Queries de-interleaved to [row][head][hd]; gates kept aside.
         let mut q = vec![0.0f32; n * self.n_head * hd];
         let mut gate = vec![0.0f32; n * self.n_head * hd];
@@ -105,7 +122,6 @@ impl GatedAttention {
         let total = start_pos + n;
         let group = self.n_head / self.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut attn = vec![0.0f32; n * self.n_head * hd];
         let (mut keys, mut vals) = (Vec::new(), Vec::new());
         let mut scores = vec![0.0f32; total];
         for g in 0..self.n_head_kv {
@@ -130,6 +146,6 @@ impl GatedAttention {
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= ops::sigmoid(g);
         }
-        self.wo.forward(&attn, n, out, pool)
+        Ok(())
     }
 }

@@ -4,7 +4,8 @@
 
 use nextn_quant::kernels::ThreadPool;
 
-use crate::cache::{DeltaNetCache, RecurrentState, RowInputs};
+use crate::cache::{DeltaNetCache, LayerCache, RecurrentState, RowInputs};
+use crate::model::Segment;
 use crate::config::Qwen35Config;
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
@@ -68,20 +69,55 @@ impl GatedDeltaNet {
         }
     }
 
-    /// Process `n` consecutive rows of one sequence. With `verify` false the rows are committed
-    /// at once (`state.state` advances past all of them). With `verify` true the committed state is
-    /// left as it was, the state after the last row goes to a spare buffer and each row's inputs to
-    /// the recurrence are kept, so [`DeltaNetCache::commit`] can keep any prefix of the rows: all of
-    /// them by swapping buffers, fewer by replaying only the kept rows.
+    /// Process the rows of every segment (each one sequence's consecutive rows). The projections
+    /// run once over all `n` rows; the conv and the recurrence run per sequence on its own cache.
+    /// A segment with `verify` false commits its rows at once; with `verify` true the committed
+    /// state is left as it was, the state after the last row goes to a spare buffer and each row's
+    /// inputs to the recurrence are kept, so [`GatedDeltaNet::commit`] can keep any prefix of the
+    /// rows: all of them by swapping buffers, fewer by replaying only the kept rows.
     /// `x` and `out` are `n × n_embd`.
-    pub fn forward(
+    pub fn forward(&self, x: &[f32], n: usize, segments: &mut [Segment], out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+        let hv = self.v_heads;
+        let conv_dim = self.conv_dim();
+        let value_dim = hv * self.head_dim;
+        let mut raw = vec![0.0f32; n * conv_dim];
+        let mut z = vec![0.0f32; n * value_dim];
+        let mut b = vec![0.0f32; n * hv];
+        let mut alpha = vec![0.0f32; n * hv];
+        self.w_qkv.forward(x, n, &mut raw, pool)?;
+        self.w_gate.forward(x, n, &mut z, pool)?;
+        self.w_beta.forward(x, n, &mut b, pool)?;
+        self.w_alpha.forward(x, n, &mut alpha, pool)?;
+        let mut y = vec![0.0f32; n * value_dim];
+        for seg in segments.iter_mut() {
+            let LayerCache::DeltaNet(cache) = &mut *seg.cache else {
+                return Err(ModelError::Rollback("delta-net layer given an attention cache".into()));
+            };
+            let r = seg.rows.clone();
+            self.recur(
+                &raw[r.start * conv_dim..r.end * conv_dim],
+                &z[r.start * value_dim..r.end * value_dim],
+                &b[r.start * hv..r.end * hv],
+                &alpha[r.start * hv..r.end * hv],
+                cache,
+                seg.verify,
+                &mut y[r.start * value_dim..r.end * value_dim],
+            )?;
+        }
+        self.w_out.forward(&y, n, out, pool)
+    }
+
+    /// Conv, recurrence and gated norm for one sequence's rows.
+    #[allow(clippy::too_many_arguments)]
+    fn recur(
         &self,
-        x: &[f32],
-        n: usize,
+        raw: &[f32],
+        z: &[f32],
+        b: &[f32],
+        alpha: &[f32],
         cache: &mut DeltaNetCache,
         verify: bool,
-        out: &mut [f32],
-        pool: &ThreadPool,
+        y: &mut [f32],
     ) -> Result<(), ModelError> {
         if cache.pending.is_some() {
             return Err(ModelError::Rollback("delta-net layer has uncommitted verify rows".into()));
@@ -90,15 +126,9 @@ impl GatedDeltaNet {
         let conv_dim = self.conv_dim();
         let key_dim = hk * d;
         let value_dim = hv * d;
+        let n = raw.len() / conv_dim;
         let mut rows = RowInputs::new(n, conv_dim, hv);
-        let mut z = vec![0.0f32; n * value_dim];
-        let mut b = vec![0.0f32; n * hv];
-        let mut alpha = vec![0.0f32; n * hv];
-        self.w_qkv.forward(x, n, &mut rows.raw, pool)?;
-        self.w_gate.forward(x, n, &mut z, pool)?;
-        self.w_beta.forward(x, n, &mut b, pool)?;
-        self.w_alpha.forward(x, n, &mut alpha, pool)?;
-
+        rows.raw.copy_from_slice(raw);
         // Conv + SiLU over time on a copy of the window (the committed one stays put until commit).
         let mut window = cache.state.conv.clone();
         for t in 0..n {
@@ -114,7 +144,6 @@ impl GatedDeltaNet {
         }
 
         let scale = 1.0 / (d as f32).sqrt();
-        let mut y = vec![0.0f32; n * value_dim];
         let mut u = vec![0.0f32; d];
         let mut o = vec![0.0f32; d];
         let mut normed = vec![0.0f32; d];
@@ -149,7 +178,7 @@ impl GatedDeltaNet {
         } else {
             cache.state.conv = window;
         }
-        self.w_out.forward(&y, n, out, pool)
+        Ok(())
     }
 
     /// Keep the first `keep` rows of the pending verify batch (0 drops them all).

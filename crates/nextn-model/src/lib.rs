@@ -14,7 +14,7 @@ pub mod weights;
 
 pub use cache::{KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};
 pub use config::{Arch, LayerKind, Qwen35Config};
-pub use model::{ForwardOutput, LogitRows, Model};
+pub use model::{BatchItem, ForwardOutput, LogitRows, Model};
 pub use nextn::NextnHead;
 
 use nextn_gguf::GgufError;

@@ -41,27 +41,18 @@ impl DecoderLayer {
         })
     }
 
-    /// Advance `h` (`n × n_embd`, updated in place) through this layer.
-    pub fn forward(
-        &self,
-        h: &mut [f32],
-        n: usize,
-        start_pos: usize,
-        cache: &mut LayerCache,
-        eps: f32,
-        verify: bool,
-        pool: &ThreadPool,
-    ) -> Result<(), ModelError> {
+    /// Advance `h` (`n × n_embd`, updated in place) through this layer. The rows belong to one
+    /// or more sequences, one [`Segment`] each.
+    pub fn forward(&self, h: &mut [f32], n: usize, segments: &mut [Segment], eps: f32, pool: &ThreadPool) -> Result<(), ModelError> {
         let e = self.attn_norm.len();
         let mut x = vec![0.0f32; n * e];
         for i in 0..n {
             ops::rms_norm(&h[i * e..(i + 1) * e], &self.attn_norm, eps, &mut x[i * e..(i + 1) * e]);
         }
         let mut a = vec![0.0f32; n * e];
-        match (&self.mixer, cache) {
-            (Mixer::Attention(m), LayerCache::Attention(kv)) => m.forward(&x, n, start_pos, kv, &mut a, pool)?,
-            (Mixer::DeltaNet(m), LayerCache::DeltaNet(c)) => m.forward(&x, n, c, verify, &mut a, pool)?,
-            _ => return Err(ModelError::Rollback("layer cache kind does not match the layer".into())),
+        match &self.mixer {
+            Mixer::Attention(m) => m.forward(&x, n, segments, &mut a, pool)?,
+            Mixer::DeltaNet(m) => m.forward(&x, n, segments, &mut a, pool)?,
         }
         ops::add_in_place(h, &a);
         for i in 0..n {
@@ -71,6 +62,24 @@ impl DecoderLayer {
         ops::add_in_place(h, &a);
         Ok(())
     }
+}
+
+/// One sequence's share of a batch inside a layer: its rows, where they start, its cache.
+pub struct Segment<'c> {
+    pub rows: std::ops::Range<usize>,
+    pub start_pos: usize,
+    pub cache: &'c mut LayerCache,
+    /// Keep the rows pending (speculative verify) instead of committing them.
+    pub verify: bool,
+}
+
+/// One sequence's part of a multi-sequence forward pass.
+pub struct BatchItem<'s> {
+    pub tokens: &'s [u32],
+    pub state: &'s mut SequenceState,
+    pub logits: LogitRows,
+    /// A speculative verify: rows stay pending until [`Model::commit`].
+    pub verify: bool,
 }
 
 /// Which rows of a batch need logits.
@@ -191,9 +200,7 @@ impl Model {
         state: &mut SequenceState,
         pool: &ThreadPool,
     ) -> Result<ForwardOutput, ModelError> {
-        let out = self.run_rows(tokens, state, LogitRows::All, true, pool)?;
-        state.pending_rows = tokens.len();
-        Ok(out)
+        self.run_rows(tokens, state, LogitRows::All, true, pool)
     }
 
     /// Keep the first `keep` rows of the pending verify batch and roll back the rest: attention KV
@@ -223,32 +230,85 @@ impl Model {
         verify: bool,
         pool: &ThreadPool,
     ) -> Result<ForwardOutput, ModelError> {
-        if state.pending_rows > 0 {
-            return Err(ModelError::Rollback("the previous verify batch was not committed".into()));
-        }
-        let n = tokens.len();
-        if n == 0 {
-            return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab: self.n_vocab });
-        }
-        state.check_room(n)?;
-        if state.layers.len() != self.layers.len() {
-            return Err(ModelError::Rollback("sequence state was made for another model".into()));
-        }
+        let mut items = [BatchItem { tokens, state, logits: logit_rows, verify }];
+        let mut out = self.forward_batch(&mut items, pool)?;
+        Ok(out.pop().unwrap_or(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab: self.n_vocab }))
+    }
+
+    /// One forward pass over the rows of several sequences at once (continuous batching): every
+    /// matrix product runs once over all rows; attention and the delta-net recurrence run per
+    /// sequence on its own caches. Each row's result is the same as in a pass of its own.
+    pub fn forward_batch(&self, items: &mut [BatchItem], pool: &ThreadPool) -> Result<Vec<ForwardOutput>, ModelError> {
         let e = self.config.n_embd;
         let eps = self.config.rms_eps;
-        let mut h = self.embed(tokens)?;
-        let start = state.n_past;
-        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
-            layer.forward(&mut h, n, start, cache, eps, verify, pool)?;
+        let mut tokens = Vec::new();
+        let mut starts = Vec::with_capacity(items.len());
+        for it in items.iter() {
+            if it.state.pending_rows > 0 {
+                return Err(ModelError::Rollback("the previous verify batch was not committed".into()));
+            }
+            if it.state.layers.len() != self.layers.len() {
+                return Err(ModelError::Rollback("sequence state was made for another model".into()));
+            }
+            it.state.check_room(it.tokens.len())?;
+            starts.push(tokens.len());
+            tokens.extend_from_slice(it.tokens);
         }
-        state.n_past += n;
-
+        let n = tokens.len();
+        let mut h = if n > 0 { self.embed(&tokens)? } else { Vec::new() };
+        if n > 0 {
+            for (il, layer) in self.layers.iter().enumerate() {
+                let mut segments: Vec<Segment> = items
+                    .iter_mut()
+                    .zip(&starts)
+                    .filter(|(it, _)| !it.tokens.is_empty())
+                    .map(|(it, &s)| Segment {
+                        rows: s..s + it.tokens.len(),
+                        start_pos: it.state.n_past,
+                        cache: &mut it.state.layers[il],
+                        verify: it.verify,
+                    })
+                    .collect();
+                layer.forward(&mut h, n, &mut segments, eps, pool)?;
+            }
+        }
         let mut hidden = vec![0.0f32; n * e];
         for i in 0..n {
             ops::rms_norm(&h[i * e..(i + 1) * e], &self.output_norm, eps, &mut hidden[i * e..(i + 1) * e]);
         }
-        let logits = self.logits(&hidden, n, logit_rows, pool)?;
-        Ok(ForwardOutput { hidden, logits, n_vocab: self.n_vocab })
+        // One LM-head product over every requested row of every sequence.
+        let mut picked = Vec::new();
+        let mut ranges = Vec::with_capacity(items.len());
+        for (it, &s) in items.iter().zip(&starts) {
+            let len = it.tokens.len();
+            let (first, count) = match it.logits {
+                _ if len == 0 => (0, 0),
+                LogitRows::None => (0, 0),
+                LogitRows::Last => (len - 1, 1),
+                LogitRows::All => (0, len),
+            };
+            ranges.push((picked.len() / e.max(1), count));
+            picked.extend_from_slice(&hidden[(s + first) * e..(s + first + count) * e]);
+        }
+        let n_picked = picked.len() / e.max(1);
+        let mut logits = vec![0.0f32; n_picked * self.n_vocab];
+        if n_picked > 0 {
+            self.lm_head.forward(&picked, n_picked, &mut logits, pool)?;
+        }
+        let mut outs = Vec::with_capacity(items.len());
+        for ((it, &s), &(lr, count)) in items.iter_mut().zip(&starts).zip(&ranges) {
+            let len = it.tokens.len();
+            it.state.n_past += len;
+            if it.verify {
+                it.state.pending_rows = len;
+            }
+            outs.push(ForwardOutput {
+                hidden: hidden[s * e..(s + len) * e].to_vec(),
+                logits: logits[lr * self.n_vocab..(lr + count) * self.n_vocab].to_vec(),
+                n_vocab: self.n_vocab,
+            });
+        }
+        Ok(outs)
     }
 
     /// LM head over the chosen rows of post-norm hidden states.

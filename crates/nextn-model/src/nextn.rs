@@ -9,7 +9,7 @@ use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
-use crate::model::{DecoderLayer, ForwardOutput, LogitRows, Model};
+use crate::model::{DecoderLayer, ForwardOutput, LogitRows, Model, Segment};
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
@@ -147,7 +147,8 @@ impl NextnHead {
         }
         let mut h = vec![0.0f32; n * e];
         self.eh_proj.forward(&cat, n, &mut h, pool)?;
-        self.layer.forward(&mut h, n, start_pos, cache, self.eps, false, pool)?;
+        let mut segment = [Segment { rows: 0..n, start_pos, cache, verify: false }];
+        self.layer.forward(&mut h, n, &mut segment, self.eps, pool)?;
         let mut hidden = vec![0.0f32; n * e];
         for i in 0..n {
             ops::rms_norm(&h[i * e..(i + 1) * e], &self.shared_head_norm, self.eps, &mut hidden[i * e..(i + 1) * e]);

@@ -82,3 +82,49 @@ fn forward_is_deterministic() {
     assert!(la.logits == lb.logits, "logits differ between identical runs");
     assert!(a.snapshot_recurrent() == b.snapshot_recurrent(), "states differ between identical runs");
 }
+
+/// Several sequences in one pass (continuous batching) give exactly what each gives alone,
+/// including a verify item that is then committed.
+#[test]
+fn multi_sequence_batch_equals_separate_passes() {
+    use nextn_model::BatchItem;
+    let model = bundled();
+    let pool = ThreadPool::new(2);
+    let prompts: [&[u32]; 3] = [&[618, 553, 198, 618], &[5, 6, 7, 8, 9, 10, 11], &[42]];
+    let next: [&[u32]; 3] = [&[672], &[12, 13, 14], &[43, 44]];
+    // Alone.
+    let mut alone = Vec::new();
+    for (p, x) in prompts.iter().zip(&next) {
+        let mut st = model.new_sequence(64, KvType::F16, KvType::F16);
+        let a = model.forward(p, &mut st, LogitRows::All, &pool).unwrap();
+        let b = model.forward_verify(x, &mut st, &pool).unwrap();
+        model.commit(&mut st, 1).unwrap();
+        let c = model.forward(&[99], &mut st, LogitRows::Last, &pool).unwrap();
+        alone.push((a, b, c));
+    }
+    // Together: prefill all three in one pass, then verify rows of all three in one pass.
+    let mut states: Vec<_> = (0..3).map(|_| model.new_sequence(64, KvType::F16, KvType::F16)).collect();
+    let mut it = states.iter_mut();
+    let (s0, s1, s2) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let mut items = [
+        BatchItem { tokens: prompts[0], state: s0, logits: LogitRows::All, verify: false },
+        BatchItem { tokens: prompts[1], state: s1, logits: LogitRows::All, verify: false },
+        BatchItem { tokens: prompts[2], state: s2, logits: LogitRows::All, verify: false },
+    ];
+    let a = model.forward_batch(&mut items, &pool).unwrap();
+    let mut it = states.iter_mut();
+    let (s0, s1, s2) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let mut items = [
+        BatchItem { tokens: next[0], state: s0, logits: LogitRows::All, verify: true },
+        BatchItem { tokens: next[1], state: s1, logits: LogitRows::All, verify: true },
+        BatchItem { tokens: next[2], state: s2, logits: LogitRows::All, verify: true },
+    ];
+    let b = model.forward_batch(&mut items, &pool).unwrap();
+    for (i, st) in states.iter_mut().enumerate() {
+        model.commit(st, 1).unwrap();
+        let c = model.forward(&[99], st, LogitRows::Last, &pool).unwrap();
+        assert!(a[i].logits == alone[i].0.logits && a[i].hidden == alone[i].0.hidden, "sequence {i}: prefill differs in a batch");
+        assert!(b[i].logits == alone[i].1.logits, "sequence {i}: verify rows differ in a batch");
+        assert!(c.logits == alone[i].2.logits, "sequence {i}: state after commit differs");
+    }
+}

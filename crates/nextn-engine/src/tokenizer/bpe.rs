@@ -51,17 +51,21 @@ impl MergeTable {
     ) -> MergeTable {
         let mut extra_ids: HashMap<String, u32, FastBuild> = HashMap::default();
         let mut extra_texts: Vec<String> = Vec::new();
-        let mut intern = |text: &str, extra_ids: &mut HashMap<String, u32, FastBuild>| -> u32 {
+        // None only when the symbol ids would run into NO_SYMBOL (over four billion symbols).
+        let mut intern = |text: &str, extra_ids: &mut HashMap<String, u32, FastBuild>| {
             if let Some(id) = token_id(text) {
-                return id;
+                return Some(id);
             }
             if let Some(&id) = extra_ids.get(text) {
-                return id;
+                return Some(id);
             }
-            let id = n_vocab + extra_texts.len() as u32;
+            let id = u32::try_from(extra_texts.len())
+                .ok()
+                .and_then(|n| n_vocab.checked_add(n))
+                .filter(|&id| id != NO_SYMBOL)?;
             extra_texts.push(text.to_owned());
             extra_ids.insert(text.to_owned(), id);
-            id
+            Some(id)
         };
 
         let mut table = PairMap::default();
@@ -80,9 +84,13 @@ impl MergeTable {
             joined.clear();
             joined.push_str(left);
             joined.push_str(right);
-            let left_id = intern(left, &mut extra_ids);
-            let right_id = intern(right, &mut extra_ids);
-            let merged = intern(&joined, &mut extra_ids);
+            let (Some(left_id), Some(right_id), Some(merged)) = (
+                intern(left, &mut extra_ids),
+                intern(right, &mut extra_ids),
+                intern(&joined, &mut extra_ids),
+            ) else {
+                continue;
+            };
             // The first line for a pair wins, like `std::map::emplace`.
             table.entry(pair_key(left_id, right_id)).or_insert(Merge {
                 rank: rank as u32,

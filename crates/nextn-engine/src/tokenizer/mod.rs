@@ -157,7 +157,8 @@ impl Tokenizer {
         if spec.model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(spec.model));
         }
-        let pre = spec.pre.clone().unwrap_or_default();
+        // Without the key llama.cpp falls back to its "default" pre-tokenizer.
+        let pre = spec.pre.clone().unwrap_or_else(|| "default".to_owned());
         let pre_tokenizer = pre_tokenizer(&pre)
             .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre.clone()))?;
         let mut tokens = spec.tokens;

@@ -230,4 +230,25 @@ mod tests {
         let joined: String = words(SplitRules::QWEN35, text).concat();
         assert_eq!(joined, text);
     }
+
+    /// Random strings split by Python's `regex` module with llama.cpp's exact patterns (the pool
+    /// avoids U+001C..U+001F, where Python's `\s` and llama.cpp's whitespace class disagree).
+    #[test]
+    fn agrees_with_a_backtracking_regex_engine() {
+        let cases: Vec<serde_json::Value> =
+            serde_json::from_str(include_str!("split_vectors.json")).expect("vectors");
+        assert!(cases.len() >= 400);
+        for case in &cases {
+            let text = case["text"].as_str().expect("text");
+            for (name, rules) in [("qwen35", SplitRules::QWEN35), ("qwen2", SplitRules::QWEN2)] {
+                let expected: Vec<&str> = case[name]
+                    .as_array()
+                    .expect("words")
+                    .iter()
+                    .map(|w| w.as_str().expect("word"))
+                    .collect();
+                assert_eq!(words(rules, text), expected, "{name} {text:?}");
+            }
+        }
+    }
 }

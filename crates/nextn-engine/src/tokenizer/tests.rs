@@ -161,3 +161,96 @@ fn stream_output_equals_lossy_decode() {
         assert_eq!(streamed, t.decode(&ids), "ids {ids:?}");
     }
 }
+
+mod from_gguf {
+    use super::*;
+    use nextn_gguf::{GgufFile, GgufWriter, MetadataArray, MetadataValue};
+
+    fn strings(items: &[String]) -> MetadataValue {
+        MetadataArray::String(items.to_vec()).into()
+    }
+
+    fn writer_for(spec: &TokenizerSpec) -> GgufWriter<'static> {
+        let mut w = GgufWriter::new();
+        w.add_kv(
+            "tokenizer.ggml.model",
+            MetadataValue::String(spec.model.clone()),
+        );
+        w.add_kv("tokenizer.ggml.pre", MetadataValue::String("qwen35".into()));
+        w.add_kv("tokenizer.ggml.tokens", strings(&spec.tokens));
+        w.add_kv(
+            "tokenizer.ggml.token_type",
+            MetadataValue::from(MetadataArray::I32(
+                spec.token_types.clone().unwrap_or_default(),
+            )),
+        );
+        w.add_kv("tokenizer.ggml.merges", strings(&spec.merges));
+        w.add_kv("tokenizer.ggml.eos_token_id", MetadataValue::U32(262));
+        w.add_kv("tokenizer.ggml.add_bos_token", MetadataValue::Bool(false));
+        w
+    }
+
+    fn open(w: &GgufWriter) -> GgufFile {
+        GgufFile::from_bytes(w.to_bytes().expect("serialises")).expect("parses")
+    }
+
+    fn hello_spec() -> TokenizerSpec {
+        let merges = ["Ġ h", "Ġh e", "l l", "Ġhe ll", "Ġhell o"];
+        spec(&merges, &[("<|im_start|>", 3), ("<|im_end|>", 3)])
+    }
+
+    #[test]
+    fn reads_the_tokenizer_keys() {
+        let file = open(&writer_for(&hello_spec()));
+        let spec = TokenizerSpec::from_gguf(&file).expect("spec");
+        assert_eq!(spec.pre.as_deref(), Some("qwen35"));
+        assert_eq!(spec.merges.len(), 5);
+        assert_eq!(spec.eos, Some(262));
+        assert_eq!(spec.bos, None);
+        let t = Tokenizer::from_gguf(&file).expect("tokenizer");
+        assert_eq!(t.encode(" hello<|im_end|>", true), [260, 262]);
+        assert!(t.is_eog(262));
+    }
+
+    #[test]
+    fn reports_missing_and_mistyped_keys() {
+        let mut w = writer_for(&hello_spec());
+        w.remove_kv("tokenizer.ggml.merges");
+        let err = Tokenizer::from_gguf(&open(&w)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TokenizerError::MissingKey {
+                    key: "tokenizer.ggml.merges"
+                }
+            ),
+            "{err}"
+        );
+
+        let mut w = writer_for(&hello_spec());
+        w.set_kv(
+            "tokenizer.ggml.tokens",
+            MetadataValue::from(MetadataArray::U32(vec![1, 2])),
+        );
+        let err = Tokenizer::from_gguf(&open(&w)).unwrap_err();
+        assert!(err.to_string().contains("tokenizer.ggml.tokens"), "{err}");
+
+        let mut w = writer_for(&hello_spec());
+        w.set_kv(
+            "tokenizer.ggml.eos_token_id",
+            MetadataValue::String("x".into()),
+        );
+        let err = Tokenizer::from_gguf(&open(&w)).unwrap_err();
+        assert!(err.to_string().contains("eos_token_id"), "{err}");
+
+        let mut w = writer_for(&hello_spec());
+        w.set_kv(
+            "tokenizer.ggml.model",
+            MetadataValue::String("llama".into()),
+        );
+        assert!(matches!(
+            Tokenizer::from_gguf(&open(&w)),
+            Err(TokenizerError::UnsupportedModel(_))
+        ));
+    }
+}
