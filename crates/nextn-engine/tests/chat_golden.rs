@@ -147,7 +147,7 @@ fn rendered_chat_prompt_tokenizes_like_the_golden_sequence() {
 }
 
 #[test]
-fn qwen_fixture_template_thinking_switch_and_tools_turn() {
+fn qwen_fixture_template_thinking_switch() {
     let Some(shared) = shared_dir() else { return };
     let template = gguf_template(
         &shared.join("golden/q35-dense-qwenvocab/q35-dense-qwenvocab-F32-embQ8_0.gguf"),

@@ -120,6 +120,11 @@ pub struct Model {
 impl Model {
     /// Bind every trunk tensor of a `qwen35` / `qwen35moe` file (NextN tensors are bound by the head).
     pub fn load(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        Self::load_with_progress(file, &mut |_, _| {})
+    }
+
+    /// [`Model::load`], calling `progress(done, total)` as layers are bound.
+    pub fn load_with_progress(file: Arc<GgufFile>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
         let config = Qwen35Config::from_gguf(&file)?;
         let w = WeightLoader::new(file.clone());
         let e = config.n_embd;
@@ -143,7 +148,11 @@ impl Model {
             .layer_kinds
             .iter()
             .enumerate()
-            .map(|(il, &kind)| DecoderLayer::load(&w, il, kind, &config))
+            .map(|(il, &kind)| {
+                let layer = DecoderLayer::load(&w, il, kind, &config);
+                progress(il + 1, config.n_layer);
+                layer
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let output_norm = w.vector("output_norm.weight", &[e as u64])?;
         Ok(Model { config, file, token_embd, layers, output_norm, lm_head, n_vocab })

@@ -1,6 +1,7 @@
 //! What every model-running subcommand shares: llama.cpp-style model/context/thread flags, finding the
 //! bundled model, loading once, and sizing the context.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -100,7 +101,19 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let v_type = KvType::parse(&args.cache_type_v)
         .with_context(|| format!("--cache-type-v {}: supported types are f16 and f32", args.cache_type_v))?;
     let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?);
-    let model = Model::load(file.clone()).with_context(|| format!("cannot load {}", path.display()))?;
+    let t0 = std::time::Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |done: usize, total: usize| {
+        if tty {
+            let width = 30;
+            let filled = width * done / total.max(1);
+            eprint!("\rloading {} [{}{}] {done}/{total} layers", path.display(), "#".repeat(filled), " ".repeat(width - filled));
+            if done == total {
+                eprint!("\r\x1b[2K");
+            }
+        }
+    };
+    let model = Model::load_with_progress(file.clone(), &mut progress).with_context(|| format!("cannot load {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let template = match file.get_str("tokenizer.chat_template")? {
         Some(src) => ChatTemplate::new(src).context("the file's chat template does not parse")?,
@@ -122,36 +135,30 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         .map(|(il, _)| (cfg.n_head_kv[il] * cfg.head_dim) as u64 * (k_type.bytes() + v_type.bytes()) as u64)
         .sum::<u64>()
         .max(1);
-    let n_ctx = match args.ctx_size {
+    let (n_ctx, ctx_note) = match args.ctx_size {
         Some(0) | None => {
             let budget = available_memory().unwrap_or(8 << 30) / 2;
             let fit = (budget / kv_per_token) as usize;
             let n = cfg.n_ctx_train.min(fit).max(1);
-            if args.verbose || n < cfg.n_ctx_train {
-                eprintln!(
-                    "context: {n} tokens (trained {}{})",
-                    cfg.n_ctx_train,
-                    if n < cfg.n_ctx_train { ", capped to half the available memory" } else { "" }
-                );
-            }
-            n
+            (n, if n < cfg.n_ctx_train { " (capped to half the available memory)" } else { " (trained length)" })
         }
-        Some(n) => n,
+        Some(n) => (n, ""),
     };
-    if args.verbose {
-        eprintln!(
-            "loaded {}: {} {} layers ({} full attention), n_embd {}, vocab {}, {} threads, KV {:?}/{:?} {} bytes/token",
-            path.display(),
-            cfg.arch.name(),
-            cfg.n_layer,
-            cfg.n_full_attention(),
-            cfg.n_embd,
-            model.n_vocab,
-            threads,
-            k_type,
-            v_type,
-            kv_per_token
-        );
-    }
+    // One line on what was loaded and what the context will cost.
+    eprintln!(
+        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {:?}/{:?} {:.1} MiB at full context, {} threads",
+        path.display(),
+        t0.elapsed().as_secs_f64() * 1e3,
+        cfg.arch.name(),
+        cfg.n_layer,
+        cfg.n_full_attention(),
+        cfg.n_embd,
+        model.n_vocab,
+        if cfg.n_nextn > 0 { " + NextN head" } else { "" },
+        k_type,
+        v_type,
+        (kv_per_token * n_ctx as u64) as f64 / (1 << 20) as f64,
+        threads,
+    );
     Ok(Loaded { path, model, tokenizer, template, pool, n_ctx, k_type, v_type })
 }

@@ -24,11 +24,17 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "file"])]
     pub tokens: Vec<u32>,
     /// Entries of the top list per row
-    #[arg(long, default_value_t = 10)]
-    pub top: usize,
+    #[arg(long = "top-k", visible_alias = "top", default_value_t = 10)]
+    pub top_k: usize,
     /// Also print the full logits vector of each row
     #[arg(long)]
     pub full: bool,
+    /// Also print each row's final-norm hidden vector
+    #[arg(long)]
+    pub hidden: bool,
+    /// Print one JSON object {"positions": [...]} instead of one line of text per position
+    #[arg(long)]
+    pub json: bool,
     /// Print the NextN head's teacher-forced rows instead (row p: token p with the target's hidden
     /// state of p−1, zeros at p = 0; predicts token p+1 like target row p)
     #[arg(long)]
@@ -73,6 +79,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let e = loaded.model.config.n_embd;
     let mut prev_hidden = vec![0.0f32; e];
     let mut pos = 0;
+    let mut positions = Vec::new();
     for chunk in tokens.chunks(batch) {
         let target_rows = if head.is_some() { LogitRows::None } else { LogitRows::All };
         let mut out = loaded
@@ -91,15 +98,38 @@ pub fn run(args: Args) -> Result<ExitCode> {
         for (i, &tok) in chunk.iter().enumerate() {
             let row = out.logits_row(i);
             let hidden = &out.hidden[i * e..(i + 1) * e];
-            println!("{}", serde_json::to_string(&row_json(pos, tok, row, hidden, args.top, args.full))?);
+            let v = row_json(pos, tok, row, hidden, args.top_k, args.full, args.hidden);
+            if args.json {
+                positions.push(v);
+            } else {
+                let top: Vec<String> = v["top"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| format!("{}:{:.4}", t[0], t[1].as_f64().unwrap_or(f64::NAN)))
+                    .collect();
+                println!(
+                    "pos {:>5} token {:>6} argmax {:>6} lse {:>9.4} |h| {:>8.4} top {}",
+                    pos,
+                    tok,
+                    v["argmax"],
+                    v["lse"].as_f64().unwrap_or(f64::NAN),
+                    v["hidden_norm"].as_f64().unwrap_or(f64::NAN),
+                    top.join(" ")
+                );
+            }
             pos += 1;
         }
+    }
+    if args.json {
+        let source = if head.is_some() { "mtp" } else { "target" };
+        println!("{}", serde_json::to_string(&json!({"source": source, "tokens": tokens, "positions": positions}))?);
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// One row's summary in the shape of the golden files: argmax, log-sum-exp, top list.
-pub fn row_json(pos: usize, token: u32, row: &[f32], hidden: &[f32], top: usize, full: bool) -> serde_json::Value {
+pub fn row_json(pos: usize, token: u32, row: &[f32], hidden: &[f32], top: usize, full: bool, with_hidden: bool) -> serde_json::Value {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max as f64 + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln();
     let mut order: Vec<u32> = (0..row.len() as u32).collect();
@@ -118,10 +148,13 @@ pub fn row_json(pos: usize, token: u32, row: &[f32], hidden: &[f32], top: usize,
         "argmax": argmax,
         "lse": lse,
         "top": top_list,
-        "hidden_l2": hidden_l2,
+        "hidden_norm": hidden_l2,
     });
     if full {
         v.as_object_mut().expect("json object").insert("logits".into(), json!(row));
+    }
+    if with_hidden {
+        v.as_object_mut().expect("json object").insert("hidden".into(), json!(hidden));
     }
     v
 }

@@ -30,6 +30,9 @@ pub struct Args {
     /// Read the prompt from a file
     #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
     pub file: Option<PathBuf>,
+    /// The prompt as token ids, comma separated
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "file", "chat"])]
+    pub tokens: Vec<u32>,
     /// Tokens to generate (-1: until end of generation or a full context)
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
@@ -168,7 +171,7 @@ pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<St
 pub fn run(args: Args) -> Result<ExitCode> {
     let sampler_cfg = args.sampling.config()?;
     let spec_params = args.spec.params()?;
-    let text = prompt_text(&args.prompt, &args.file)?;
+    let text = if args.tokens.is_empty() { prompt_text(&args.prompt, &args.file)? } else { String::new() };
     let loaded = common::load(&args.model)?;
     let head = if args.spec.enabled() { Some(args.spec.load_head(&loaded)?) } else { None };
     let prompt = if args.chat {
@@ -189,7 +192,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         text
     };
-    let tokens = loaded.tokenizer.encode(&prompt, true);
+    let tokens = if args.tokens.is_empty() { loaded.tokenizer.encode(&prompt, true) } else { args.tokens.clone() };
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= loaded.model.n_vocab) {
+        bail!("token id {bad} is out of range: the vocabulary has {} tokens", loaded.model.n_vocab);
+    }
     let params = GenerateParams {
         n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize),
         n_batch: args.batch_size.max(1),
