@@ -3,5 +3,6 @@
 pub mod chat;
 pub mod generate;
 pub mod sampler;
+pub mod scheduler;
 pub mod speculative;
 pub mod tokenizer;

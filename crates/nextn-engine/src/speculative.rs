@@ -17,7 +17,7 @@ use nextn_model::{KvType, LayerCache, LogitRows, Model, NextnHead, SequenceState
 use nextn_quant::kernels::ThreadPool;
 
 use crate::generate::{ms_since, prefill_with_hidden, EngineError, Emitter, GenerateParams, Generation, Timings};
-use crate::sampler::{argmax, Sampler};
+use crate::sampler::{argmax, Sampler, TokenProb, Xoshiro256StarStar};
 use crate::tokenizer::Tokenizer;
 
 /// Drafting options, with llama.cpp's names and defaults.
@@ -29,13 +29,38 @@ pub struct SpecParams {
     pub n_min: usize,
     /// `--spec-draft-p-min`: stop drafting when the top-1 probability (full softmax) is below this.
     pub p_min: f32,
+    /// How draft tokens are chosen and verified when sampling (temperature > 0).
+    pub draft_sampling: DraftSampling,
     /// Keep a per-step record (position, drafts, accepted) in [`SpecStats::trace`].
     pub trace: bool,
 }
 
 impl Default for SpecParams {
     fn default() -> Self {
-        SpecParams { n_max: 3, n_min: 0, p_min: 0.0, trace: false }
+        SpecParams { n_max: 3, n_min: 0, p_min: 0.0, draft_sampling: DraftSampling::Greedy, trace: false }
+    }
+}
+
+/// `--spec-draft-sampling`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftSampling {
+    /// Draft the head's top-1 token; accept when the target's own draw equals it (llama.cpp's rule).
+    /// With a seed, the output is the very tokens plain decoding draws.
+    Greedy,
+    /// Draw each draft from the head's distribution q (after the request's sampler transforms) and
+    /// accept it with probability min(1, p/q) against the target's distribution p; on rejection draw
+    /// from the normalised residual max(0, p − q). Lossless, and accepts more when head and target
+    /// agree in distribution. Falls back to `Greedy` at temperature 0.
+    Sample,
+}
+
+impl DraftSampling {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "greedy" => Some(DraftSampling::Greedy),
+            "sample" => Some(DraftSampling::Sample),
+            _ => None,
+        }
     }
 }
 
@@ -180,8 +205,24 @@ pub fn draft_chain(
     p_min: f32,
     pool: &ThreadPool,
 ) -> Result<Vec<u32>, EngineError> {
+    Ok(draft_chain_with(head, seq, id_last, n_draft, p_min, None, pool)?.0)
+}
+
+/// [`draft_chain`]; with `sampling = Some((sampler, rng))` each draft is drawn from the head's
+/// distribution after the sampler's transforms, and those distributions are returned too.
+#[allow(clippy::type_complexity)]
+fn draft_chain_with(
+    head: &NextnHead,
+    seq: &mut SpecSequence,
+    id_last: u32,
+    n_draft: usize,
+    p_min: f32,
+    mut sampling: Option<(&mut Sampler, &mut Xoshiro256StarStar)>,
+    pool: &ThreadPool,
+) -> Result<(Vec<u32>, Vec<Vec<TokenProb>>), EngineError> {
     let n_past = seq.state.n_past;
     let mut drafts = Vec::with_capacity(n_draft);
+    let mut dists = Vec::new();
     let mut token = id_last;
     let mut hidden = seq.pending_hidden.clone();
     for i in 0..n_draft {
@@ -191,12 +232,61 @@ pub fn draft_chain(
         if p_min > 0.0 && top1_probability(row, top) < p_min {
             break;
         }
-        drafts.push(top);
-        token = top;
+        let pick = match sampling.as_mut() {
+            Some((sampler, rng)) => {
+                let q = sampler.distribution(row).to_vec();
+                let Some(d) = draw(&q, rng.next_f64()) else { break };
+                dists.push(q);
+                d
+            }
+            None => top,
+        };
+        drafts.push(pick);
+        token = pick;
         hidden = out.hidden;
     }
     NextnHead::truncate(&mut seq.head_cache, n_past + 1);
-    Ok(drafts)
+    Ok((drafts, dists))
+}
+
+/// Draw from a distribution given as (id, p) pairs with a uniform `u` in [0, 1).
+fn draw(dist: &[TokenProb], u: f64) -> Option<u32> {
+    let total: f64 = dist.iter().map(|t| t.p as f64).sum();
+    if dist.is_empty() || !(total > 0.0) {
+        return None;
+    }
+    let target = u * total;
+    let mut acc = 0.0f64;
+    for t in dist {
+        acc += t.p as f64;
+        if target < acc {
+            return Some(t.id);
+        }
+    }
+    dist.iter().rev().find(|t| t.p > 0.0).map(|t| t.id)
+}
+
+fn prob_of(dist: &[TokenProb], id: u32) -> f64 {
+    dist.iter().find(|t| t.id == id).map(|t| t.p as f64).unwrap_or(0.0)
+}
+
+/// Speculative sampling acceptance of draft `d` drawn from `q` against the target's `p`:
+/// accept with probability min(1, p(d)/q(d)); otherwise draw from max(0, p − q) normalised.
+/// Returns `Ok(())` to accept, `Err(token)` with the replacement on rejection.
+pub(crate) fn accept_or_resample(p: &[TokenProb], q: &[TokenProb], d: u32, rng: &mut Xoshiro256StarStar) -> Result<(), u32> {
+    let (pd, qd) = (prob_of(p, d), prob_of(q, d));
+    let u = rng.next_f64();
+    if qd > 0.0 && u * qd < pd {
+        return Ok(());
+    }
+    let residual: Vec<TokenProb> = p
+        .iter()
+        .map(|t| TokenProb { id: t.id, p: (t.p as f64 - prob_of(q, t.id)).max(0.0) as f32 })
+        .filter(|t| t.p > 0.0)
+        .collect();
+    let u = rng.next_f64();
+    // p == q on their common support leaves no residual mass: any draw from p is then exact.
+    Err(draw(&residual, u).or_else(|| draw(p, u)).unwrap_or(d))
 }
 
 /// Bring the head's cache up to the target: entries for positions `from..state.n_past` from the
@@ -277,6 +367,9 @@ pub fn generate_speculative(
         ..Default::default()
     };
     let mut emitter = Emitter::new(tokenizer, params, on_text);
+    let sample_drafts = spec.draft_sampling == DraftSampling::Sample && !sampler.config().is_greedy();
+    // Draft draws and acceptance coins use their own stream, derived from the request's seed.
+    let mut spec_rng = Xoshiro256StarStar::from_seed(sampler.config().seed ^ 0x9E37_79B9_7F4A_7C15);
     // The first token comes from the prompt's last row, as in llama-server.
     let mut id_last = sampler.sample(&logits);
     sampler.accept(id_last);
@@ -289,10 +382,11 @@ pub fn generate_speculative(
         let n_draft = spec.n_max.min(room).min(budget);
 
         let td = Instant::now();
-        let mut drafts = if n_draft > 0 {
-            draft_chain(head, seq, id_last, n_draft, spec.p_min, pool)?
+        let (mut drafts, draft_dists) = if n_draft > 0 {
+            let sampling = if sample_drafts { Some((&mut *sampler, &mut spec_rng)) } else { None };
+            draft_chain_with(head, seq, id_last, n_draft, spec.p_min, sampling, pool)?
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         if drafts.len() < spec.n_min {
             drafts.clear();
@@ -308,15 +402,40 @@ pub fn generate_speculative(
         rows.push(id_last);
         rows.extend_from_slice(&drafts);
         let out = model.forward_verify(&rows, &mut seq.state, pool)?;
-        // Exact-match acceptance: draw t_i from row i; keep going while it equals the next draft.
         let mut accepted = 0;
-        let mut next = sampler.sample(out.logits_row(0));
-        sampler.accept(next);
-        while accepted < drafts.len() && next == drafts[accepted] {
-            accepted += 1;
-            next = sampler.sample(out.logits_row(accepted));
+        let next = if sample_drafts && !drafts.is_empty() {
+            // Speculative sampling: p_i from row i under the sampler state after the accepted prefix.
+            let mut replacement = None;
+            while accepted < drafts.len() {
+                let p = sampler.distribution(out.logits_row(accepted)).to_vec();
+                match accept_or_resample(&p, &draft_dists[accepted], drafts[accepted], &mut spec_rng) {
+                    Ok(()) => {
+                        sampler.accept(drafts[accepted]);
+                        accepted += 1;
+                    }
+                    Err(t) => {
+                        replacement = Some(t);
+                        break;
+                    }
+                }
+            }
+            let t = match replacement {
+                Some(t) => t,
+                None => sampler.sample(out.logits_row(accepted)),
+            };
+            sampler.accept(t);
+            t
+        } else {
+            // Exact-match acceptance: draw t_i from row i; keep going while it equals the next draft.
+            let mut next = sampler.sample(out.logits_row(0));
             sampler.accept(next);
-        }
+            while accepted < drafts.len() && next == drafts[accepted] {
+                accepted += 1;
+                next = sampler.sample(out.logits_row(accepted));
+                sampler.accept(next);
+            }
+            next
+        };
         model.commit(&mut seq.state, accepted + 1)?;
         stats.verify_ms += ms_since(tv);
 

@@ -503,7 +503,12 @@ fn fuzz_regressions() {
     let mut n = 0;
     for path in common::gguf_files_under(&dir) {
         let input = std::fs::read(&path).unwrap();
-        assert_eq!(check_input(&input).map(|_| ()), Ok(()), "{}", path.display());
+        assert_eq!(
+            check_input(&input).map(|_| ()),
+            Ok(()),
+            "{}",
+            path.display()
+        );
         n += 1;
     }
     assert!(n >= 2, "regression inputs missing from {}", dir.display());

@@ -10,6 +10,7 @@ pub mod inventory;
 pub mod model;
 pub mod nextn;
 pub mod ops;
+pub mod synth;
 pub mod weights;
 
 pub use cache::{KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};

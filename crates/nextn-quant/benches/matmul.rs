@@ -34,11 +34,19 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u
     match ty {
         GgmlType::F32 => (0..n).flat_map(|_| rng.uniform().to_le_bytes()).collect(),
         GgmlType::F16 => (0..n).flat_map(|_| f16(rng.uniform())).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.uniform()).to_bits().to_le_bytes()).collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(rng.uniform()).to_bits().to_le_bytes())
+            .collect(),
         _ => {
-            let mut data: Vec<u8> = (0..n / ty.block_size() * ty.type_size()).map(|_| rng.next() as u8).collect();
+            let mut data: Vec<u8> = (0..n / ty.block_size() * ty.type_size())
+                .map(|_| rng.next() as u8)
+                .collect();
             let fields: &[usize] = match ty {
-                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+                GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::Q8_0
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS => &[0],
                 GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
                 GgmlType::Q2_K => &[80, 82],
                 GgmlType::Q3_K => &[108],
@@ -51,7 +59,9 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u
                 }
                 match ty {
                     GgmlType::MXFP4 => blk[0] = 120 + (rng.next() % 10) as u8,
-                    GgmlType::Q8_K => blk[0..4].copy_from_slice(&(0.01 * rng.uniform()).to_le_bytes()),
+                    GgmlType::Q8_K => {
+                        blk[0..4].copy_from_slice(&(0.01 * rng.uniform()).to_le_bytes())
+                    }
                     _ => {}
                 }
             }
@@ -62,18 +72,31 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u
 
 fn selected_types() -> Vec<GgmlType> {
     match std::env::var("NEXTN_BENCH_TYPES") {
-        Ok(list) => list.split(',').filter_map(|s| GgmlType::from_name(s.trim())).collect(),
+        Ok(list) => list
+            .split(',')
+            .filter_map(|s| GgmlType::from_name(s.trim()))
+            .collect(),
         Err(_) => SUPPORTED_WEIGHT_TYPES.to_vec(),
     }
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// (median, minimum) wall time of `mul_rows` over repeated runs for about `budget`. The
 /// minimum is the better estimate on a machine shared with other work.
-fn times(m: &QMatrix, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool, budget: Duration) -> (Duration, Duration) {
+fn times(
+    m: &QMatrix,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    budget: Duration,
+) -> (Duration, Duration) {
     let mut times = Vec::new();
     let start = Instant::now();
     while times.len() < 5 || (start.elapsed() < budget && times.len() < 1000) {
@@ -103,18 +126,29 @@ fn main() {
         let data = random_matrix(ty, dim, dim, &mut rng);
         let m = QMatrix::new(ty, dim, dim, &data).expect("matrix");
         if std::env::var_os("NEXTN_BENCH_SUMMARY_ONLY").is_none() {
-        let mut group = criterion.benchmark_group(format!("matmul_{dim}x{dim}_{threads}t/{ty}"));
-        group.throughput(Throughput::Bytes(data.len() as u64));
-        for n in ROW_COUNTS {
-            group.bench_with_input(BenchmarkId::new("rows", n), &n, |b, &n| {
-                b.iter(|| m.mul_rows(&x[..n * dim], n, &mut out[..n * dim], &pool).expect("mul_rows"))
-            });
-        }
-        group.finish();
+            let mut group =
+                criterion.benchmark_group(format!("matmul_{dim}x{dim}_{threads}t/{ty}"));
+            group.throughput(Throughput::Bytes(data.len() as u64));
+            for n in ROW_COUNTS {
+                group.bench_with_input(BenchmarkId::new("rows", n), &n, |b, &n| {
+                    b.iter(|| {
+                        m.mul_rows(&x[..n * dim], n, &mut out[..n * dim], &pool)
+                            .expect("mul_rows")
+                    })
+                });
+            }
+            group.finish();
         }
         let mut one_row = None;
         for n in ROW_COUNTS {
-            let (median, min) = times(&m, &x[..n * dim], n, &mut out[..n * dim], &pool, Duration::from_millis(400));
+            let (median, min) = times(
+                &m,
+                &x[..n * dim],
+                n,
+                &mut out[..n * dim],
+                &pool,
+                Duration::from_millis(400),
+            );
             let secs = min.as_secs_f64();
             let base = *one_row.get_or_insert(secs);
             table.push(format!(
@@ -128,7 +162,10 @@ fn main() {
         }
     }
     criterion.final_summary();
-    println!("\nSummary: {dim}x{dim} weights, {threads} threads, SIMD level {}", simd_level());
+    println!(
+        "\nSummary: {dim}x{dim} weights, {threads} threads, SIMD level {}",
+        simd_level()
+    );
     println!("GB/s, GFLOP/s and the ratio use the minimum time.");
     println!("| type | rows | ms median | ms min | weight GB/s | GFLOP/s | time / 1-row time |");
     println!("|---|---|---|---|---|---|---|");

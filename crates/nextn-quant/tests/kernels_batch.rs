@@ -29,14 +29,15 @@ fn row_results_independent_of_batch_and_threads() {
         let m = QMatrix::new(ty, rows, cols, &data).unwrap();
         // Row 8 duplicates row 0, so a batch can hold one row twice.
         let mut x = random_acts(8, cols, &mut rng);
-        x.extend_from_slice(&x[..cols].to_vec());
+        x.extend_from_within(..cols);
         let row = |i: usize| &x[i * cols..(i + 1) * cols];
         for &level in &levels {
             // Each activation row alone on one thread is the yardstick.
             let alone: Vec<Vec<u32>> = (0..9)
                 .map(|i| {
                     let mut out = vec![0f32; rows];
-                    m.mul_rows_with(level, row(i), 1, &mut out, &pools[0]).unwrap();
+                    m.mul_rows_with(level, row(i), 1, &mut out, &pools[0])
+                        .unwrap();
                     bits(&out)
                 })
                 .collect();
@@ -44,7 +45,10 @@ fn row_results_independent_of_batch_and_threads() {
                 for n in 1..=8 {
                     // Batches with different companions: rows rotated by `n` and duplicates.
                     let members: Vec<usize> = (0..n).map(|k| (k * 5 + n) % 9).collect();
-                    let batch: Vec<f32> = members.iter().flat_map(|&i| row(i).iter().copied()).collect();
+                    let batch: Vec<f32> = members
+                        .iter()
+                        .flat_map(|&i| row(i).iter().copied())
+                        .collect();
                     let mut out = vec![0f32; n * rows];
                     m.mul_rows_with(level, &batch, n, &mut out, pool).unwrap();
                     for (k, &i) in members.iter().enumerate() {
@@ -60,9 +64,14 @@ fn row_results_independent_of_batch_and_threads() {
             // More than 8 rows go through several passes; still the same per row.
             let big: Vec<f32> = (0..11).flat_map(|k| row(k % 9).iter().copied()).collect();
             let mut out = vec![0f32; 11 * rows];
-            m.mul_rows_with(level, &big, 11, &mut out, &pools[1]).unwrap();
+            m.mul_rows_with(level, &big, 11, &mut out, &pools[1])
+                .unwrap();
             for k in 0..11 {
-                assert_eq!(bits(&out[k * rows..(k + 1) * rows]), alone[k % 9], "{ty} {level}: 11-row batch, row {k}");
+                assert_eq!(
+                    bits(&out[k * rows..(k + 1) * rows]),
+                    alone[k % 9],
+                    "{ty} {level}: 11-row batch, row {k}"
+                );
             }
         }
     }
@@ -87,10 +96,17 @@ fn row_results_independent_of_split() {
         for &level in &levels {
             let mut out_big = vec![0f32; 3 * rows];
             let mut out_small = vec![0f32; 3 * 5];
-            big.mul_rows_with(level, &x, 3, &mut out_big, &pool).unwrap();
-            small.mul_rows_with(level, &x, 3, &mut out_small, &pool).unwrap();
+            big.mul_rows_with(level, &x, 3, &mut out_big, &pool)
+                .unwrap();
+            small
+                .mul_rows_with(level, &x, 3, &mut out_small, &pool)
+                .unwrap();
             for i in 0..3 {
-                assert_eq!(bits(&out_big[i * rows + 40..i * rows + 45]), bits(&out_small[i * 5..i * 5 + 5]), "{ty} {level}");
+                assert_eq!(
+                    bits(&out_big[i * rows + 40..i * rows + 45]),
+                    bits(&out_small[i * 5..i * 5 + 5]),
+                    "{ty} {level}"
+                );
             }
         }
     }

@@ -16,7 +16,11 @@ fn representable_acts(n_rows: usize, cols: usize, rng: &mut Rng) -> Vec<f32> {
     let step = 1.0 / 16.0;
     let mut x = vec![0f32; n_rows * cols];
     for (j, v) in x.iter_mut().enumerate() {
-        let k = if j % 32 == (j / 32) % 32 { 127.0 * rng.sign() } else { rng.below(121) as f32 - 60.0 };
+        let k = if j % 32 == (j / 32) % 32 {
+            127.0 * rng.sign()
+        } else {
+            rng.below(121) as f32 - 60.0
+        };
         *v = k * step;
     }
     x
@@ -39,9 +43,14 @@ fn reference_matches_dequantized_weights() {
         m.mul_rows(&x, 3, &mut fast, &pool).unwrap();
         for i in 0..3 {
             for r in 0..rows {
-                let exact: f64 = (0..cols).map(|j| w[r * cols + j] as f64 * x[i * cols + j] as f64).sum();
+                let exact: f64 = (0..cols)
+                    .map(|j| w[r * cols + j] as f64 * x[i * cols + j] as f64)
+                    .sum();
                 let tol = 1e-5 * bounds[i * rows + r] + 1e-30;
-                for (name, got) in [("reference", reference[i * rows + r]), ("mul_rows", fast[i * rows + r])] {
+                for (name, got) in [
+                    ("reference", reference[i * rows + r]),
+                    ("mul_rows", fast[i * rows + r]),
+                ] {
                     assert!(
                         (got as f64 - exact).abs() <= tol,
                         "{ty} {name} row {i}/{r}: got {got} want {exact} (tol {tol:e})"
@@ -57,9 +66,18 @@ fn shape_and_type_errors() {
     use nextn_quant::QuantError;
     let data = vec![0u8; 2 * 18];
     assert!(QMatrix::new(GgmlType::Q4_0, 1, 64, &data).is_ok());
-    assert!(matches!(QMatrix::new(GgmlType::Q4_0, 2, 64, &data), Err(QuantError::SizeMismatch { .. })));
-    assert!(matches!(QMatrix::new(GgmlType::Q4_0, 1, 48, &data), Err(QuantError::PartialBlock { .. })));
-    assert!(matches!(QMatrix::new(GgmlType::IQ2_XXS, 1, 256, &data), Err(QuantError::NoSuchOp { .. })));
+    assert!(matches!(
+        QMatrix::new(GgmlType::Q4_0, 2, 64, &data),
+        Err(QuantError::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        QMatrix::new(GgmlType::Q4_0, 1, 48, &data),
+        Err(QuantError::PartialBlock { .. })
+    ));
+    assert!(matches!(
+        QMatrix::new(GgmlType::IQ2_XXS, 1, 256, &data),
+        Err(QuantError::NoSuchOp { .. })
+    ));
     assert!(matches!(
         QMatrix::new(GgmlType::F32, usize::MAX / 2, 4, &data),
         Err(QuantError::ShapeTooLarge { .. })
@@ -68,14 +86,27 @@ fn shape_and_type_errors() {
     let m = QMatrix::new(GgmlType::Q4_0, 1, 64, &data).unwrap();
     let pool = ThreadPool::new(1);
     let mut out = vec![0f32; 2];
-    assert!(matches!(m.mul_rows(&[0.0; 100], 2, &mut out, &pool), Err(QuantError::SizeMismatch { .. })));
-    assert!(matches!(m.mul_rows(&[0.0; 128], 2, &mut out[..1], &pool), Err(QuantError::SizeMismatch { .. })));
+    assert!(matches!(
+        m.mul_rows(&[0.0; 100], 2, &mut out, &pool),
+        Err(QuantError::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        m.mul_rows(&[0.0; 128], 2, &mut out[..1], &pool),
+        Err(QuantError::SizeMismatch { .. })
+    ));
     assert!(m.mul_rows(&[0.0; 128], 2, &mut out, &pool).is_ok());
     assert!(m.mul_rows(&[], 0, &mut [], &pool).is_ok());
     // A hand-built inconsistent matrix is refused, not read out of bounds.
-    let bad = QMatrix { ty: GgmlType::Q4_0, rows: 3, cols: 64, data: &data };
+    let bad = QMatrix {
+        ty: GgmlType::Q4_0,
+        rows: 3,
+        cols: 64,
+        data: &data,
+    };
     assert!(bad.mul_rows(&[0.0; 64], 1, &mut [0.0; 3], &pool).is_err());
-    assert!(bad.mul_rows_reference(&[0.0; 64], 1, &mut [0.0; 3]).is_err());
+    assert!(bad
+        .mul_rows_reference(&[0.0; 64], 1, &mut [0.0; 3])
+        .is_err());
 }
 
 #[test]

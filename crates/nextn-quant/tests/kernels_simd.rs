@@ -25,7 +25,8 @@ fn simd_paths_match_reference() {
         for &level in &levels {
             for n in 1..=8 {
                 let mut got = vec![0f32; n * rows];
-                m.mul_rows_with(level, &x[..n * cols], n, &mut got, &pool).unwrap();
+                m.mul_rows_with(level, &x[..n * cols], n, &mut got, &pool)
+                    .unwrap();
                 for k in 0..n * rows {
                     let err = (got[k] as f64 - want[k] as f64).abs();
                     let tol = REL_TOL * bounds[k] + 1e-30;
@@ -55,8 +56,13 @@ fn scalar_level_is_the_reference_bit_for_bit() {
         let mut want = vec![0f32; 5 * rows];
         let mut got = vec![0f32; 5 * rows];
         m.mul_rows_reference(&x, 5, &mut want).unwrap();
-        m.mul_rows_with(SimdLevel::Scalar, &x, 5, &mut got, &pool).unwrap();
-        assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{ty}");
+        m.mul_rows_with(SimdLevel::Scalar, &x, 5, &mut got, &pool)
+            .unwrap();
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{ty}"
+        );
     }
 }
 
@@ -78,7 +84,12 @@ fn quantized_products_are_close_to_float_products() {
         let rb = ty.row_bytes(cols as u64).unwrap() as usize;
         let mut data = vec![0u8; rows * rb];
         for r in 0..rows {
-            nextn_quant::formats::quantize(ty, &w[r * cols..(r + 1) * cols], &mut data[r * rb..(r + 1) * rb]).unwrap();
+            nextn_quant::formats::quantize(
+                ty,
+                &w[r * cols..(r + 1) * cols],
+                &mut data[r * rb..(r + 1) * rb],
+            )
+            .unwrap();
         }
         let wd = dequantize_matrix(ty, &data, rows, cols);
         let m = QMatrix::new(ty, rows, cols, &data).unwrap();
@@ -94,7 +105,11 @@ fn quantized_products_are_close_to_float_products() {
                     mag += t.abs();
                 }
                 let err = (got[i * rows + r] as f64 - exact).abs();
-                assert!(err <= 0.02 * mag, "{ty} row {i}/{r}: got {} want {exact} (Σ|t| {mag})", got[i * rows + r]);
+                assert!(
+                    err <= 0.02 * mag,
+                    "{ty} row {i}/{r}: got {} want {exact} (Σ|t| {mag})",
+                    got[i * rows + r]
+                );
             }
         }
     }

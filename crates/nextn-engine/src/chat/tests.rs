@@ -184,3 +184,9 @@ fn prefill_stops_after_the_final_content() {
         Err(ChatTemplateError::Prefill(_))
     ));
 }
+
+#[test]
+fn template_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ChatTemplate>();
+}

@@ -254,3 +254,19 @@ mod from_gguf {
         ));
     }
 }
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    let t = std::sync::Arc::new(hello_tokenizer());
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let t = t.clone();
+            std::thread::spawn(move || t.encode(" hello", false))
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().expect("thread"), [260]);
+    }
+}

@@ -113,7 +113,12 @@ impl<'a> QMatrix<'a> {
     /// Check that `ty` is supported, `cols` is a whole number of blocks and `data` holds
     /// exactly `rows` rows.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, QuantError> {
-        let m = QMatrix { ty, rows, cols, data };
+        let m = QMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+        };
         m.validate()?;
         Ok(m)
     }
@@ -133,17 +138,27 @@ impl<'a> QMatrix<'a> {
     fn validate(&self) -> Result<(), QuantError> {
         let ty = self.ty;
         if !is_supported_weight_type(ty) {
-            return Err(QuantError::NoSuchOp { ty, op: "matrix multiplication" });
+            return Err(QuantError::NoSuchOp {
+                ty,
+                op: "matrix multiplication",
+            });
         }
         let block = ty.block_size();
-        if self.cols % block != 0 {
-            return Err(QuantError::PartialBlock { ty, n: self.cols, block });
+        if !self.cols.is_multiple_of(block) {
+            return Err(QuantError::PartialBlock {
+                ty,
+                n: self.cols,
+                block,
+            });
         }
-        let total = self.rows.checked_mul(self.row_bytes()).ok_or(QuantError::ShapeTooLarge {
-            what: "weight matrix bytes",
-            rows: self.rows,
-            cols: self.cols,
-        })?;
+        let total = self
+            .rows
+            .checked_mul(self.row_bytes())
+            .ok_or(QuantError::ShapeTooLarge {
+                what: "weight matrix bytes",
+                rows: self.rows,
+                cols: self.cols,
+            })?;
         if self.data.len() != total {
             return Err(QuantError::SizeMismatch {
                 what: "weight matrix bytes",
@@ -156,8 +171,14 @@ impl<'a> QMatrix<'a> {
 
     fn check_io(&self, x: &[f32], n_rows: usize, out: &[f32]) -> Result<(), QuantError> {
         self.validate()?;
-        let too_large = |what| QuantError::ShapeTooLarge { what, rows: n_rows, cols: self.cols };
-        let want_x = n_rows.checked_mul(self.cols).ok_or(too_large("activation elements"))?;
+        let too_large = |what| QuantError::ShapeTooLarge {
+            what,
+            rows: n_rows,
+            cols: self.cols,
+        };
+        let want_x = n_rows
+            .checked_mul(self.cols)
+            .ok_or(too_large("activation elements"))?;
         if x.len() != want_x {
             return Err(QuantError::SizeMismatch {
                 what: "activation elements (n_rows x cols)",
@@ -165,7 +186,9 @@ impl<'a> QMatrix<'a> {
                 got: x.len(),
             });
         }
-        let want_out = n_rows.checked_mul(self.rows).ok_or(too_large("output elements"))?;
+        let want_out = n_rows
+            .checked_mul(self.rows)
+            .ok_or(too_large("output elements"))?;
         if out.len() != want_out {
             return Err(QuantError::SizeMismatch {
                 what: "output elements (n_rows x rows)",
@@ -184,7 +207,13 @@ impl<'a> QMatrix<'a> {
     /// A row's result depends only on that row and the weights: not on `n_rows`, on the
     /// other rows, on the thread count or on how rows were split. It does depend on the
     /// SIMD level (see [`simd_level`]).
-    pub fn mul_rows(&self, x: &[f32], n_rows: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), QuantError> {
+    pub fn mul_rows(
+        &self,
+        x: &[f32],
+        n_rows: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), QuantError> {
         self.mul_rows_with(simd_level(), x, n_rows, out, pool)
     }
 
@@ -200,14 +229,21 @@ impl<'a> QMatrix<'a> {
     ) -> Result<(), QuantError> {
         self.check_io(x, n_rows, out)?;
         if !level.is_supported() {
-            return Err(QuantError::SimdUnavailable { level: level.name() });
+            return Err(QuantError::SimdUnavailable {
+                level: level.name(),
+            });
         }
         let kind = act_kind(self.ty);
         let rows_fn = rows_fn_for(level, self.ty);
         for first in (0..n_rows).step_by(MAX_ROWS_PER_PASS) {
             let n = MAX_ROWS_PER_PASS.min(n_rows - first);
-            let act = ActRows::quantize(kind, &x[first * self.cols..(first + n) * self.cols], n, self.cols);
-            let sink = OutSink { ptr: out[first * self.rows..].as_mut_ptr(), rows: self.rows, n_act: n };
+            let rows_x = &x[first * self.cols..(first + n) * self.cols];
+            let act = ActRows::quantize(kind, rows_x, n, self.cols, level != SimdLevel::Scalar);
+            let sink = OutSink {
+                ptr: out[first * self.rows..].as_mut_ptr(),
+                rows: self.rows,
+                n_act: n,
+            };
             self.run_pass(rows_fn, &act, &sink, pool);
         }
         Ok(())
@@ -215,35 +251,51 @@ impl<'a> QMatrix<'a> {
 
     fn run_pass(&self, rows_fn: RowsFn, act: &ActRows, sink: &OutSink, pool: &ThreadPool) {
         let threads = pool.n_threads();
-        if threads == 1 || self.rows <= ROWS_PER_TASK_QUANTUM || self.data.len() < SINGLE_THREAD_BYTES {
-            let mut stage = Stage::new(self.ty, self.cols);
+        if threads == 1
+            || self.rows <= ROWS_PER_TASK_QUANTUM
+            || self.data.len() < SINGLE_THREAD_BYTES
+        {
             // SAFETY: validated matrix, supported level, `act` built for this type and
             // cols, and this call owns all rows.
-            unsafe { rows_fn(self, 0..self.rows, act, &mut stage, sink) };
+            Stage::with_cached(self.ty, self.cols, |stage| unsafe {
+                rows_fn(self, 0..self.rows, act, stage, sink)
+            });
             return;
         }
         // A few tasks per thread balance uneven progress; each is a multiple of 16 rows.
-        let per_task = self.rows.div_ceil(threads * 4).next_multiple_of(ROWS_PER_TASK_QUANTUM);
+        let per_task = self
+            .rows
+            .div_ceil(threads * 4)
+            .next_multiple_of(ROWS_PER_TASK_QUANTUM);
         let n_tasks = self.rows.div_ceil(per_task);
         pool.run(n_tasks, |t, _| {
             let rows = t * per_task..((t + 1) * per_task).min(self.rows);
-            let mut stage = Stage::new(self.ty, self.cols);
             // SAFETY: as above; tasks get disjoint row ranges.
-            unsafe { rows_fn(self, rows, act, &mut stage, sink) };
+            Stage::with_cached(self.ty, self.cols, |stage| unsafe {
+                rows_fn(self, rows, act, stage, sink)
+            });
         });
     }
 
     /// The scalar reference: same semantics as `mul_rows`, one thread, no SIMD, and the
     /// same result as `mul_rows_with(SimdLevel::Scalar, ..)` bit for bit.
-    pub fn mul_rows_reference(&self, x: &[f32], n_rows: usize, out: &mut [f32]) -> Result<(), QuantError> {
+    pub fn mul_rows_reference(
+        &self,
+        x: &[f32],
+        n_rows: usize,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
         self.check_io(x, n_rows, out)?;
         if n_rows == 0 {
             return Ok(());
         }
-        let act = ActRows::quantize(act_kind(self.ty), x, n_rows, self.cols);
+        let act = ActRows::quantize(act_kind(self.ty), x, n_rows, self.cols, false);
         for i in 0..n_rows {
             let a = act.row(i);
-            for (r, o) in out[i * self.rows..(i + 1) * self.rows].iter_mut().enumerate() {
+            for (r, o) in out[i * self.rows..(i + 1) * self.rows]
+                .iter_mut()
+                .enumerate()
+            {
                 *o = reference::dot_row(self.ty, self.row(r), &a);
             }
         }

@@ -76,7 +76,11 @@ impl ThreadPool {
                 Err(_) => break,
             }
         }
-        ThreadPool { shared, workers, dispatch: Mutex::new(()) }
+        ThreadPool {
+            shared,
+            workers,
+            dispatch: Mutex::new(()),
+        }
     }
 
     /// Threads that execute tasks, the caller of `run` included.
@@ -162,7 +166,9 @@ impl Drop for ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads()).finish()
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads())
+            .finish()
     }
 }
 
@@ -209,7 +215,7 @@ fn wait_for_generation(sh: &Shared, seen: u64) {
         }
         spins = spins.wrapping_add(1);
         std::hint::spin_loop();
-        if spins % 64 == 0 && start.elapsed() > SPIN_BEFORE_PARK {
+        if spins.is_multiple_of(64) && start.elapsed() > SPIN_BEFORE_PARK {
             break;
         }
     }

@@ -28,9 +28,14 @@ impl SimdLevel {
 
     /// Parse a name as `NEXTN_SIMD` spells it (case-insensitive).
     pub fn from_name(name: &str) -> Option<SimdLevel> {
-        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Neon]
-            .into_iter()
-            .find(|l| l.name().eq_ignore_ascii_case(name.trim()))
+        [
+            SimdLevel::Scalar,
+            SimdLevel::Avx2,
+            SimdLevel::Avx512,
+            SimdLevel::Neon,
+        ]
+        .into_iter()
+        .find(|l| l.name().eq_ignore_ascii_case(name.trim()))
     }
 
     /// Whether this CPU can run this level's kernels.
@@ -45,10 +50,15 @@ impl SimdLevel {
 
     /// Every level this CPU supports, lowest first.
     pub fn supported() -> Vec<SimdLevel> {
-        [SimdLevel::Scalar, SimdLevel::Neon, SimdLevel::Avx2, SimdLevel::Avx512]
-            .into_iter()
-            .filter(|l| l.is_supported())
-            .collect()
+        [
+            SimdLevel::Scalar,
+            SimdLevel::Neon,
+            SimdLevel::Avx2,
+            SimdLevel::Avx512,
+        ]
+        .into_iter()
+        .filter(|l| l.is_supported())
+        .collect()
     }
 }
 
@@ -60,7 +70,9 @@ impl std::fmt::Display for SimdLevel {
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -70,7 +82,9 @@ fn has_avx2() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx512() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl")
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -91,7 +105,11 @@ pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let detected = detected_simd_level();
-        match std::env::var("NEXTN_SIMD").ok().as_deref().and_then(SimdLevel::from_name) {
+        match std::env::var("NEXTN_SIMD")
+            .ok()
+            .as_deref()
+            .and_then(SimdLevel::from_name)
+        {
             Some(wanted) if wanted.is_supported() && rank(wanted) <= rank(detected) => wanted,
             _ => detected,
         }
@@ -112,7 +130,12 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for l in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Neon] {
+        for l in [
+            SimdLevel::Scalar,
+            SimdLevel::Avx2,
+            SimdLevel::Avx512,
+            SimdLevel::Neon,
+        ] {
             assert_eq!(SimdLevel::from_name(l.name()), Some(l));
         }
         assert_eq!(SimdLevel::from_name("AVX2"), Some(SimdLevel::Avx2));
@@ -123,6 +146,9 @@ mod tests {
     fn chosen_level_is_supported() {
         assert!(simd_level().is_supported());
         assert!(SimdLevel::Scalar.is_supported());
-        assert_eq!(detected_simd_level(), *SimdLevel::supported().last().unwrap());
+        assert_eq!(
+            detected_simd_level(),
+            *SimdLevel::supported().last().unwrap()
+        );
     }
 }

@@ -22,18 +22,55 @@ pub(crate) struct Stage {
 }
 
 impl Stage {
+    /// Buffers large enough for rows of `cols` weights of type `ty`.
     pub(crate) fn new(ty: GgmlType, cols: usize) -> Stage {
-        let nb = cols / ty.block_size();
-        let quantized = ty.is_quantized();
-        let k_family = ty.block_size() == 256;
-        let widened = matches!(ty, GgmlType::F16 | GgmlType::BF16);
-        Stage {
-            q: if quantized { vec![0; cols] } else { Vec::new() },
-            d: if quantized { vec![0.0; nb] } else { Vec::new() },
-            m: if quantized { vec![0.0; nb] } else { Vec::new() },
-            sc: if k_family { vec![0; cols / 2] } else { Vec::new() },
-            mins: if k_family { vec![0; cols / 16] } else { Vec::new() },
-            f: if widened { vec![0.0; cols] } else { Vec::new() },
+        let mut st = Stage {
+            q: Vec::new(),
+            d: Vec::new(),
+            m: Vec::new(),
+            sc: Vec::new(),
+            mins: Vec::new(),
+            f: Vec::new(),
+        };
+        st.prepare(ty, cols);
+        st
+    }
+
+    /// Grow the buffers (never shrink) to hold a row of `cols` weights of type `ty`.
+    pub(crate) fn prepare(&mut self, ty: GgmlType, cols: usize) {
+        fn at_least<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+            if v.len() < n {
+                v.resize(n, T::default());
+            }
         }
+        let nb = cols / ty.block_size();
+        if ty.is_quantized() {
+            at_least(&mut self.q, cols);
+            at_least(&mut self.d, nb);
+            at_least(&mut self.m, nb);
+        }
+        if ty.block_size() == 256 {
+            at_least(&mut self.sc, cols / 2);
+            at_least(&mut self.mins, cols / 16);
+        }
+        if matches!(ty, GgmlType::F16 | GgmlType::BF16) {
+            at_least(&mut self.f, cols);
+        }
+    }
+
+    /// Run `f` with this thread's cached stage prepared for (`ty`, `cols`), so repeated
+    /// products do not allocate; falls back to a fresh stage if the cache is in use.
+    pub(crate) fn with_cached<R>(ty: GgmlType, cols: usize, f: impl FnOnce(&mut Stage) -> R) -> R {
+        thread_local! {
+            static CACHE: std::cell::RefCell<Option<Stage>> = const { std::cell::RefCell::new(None) };
+        }
+        CACHE.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut slot) => {
+                let st = slot.get_or_insert_with(|| Stage::new(ty, cols));
+                st.prepare(ty, cols);
+                f(st)
+            }
+            Err(_) => f(&mut Stage::new(ty, cols)),
+        })
     }
 }

@@ -8,7 +8,8 @@ pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
 ];
 
 /// MXFP4 (e2m1) levels, doubled so they are integers; the block scale is halved to compensate.
-pub(crate) const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 #[inline]
 pub(crate) fn f16_bits_to_f32(bits: u16) -> f32 {
@@ -82,12 +83,36 @@ pub(crate) fn k4_scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, mn)
 }
 
+/// `k4_scales_mins` with 32-bit operations: (scales, mins) as 8 bytes each, little-endian
+/// (byte j = sub-block j).
+#[inline]
+pub(crate) fn k4_scales_mins_packed(packed: &[u8]) -> (u64, u64) {
+    let a0 = read_u32(packed, 0);
+    let a1 = read_u32(packed, 4);
+    let a2 = read_u32(packed, 8);
+    let low6 = 0x3f3f_3f3f;
+    let nib = 0x0f0f_0f0f;
+    let top2 = 0x0303_0303;
+    let sc_lo = a0 & low6;
+    let mn_lo = a1 & low6;
+    let sc_hi = (a2 & nib) | (((a0 >> 6) & top2) << 4);
+    let mn_hi = ((a2 >> 4) & nib) | (((a1 >> 6) & top2) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
+}
+
 /// The sixteen signed 6-bit scales of a Q3_K block (already offset by -32).
 #[inline]
 pub(crate) fn q3k_scales(packed: &[u8]) -> [i8; 16] {
     let mut out = [0i8; 16];
     for (j, o) in out.iter_mut().enumerate() {
-        let low = if j < 8 { packed[j] & 0x0f } else { packed[j - 8] >> 4 };
+        let low = if j < 8 {
+            packed[j] & 0x0f
+        } else {
+            packed[j - 8] >> 4
+        };
         let high = (packed[8 + (j % 4)] >> (2 * (j / 4))) & 3;
         *o = ((low | (high << 4)) as i8) - 32;
     }
@@ -140,6 +165,22 @@ mod tests {
         assert_eq!(mn[0], 7);
         assert_eq!(sc[4], 0x3a);
         assert_eq!(mn[4], 0x29);
+    }
+
+    #[test]
+    fn k4_packed_unpacking_agrees_with_bytewise() {
+        let mut state = 0x1234_5678u32;
+        for _ in 0..1000 {
+            let mut packed = [0u8; 12];
+            for b in packed.iter_mut() {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                *b = (state >> 24) as u8;
+            }
+            let (sc, mn) = k4_scales_mins(&packed);
+            let (psc, pmn) = k4_scales_mins_packed(&packed);
+            assert_eq!(psc.to_le_bytes(), sc);
+            assert_eq!(pmn.to_le_bytes(), mn);
+        }
     }
 
     #[test]

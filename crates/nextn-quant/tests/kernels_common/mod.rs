@@ -80,9 +80,23 @@ fn scale_fields(ty: GgmlType) -> (&'static [usize], &'static [usize]) {
 pub fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let n = rows * cols;
     match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(rng.uniform(-1.0, 1.0)).to_bits().to_le_bytes()).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.uniform(-1.0, 1.0)).to_bits().to_le_bytes()).collect(),
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes())
+            .collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| {
+                half::f16::from_f32(rng.uniform(-1.0, 1.0))
+                    .to_bits()
+                    .to_le_bytes()
+            })
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| {
+                half::bf16::from_f32(rng.uniform(-1.0, 1.0))
+                    .to_bits()
+                    .to_le_bytes()
+            })
+            .collect(),
         _ => {
             let (bs, ts) = (ty.block_size(), ty.type_size());
             let nblocks = n / bs;
@@ -123,8 +137,12 @@ pub fn dequantize_matrix(ty: GgmlType, data: &[u8], rows: usize, cols: usize) ->
     let mut out = vec![0f32; rows * cols];
     let rb = data.len() / rows;
     for r in 0..rows {
-        formats::dequantize(ty, &data[r * rb..(r + 1) * rb], &mut out[r * cols..(r + 1) * cols])
-            .expect("formats::dequantize");
+        formats::dequantize(
+            ty,
+            &data[r * rb..(r + 1) * rb],
+            &mut out[r * cols..(r + 1) * cols],
+        )
+        .expect("formats::dequantize");
     }
     out
 }
@@ -132,7 +150,14 @@ pub fn dequantize_matrix(ty: GgmlType, data: &[u8], rows: usize, cols: usize) ->
 /// Per (activation row, weight row): Σ_j |terms|, the scale against which float rounding
 /// differences are judged. Weights with an additive minimum are split into the scaled part
 /// and the minimum part, since kernels sum those separately and they may cancel.
-pub fn magnitude_bounds(ty: GgmlType, data: &[u8], rows: usize, cols: usize, x: &[f32], n_rows: usize) -> Vec<f64> {
+pub fn magnitude_bounds(
+    ty: GgmlType,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_rows: usize,
+) -> Vec<f64> {
     let full = dequantize_matrix(ty, data, rows, cols);
     let (_, min_fields) = scale_fields(ty);
     let scaled = if min_fields.is_empty() {

@@ -7,8 +7,8 @@ use core::arch::aarch64::*;
 
 use super::super::stage::Stage;
 use super::super::tables::{
-    e8m0_to_f32_half, f16_bits_to_f32, iq4xs_scales, k4_scales_mins, q3k_scales, read_f16, read_f32, read_u32,
-    KVALUES_IQ4NL, KVALUES_MXFP4,
+    e8m0_to_f32_half, f16_bits_to_f32, iq4xs_scales, k4_scales_mins_packed, q3k_scales, read_f16,
+    read_f32, read_u32, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 
 #[inline]
@@ -65,7 +65,10 @@ unsafe fn decode_nibble_blocks(
             }
             None => {
                 let o = vdupq_n_s8(offset);
-                (vsubq_s8(vreinterpretq_s8_u8(lo), o), vsubq_s8(vreinterpretq_s8_u8(hi), o))
+                (
+                    vsubq_s8(vreinterpretq_s8_u8(lo), o),
+                    vsubq_s8(vreinterpretq_s8_u8(hi), o),
+                )
             }
         };
         store(st, 32 * b, lo);
@@ -160,9 +163,9 @@ pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut Stage, nb: usize) {
         let blk = &w[84 * b..84 * b + 84];
         st.d[b] = read_f16(blk, 80);
         st.m[b] = read_f16(blk, 82);
-        for g in 0..16 {
-            st.sc[16 * b + g] = (blk[g] & 0x0f) as i16;
-            st.mins[16 * b + g] = (blk[g] >> 4) as i16;
+        for (g, &packed) in blk[..16].iter().enumerate() {
+            st.sc[16 * b + g] = (packed & 0x0f) as i16;
+            st.mins[16 * b + g] = (packed >> 4) as i16;
         }
         for k in 0..2 {
             for half in 0..2 {
@@ -183,8 +186,8 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
         let blk = &w[110 * b..110 * b + 110];
         st.d[b] = read_f16(blk, 108);
         let sc = q3k_scales(&blk[96..108]);
-        for g in 0..16 {
-            st.sc[16 * b + g] = sc[g] as i16;
+        for (o, &s) in st.sc[16 * b..16 * b + 16].iter_mut().zip(&sc) {
+            *o = s as i16;
         }
         for half in 0..2 {
             let hmask = vld1q_u8(blk.as_ptr().add(16 * half));
@@ -195,7 +198,11 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
                     // A clear high bit means "subtract 4".
                     let set = vtstq_u8(hmask, vdupq_n_u8(1 << (4 * k + j)));
                     let sub = vbicq_s8(four, vreinterpretq_s8_u8(set));
-                    store(st, 256 * b + 128 * k + 32 * j + 16 * half, vsubq_s8(low, sub));
+                    store(
+                        st,
+                        256 * b + 128 * k + 32 * j + 16 * half,
+                        vsubq_s8(low, sub),
+                    );
                 }
             }
         }
@@ -207,7 +214,8 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
 fn k4_header(blk: &[u8], st: &mut Stage, b: usize) {
     st.d[b] = read_f16(blk, 0);
     st.m[b] = read_f16(blk, 2);
-    let (sc, mn) = k4_scales_mins(&blk[4..16]);
+    let (sc, mn) = k4_scales_mins_packed(&blk[4..16]);
+    let (sc, mn) = (sc.to_le_bytes(), mn.to_le_bytes());
     for g in 0..16 {
         st.sc[16 * b + g] = sc[g / 2] as i16;
         st.mins[16 * b + g] = mn[g / 2] as i16;
@@ -223,7 +231,11 @@ pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut Stage, nb: usize) {
             for half in 0..2 {
                 let (lo, hi) = nibbles(blk.as_ptr().add(16 + 32 * j + 16 * half));
                 store(st, 256 * b + 64 * j + 16 * half, vreinterpretq_s8_u8(lo));
-                store(st, 256 * b + 64 * j + 32 + 16 * half, vreinterpretq_s8_u8(hi));
+                store(
+                    st,
+                    256 * b + 64 * j + 32 + 16 * half,
+                    vreinterpretq_s8_u8(hi),
+                );
             }
         }
     }
@@ -242,7 +254,11 @@ pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut Stage, nb: usize) {
                 for (h, low) in [lo, hi].into_iter().enumerate() {
                     let s = 2 * j + h;
                     let high = vandq_u8(vtstq_u8(qh, vdupq_n_u8(1 << s)), bit4);
-                    store(st, 256 * b + 32 * s + 16 * half, vreinterpretq_s8_u8(vorrq_u8(low, high)));
+                    store(
+                        st,
+                        256 * b + 32 * s + 16 * half,
+                        vreinterpretq_s8_u8(vorrq_u8(low, high)),
+                    );
                 }
             }
         }
@@ -271,10 +287,19 @@ pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
                     vandq_u8(vshrq_n_u8::<4>(h), m2),
                     vshrq_n_u8::<6>(h),
                 ];
-                let lows = [vandq_u8(a, m4), vandq_u8(c, m4), vshrq_n_u8::<4>(a), vshrq_n_u8::<4>(c)];
+                let lows = [
+                    vandq_u8(a, m4),
+                    vandq_u8(c, m4),
+                    vshrq_n_u8::<4>(a),
+                    vshrq_n_u8::<4>(c),
+                ];
                 for k in 0..4 {
                     let v = vorrq_u8(lows[k], vshlq_n_u8::<4>(highs[k]));
-                    store(st, 256 * b + 128 * n + 32 * k + 16 * half, vsubq_s8(vreinterpretq_s8_u8(v), off));
+                    store(
+                        st,
+                        256 * b + 128 * n + 32 * k + 16 * half,
+                        vsubq_s8(vreinterpretq_s8_u8(v), off),
+                    );
                 }
             }
         }
@@ -287,7 +312,11 @@ pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
         st.d[b] = read_f32(w, 292 * b);
         for g in 0..16 {
             st.sc[16 * b + g] = 1;
-            store(st, 256 * b + 16 * g, vld1q_s8(w.as_ptr().add(292 * b + 4 + 16 * g) as *const i8));
+            store(
+                st,
+                256 * b + 16 * g,
+                vld1q_s8(w.as_ptr().add(292 * b + 4 + 16 * g) as *const i8),
+            );
         }
     }
 }
@@ -299,9 +328,9 @@ pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut Stage, nb: usize) {
         let blk = &w[136 * b..136 * b + 136];
         st.d[b] = read_f16(blk, 0);
         let ls = iq4xs_scales(u16::from_le_bytes([blk[2], blk[3]]), &blk[4..8]);
-        for ib in 0..8 {
-            st.sc[16 * b + 2 * ib] = ls[ib] as i16;
-            st.sc[16 * b + 2 * ib + 1] = ls[ib] as i16;
+        for (ib, &scale) in ls.iter().enumerate() {
+            st.sc[16 * b + 2 * ib] = scale as i16;
+            st.sc[16 * b + 2 * ib + 1] = scale as i16;
             let (lo, hi) = nibbles(blk.as_ptr().add(8 + 16 * ib));
             store(st, 256 * b + 32 * ib, vqtbl1q_s8(table, lo));
             store(st, 256 * b + 32 * ib + 16, vqtbl1q_s8(table, hi));

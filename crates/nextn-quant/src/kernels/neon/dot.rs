@@ -11,7 +11,10 @@ use super::super::stage::Stage;
 /// Products of 16 weight/activation pairs as 8 i16 lanes: lane k holds products k and k+8.
 #[inline]
 unsafe fn products16(w: int8x16_t, x: int8x16_t) -> int16x8_t {
-    vaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)), vmull_high_s8(w, x))
+    vaddq_s16(
+        vmull_s8(vget_low_s8(w), vget_low_s8(x)),
+        vmull_high_s8(w, x),
+    )
 }
 
 #[inline]
@@ -20,7 +23,12 @@ unsafe fn load(p: *const u8) -> int8x16_t {
 }
 
 /// 32-element blocks: Σ_b d_w·d_a·Σ(w·x), plus Σ_b m_w·s_a when `MIN` (Q4_1, Q5_1).
-pub(super) unsafe fn dot_legacy<const MIN: bool>(_w: &[u8], st: &Stage, a: &ActRow, nb: usize) -> f32 {
+pub(super) unsafe fn dot_legacy<const MIN: bool>(
+    _w: &[u8],
+    st: &Stage,
+    a: &ActRow,
+    nb: usize,
+) -> f32 {
     debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
     let (q, x) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8);
     let mut acc = [vdupq_n_f32(0.0); 2];
@@ -44,7 +52,12 @@ pub(super) unsafe fn dot_legacy<const MIN: bool>(_w: &[u8], st: &Stage, a: &ActR
 
 /// 256-element blocks: Σ_g scale_g·Σ(w·x) per block scaled by d_w·d_a, minus
 /// dmin_w·d_a·Σ_g bsum_g·min_g when `SCALED_MINS` (Q2_K, Q4_K, Q5_K).
-pub(super) unsafe fn dot_k<const SCALED_MINS: bool>(_w: &[u8], st: &Stage, a: &ActRow, nb: usize) -> f32 {
+pub(super) unsafe fn dot_k<const SCALED_MINS: bool>(
+    _w: &[u8],
+    st: &Stage,
+    a: &ActRow,
+    nb: usize,
+) -> f32 {
     debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 16 * nb && a.qs.len() >= 256 * nb);
     debug_assert!(!SCALED_MINS || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
     let (q, x) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8);
@@ -56,7 +69,11 @@ pub(super) unsafe fn dot_k<const SCALED_MINS: bool>(_w: &[u8], st: &Stage, a: &A
             let p = vpaddlq_s16(products16(load(q.add(off)), load(x.add(off))));
             sumi = vmlaq_n_s32(sumi, p, *st.sc.get_unchecked(16 * b + g) as i32);
         }
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), *st.d.get_unchecked(b) * *a.d.get_unchecked(b));
+        acc = vfmaq_n_f32(
+            acc,
+            vcvtq_f32_s32(sumi),
+            *st.d.get_unchecked(b) * *a.d.get_unchecked(b),
+        );
         if SCALED_MINS {
             let bs = a.bsums.as_ptr().add(16 * b);
             let mn = st.mins.as_ptr().add(16 * b);
@@ -89,9 +106,17 @@ unsafe fn dot_f32_ptrs(w: *const u8, x: *const f32, n: usize) -> f32 {
         acc[0] = vfmaq_f32(acc[0], wl(j), vld1q_f32(x.add(j)));
         j += 4;
     }
-    let mut sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    let mut sum = vaddvq_f32(vaddq_f32(
+        vaddq_f32(acc[0], acc[1]),
+        vaddq_f32(acc[2], acc[3]),
+    ));
     while j < n {
-        let wv = f32::from_le_bytes([*w.add(4 * j), *w.add(4 * j + 1), *w.add(4 * j + 2), *w.add(4 * j + 3)]);
+        let wv = f32::from_le_bytes([
+            *w.add(4 * j),
+            *w.add(4 * j + 1),
+            *w.add(4 * j + 2),
+            *w.add(4 * j + 3),
+        ]);
         sum += wv * *x.add(j);
         j += 1;
     }

@@ -1,7 +1,9 @@
 //! 256-element super-block types (K-quants, IQ4_XS, Q8_K) against Q8_K activations.
 
 use super::super::act::ActRow;
-use super::super::tables::{iq4xs_scales, k4_scales_mins, q3k_scales, read_f16, read_f32, KVALUES_IQ4NL};
+use super::super::tables::{
+    iq4xs_scales, k4_scales_mins, q3k_scales, read_f16, read_f32, KVALUES_IQ4NL,
+};
 
 /// Σ_i q(i)·a(i) over one 16- or 32-element group whose weights `w` yields by index.
 #[inline]
@@ -81,7 +83,9 @@ fn dot_k4_family<const BYTES: usize>(
 
 pub(super) fn dot_q4_k(w: &[u8], a: &ActRow) -> f32 {
     // Sub-block s = 2j + h holds nibble h of qs[32j..32j+32].
-    dot_k4_family::<144>(w, a, |blk, s, l| ((blk[16 + 32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0f) as i32)
+    dot_k4_family::<144>(w, a, |blk, s, l| {
+        ((blk[16 + 32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0f) as i32
+    })
 }
 
 pub(super) fn dot_q5_k(w: &[u8], a: &ActRow) -> f32 {

@@ -31,7 +31,9 @@ fn nibbles(qs: &[u8], f: impl Fn(u8) -> i32) -> [i32; 32] {
 }
 
 pub(super) fn dot_q4_0(w: &[u8], a: &ActRow) -> f32 {
-    sum_blocks::<18>(w, a, |blk| (nibbles(&blk[2..18], |q| q as i32 - 8), read_f16(blk, 0)))
+    sum_blocks::<18>(w, a, |blk| {
+        (nibbles(&blk[2..18], |q| q as i32 - 8), read_f16(blk, 0))
+    })
 }
 
 pub(super) fn dot_q8_0(w: &[u8], a: &ActRow) -> f32 {
@@ -56,18 +58,29 @@ fn q5_values(qh: u32, qs: &[u8], offset: i32) -> [i32; 32] {
 }
 
 pub(super) fn dot_q5_0(w: &[u8], a: &ActRow) -> f32 {
-    sum_blocks::<22>(w, a, |blk| (q5_values(read_u32(blk, 2), &blk[6..22], 16), read_f16(blk, 0)))
+    sum_blocks::<22>(w, a, |blk| {
+        (
+            q5_values(read_u32(blk, 2), &blk[6..22], 16),
+            read_f16(blk, 0),
+        )
+    })
 }
 
 pub(super) fn dot_iq4_nl(w: &[u8], a: &ActRow) -> f32 {
     sum_blocks::<18>(w, a, |blk| {
-        (nibbles(&blk[2..18], |q| KVALUES_IQ4NL[q as usize] as i32), read_f16(blk, 0))
+        (
+            nibbles(&blk[2..18], |q| KVALUES_IQ4NL[q as usize] as i32),
+            read_f16(blk, 0),
+        )
     })
 }
 
 pub(super) fn dot_mxfp4(w: &[u8], a: &ActRow) -> f32 {
     sum_blocks::<17>(w, a, |blk| {
-        (nibbles(&blk[1..17], |q| KVALUES_MXFP4[q as usize] as i32), e8m0_to_f32_half(blk[0]))
+        (
+            nibbles(&blk[1..17], |q| KVALUES_MXFP4[q as usize] as i32),
+            e8m0_to_f32_half(blk[0]),
+        )
     })
 }
 

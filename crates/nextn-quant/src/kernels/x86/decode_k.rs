@@ -10,7 +10,9 @@
 use core::arch::x86_64::*;
 
 use super::super::stage::Stage;
-use super::super::tables::{iq4xs_scales, k4_scales_mins, q3k_scales, read_f32, KVALUES_IQ4NL};
+use super::super::tables::{
+    iq4xs_scales, k4_scales_mins_packed, q3k_scales, read_f32, KVALUES_IQ4NL,
+};
 use super::decode_legacy::{f16_at, nibbles32, table16};
 
 #[inline]
@@ -20,21 +22,17 @@ unsafe fn store_q(st: &mut Stage, chunk: usize, v: __m256i) {
     _mm256_storeu_si256(st.q.as_mut_ptr().add(32 * chunk) as *mut __m256i, v);
 }
 
-/// Scale vector of global 32-weight chunk `chunk`: `lo` for its first 16 weights, `hi`
-/// for the rest.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_scales(st: &mut Stage, chunk: usize, lo: i16, hi: i16) {
+unsafe fn store_scales(st: &mut Stage, chunk: usize, v: __m256i) {
     debug_assert!(st.sc.len() >= 16 * (chunk + 1));
-    let v = _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
     _mm256_storeu_si256(st.sc.as_mut_ptr().add(16 * chunk) as *mut __m256i, v);
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_mins(st: &mut Stage, b: usize, mins: &[i16; 16]) {
+unsafe fn store_mins(st: &mut Stage, b: usize, v: __m256i) {
     debug_assert!(st.mins.len() >= 16 * (b + 1));
-    let v = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
     _mm256_storeu_si256(st.mins.as_mut_ptr().add(16 * b) as *mut __m256i, v);
 }
 
@@ -42,6 +40,36 @@ unsafe fn store_mins(st: &mut Stage, b: usize, mins: &[i16; 16]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Scale vectors for 8 sub-blocks of 32 from their 8 scales (i16 lanes of `s8`): chunk
+/// `c` gets lane `c` in all 16 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_scales_per32(st: &mut Stage, b: usize, s8: __m128i) {
+    let both = _mm256_broadcastsi128_si256(s8);
+    for c in 0..8 {
+        let pick = _mm256_set1_epi16((2 * c as i16) | ((2 * c as i16 + 1) << 8));
+        store_scales(st, 8 * b + c, _mm256_shuffle_epi8(both, pick));
+    }
+}
+
+/// Scale vectors for 16 sub-blocks of 16 (i16 lanes of `s16`): chunk `c` gets lane 2c in
+/// its low half and lane 2c+1 in its high half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_scales_per16(st: &mut Stage, b: usize, s16: __m256i) {
+    // After broadcasting dword c (lanes 2c, 2c+1), take its first i16 in the low 128 bits
+    // and its second in the high 128 bits.
+    #[rustfmt::skip]
+    let split = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+    );
+    for c in 0..8 {
+        let pair = _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(c as i32));
+        store_scales(st, 8 * b + c, _mm256_shuffle_epi8(pair, split));
+    }
 }
 
 #[inline]
@@ -53,23 +81,22 @@ fn check(w: &[u8], st: &Stage, nb: usize, bytes: usize) {
 pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut Stage, nb: usize) {
     check(w, st, nb, 84);
     let m2 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0f);
     for b in 0..nb {
-        let blk = &w[84 * b..84 * b + 84];
-        let p = blk.as_ptr();
+        let p = w.as_ptr().add(84 * b);
         *st.d.get_unchecked_mut(b) = f16_at(p.add(80));
         *st.m.get_unchecked_mut(b) = f16_at(p.add(82));
-        let mut mins = [0i16; 16];
-        for (g, m) in mins.iter_mut().enumerate() {
-            *m = (blk[g] >> 4) as i16;
-        }
-        store_mins(st, b, &mins);
+        let packed = _mm_loadu_si128(p as *const __m128i);
+        store_scales_per16(st, b, _mm256_cvtepu8_epi16(_mm_and_si128(packed, m4)));
+        store_mins(
+            st,
+            b,
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4)),
+        );
         for k in 0..2 {
-            let q = load(p.add(16 + 32 * k));
-            let mut shifted = q;
+            let mut shifted = load(p.add(16 + 32 * k));
             for j in 0..4 {
-                let c = 4 * k + j;
-                store_q(st, 8 * b + c, _mm256_and_si256(shifted, m2));
-                store_scales(st, 8 * b + c, (blk[2 * c] & 0x0f) as i16, (blk[2 * c + 1] & 0x0f) as i16);
+                store_q(st, 8 * b + 4 * k + j, _mm256_and_si256(shifted, m2));
                 shifted = _mm256_srli_epi16(shifted, 2);
             }
         }
@@ -86,45 +113,40 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
         let p = blk.as_ptr();
         *st.d.get_unchecked_mut(b) = f16_at(p.add(108));
         let sc = q3k_scales(&blk[96..108]);
-        let mut mins = [0i16; 16];
-        for (m, &s) in mins.iter_mut().zip(&sc) {
-            *m = 4 * s as i16;
-        }
-        store_mins(st, b, &mins);
+        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        store_scales_per16(st, b, s16);
+        store_mins(st, b, _mm256_slli_epi16(s16, 2));
         let hmask = load(p);
         for k in 0..2 {
-            let q = load(p.add(32 + 32 * k));
-            let mut shifted = q;
+            let mut shifted = load(p.add(32 + 32 * k));
             for j in 0..4 {
-                let c = 4 * k + j;
                 // Stored value low | h<<2 in 0..8 equals the true value + 4.
                 let hbit = _mm256_set1_epi8(1i8 << (4 * k + j));
                 let h = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, hbit), hbit);
                 let v = _mm256_or_si256(_mm256_and_si256(shifted, m2), _mm256_and_si256(h, bit2));
-                store_q(st, 8 * b + c, v);
-                store_scales(st, 8 * b + c, sc[2 * c] as i16, sc[2 * c + 1] as i16);
+                store_q(st, 8 * b + 4 * k + j, v);
                 shifted = _mm256_srli_epi16(shifted, 2);
             }
         }
     }
 }
 
-/// Q4_K and Q5_K: scales, mins, `d`, `dmin`; the nibbles are written by the caller.
+/// Q4_K and Q5_K: `d`, `dmin`, scales and mins; the quants are written by the caller.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_header(blk: &[u8], st: &mut Stage, b: usize) {
     let p = blk.as_ptr();
     *st.d.get_unchecked_mut(b) = f16_at(p);
     *st.m.get_unchecked_mut(b) = f16_at(p.add(2));
-    let (sc, mn) = k4_scales_mins(&blk[4..16]);
-    let mut mins = [0i16; 16];
-    for (g, m) in mins.iter_mut().enumerate() {
-        *m = mn[g / 2] as i16;
-    }
-    store_mins(st, b, &mins);
-    for (s, &scale) in sc.iter().enumerate() {
-        store_scales(st, 8 * b + s, scale as i16, scale as i16);
-    }
+    let (sc, mn) = k4_scales_mins_packed(&blk[4..16]);
+    store_scales_per32(st, b, _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+    // Each 32-weight min covers two 16-sums.
+    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    store_mins(
+        st,
+        b,
+        _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m)),
+    );
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -137,7 +159,11 @@ pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut Stage, nb: usize) {
         for j in 0..4 {
             let q = load(blk.as_ptr().add(16 + 32 * j));
             store_q(st, 8 * b + 2 * j, _mm256_and_si256(q, m4));
-            store_q(st, 8 * b + 2 * j + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            store_q(
+                st,
+                8 * b + 2 * j + 1,
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+            );
         }
     }
 }
@@ -153,11 +179,15 @@ pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut Stage, nb: usize) {
         let qh = load(blk.as_ptr().add(16));
         for j in 0..4 {
             let q = load(blk.as_ptr().add(48 + 32 * j));
-            let halves = [_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)];
+            let halves = [
+                _mm256_and_si256(q, m4),
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+            ];
             for (h, low) in halves.into_iter().enumerate() {
                 let s = 2 * j + h;
                 let bit = _mm256_set1_epi8(1i8 << s);
-                let high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), bit4);
+                let high =
+                    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), bit4);
                 store_q(st, 8 * b + s, _mm256_or_si256(low, high));
             }
         }
@@ -170,15 +200,11 @@ pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
     let m4 = _mm256_set1_epi8(0x0f);
     let m2h = _mm256_set1_epi8(0x30);
     for b in 0..nb {
-        let blk = &w[210 * b..210 * b + 210];
-        let p = blk.as_ptr();
+        let p = w.as_ptr().add(210 * b);
         *st.d.get_unchecked_mut(b) = f16_at(p.add(208));
-        let sc: [i8; 16] = core::array::from_fn(|g| blk[192 + g] as i8);
-        let mut mins = [0i16; 16];
-        for (m, &s) in mins.iter_mut().zip(&sc) {
-            *m = 32 * s as i16;
-        }
-        store_mins(st, b, &mins);
+        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+        store_scales_per16(st, b, s16);
+        store_mins(st, b, _mm256_slli_epi16(s16, 5));
         for n in 0..2 {
             let a = load(p.add(64 * n));
             let bq = load(p.add(64 * n + 32));
@@ -189,17 +215,26 @@ pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
             let h1 = _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h);
             let h2 = _mm256_and_si256(h, m2h);
             let h3 = _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h);
-            let chunks = [
+            store_q(
+                st,
+                8 * b + 4 * n,
                 _mm256_or_si256(_mm256_and_si256(a, m4), h0),
+            );
+            store_q(
+                st,
+                8 * b + 4 * n + 1,
                 _mm256_or_si256(_mm256_and_si256(bq, m4), h1),
+            );
+            store_q(
+                st,
+                8 * b + 4 * n + 2,
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), h2),
+            );
+            store_q(
+                st,
+                8 * b + 4 * n + 3,
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bq, 4), m4), h3),
-            ];
-            for (c, v) in chunks.into_iter().enumerate() {
-                let chunk = 4 * n + c;
-                store_q(st, 8 * b + chunk, v);
-                store_scales(st, 8 * b + chunk, sc[2 * chunk] as i16, sc[2 * chunk + 1] as i16);
-            }
+            );
         }
     }
 }
@@ -207,12 +242,13 @@ pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
     check(w, st, nb, 292);
+    let ones = _mm256_set1_epi16(1);
     for b in 0..nb {
         let blk = &w[292 * b..292 * b + 292];
         *st.d.get_unchecked_mut(b) = read_f32(blk, 0);
         for c in 0..8 {
             store_q(st, 8 * b + c, load(blk.as_ptr().add(4 + 32 * c)));
-            store_scales(st, 8 * b + c, 1, 1);
+            store_scales(st, 8 * b + c, ones);
         }
     }
 }
@@ -226,9 +262,14 @@ pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut Stage, nb: usize) {
         let p = blk.as_ptr();
         *st.d.get_unchecked_mut(b) = f16_at(p);
         let ls = iq4xs_scales(u16::from_le_bytes([blk[2], blk[3]]), &blk[4..8]);
-        for (ib, &scale) in ls.iter().enumerate() {
-            store_q(st, 8 * b + ib, _mm256_shuffle_epi8(table, nibbles32(p.add(8 + 16 * ib))));
-            store_scales(st, 8 * b + ib, scale as i16, scale as i16);
+        let s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64(ls.as_ptr() as *const __m128i));
+        store_scales_per32(st, b, s8);
+        for ib in 0..8 {
+            store_q(
+                st,
+                8 * b + ib,
+                _mm256_shuffle_epi8(table, nibbles32(p.add(8 + 16 * ib))),
+            );
         }
     }
 }

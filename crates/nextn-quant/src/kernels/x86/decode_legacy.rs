@@ -60,14 +60,14 @@ unsafe fn check(w: &[u8], st: &Stage, nb: usize, bytes: usize) {
     debug_assert!(w.len() >= nb * bytes && st.d.len() >= nb && st.m.len() >= nb);
 }
 
+/// Unsigned 0..15: the -8 offset enters through the activation's per-block sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut Stage, nb: usize) {
     check(w, st, nb, 18);
-    let eight = _mm256_set1_epi8(8);
     for b in 0..nb {
         let p = w.as_ptr().add(18 * b);
         *st.d.get_unchecked_mut(b) = f16_at(p);
-        store(st, b, _mm256_sub_epi8(nibbles32(p.add(2)), eight));
+        store(st, b, nibbles32(p.add(2)));
     }
 }
 
@@ -83,17 +83,17 @@ pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
+/// Unsigned 0..31: the -16 offset enters through the activation's per-block sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut Stage, nb: usize) {
     check(w, st, nb, 22);
-    let high_nibble = _mm256_set1_epi8(0xf0u8 as i8);
+    let bit4 = _mm256_set1_epi8(0x10);
     for b in 0..nb {
         let p = w.as_ptr().add(22 * b);
         *st.d.get_unchecked_mut(b) = f16_at(p);
         let qh = (p.add(2) as *const u32).read_unaligned();
-        // value = (q | h<<4) - 16: with h clear that is q | 0xF0 read as i8, with h set q.
-        let offset = _mm256_andnot_si256(bits_to_bytes(qh), high_nibble);
-        store(st, b, _mm256_or_si256(nibbles32(p.add(6)), offset));
+        let high = _mm256_and_si256(bits_to_bytes(qh), bit4);
+        store(st, b, _mm256_or_si256(nibbles32(p.add(6)), high));
     }
 }
 

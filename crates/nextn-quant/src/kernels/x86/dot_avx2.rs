@@ -59,17 +59,44 @@ unsafe fn legacy_block<const SIGNED: bool>(
     _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc)
 }
 
+/// Σ_b d_w[b]·dsum_a[b] (one FMA per 8 blocks): how a constant weight offset contributes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn offset_share(st: &Stage, a: &ActRow, nb: usize) -> f32 {
+    debug_assert!(st.d.len() >= nb && a.dsum.len() >= nb);
+    let (wd, ds) = (st.d.as_ptr(), a.dsum.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    let mut b = 0;
+    while b + 8 <= nb {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wd.add(b)), _mm256_loadu_ps(ds.add(b)), acc);
+        b += 8;
+    }
+    let mut sum = hsum_ps(acc);
+    while b < nb {
+        sum += *wd.add(b) * *ds.add(b);
+        b += 1;
+    }
+    sum
+}
+
 /// 32-element blocks: Σ_b d_w·d_a·Σ(w·x), plus Σ_b m_w·s_a when `MIN` (Q4_1, Q5_1).
+/// Weights stored as `w + OFFSET` (Q4_0: 8, Q5_0: 16) are corrected by
+/// `OFFSET·Σ_b d_w·d_a·Σx`, which keeps the unsigned `maddubs` without the sign trick.
 /// Even and odd blocks feed separate accumulators to hide the FMA latency.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
+pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSET: i32>(
     _w: &[u8],
     st: &Stage,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
     debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
-    let (q, x, wd, ad) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
+    let (q, x, wd, ad) = (
+        st.q.as_ptr(),
+        a.qs.as_ptr() as *const u8,
+        st.d.as_ptr(),
+        a.d.as_ptr(),
+    );
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut b = 0;
     while b + 2 <= nb {
@@ -81,6 +108,9 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
         acc0 = legacy_block::<SIGNED>(q, x, wd, ad, b, acc0);
     }
     let mut sum = hsum_ps(_mm256_add_ps(acc0, acc1));
+    if OFFSET != 0 {
+        sum -= OFFSET as f32 * offset_share(st, a, nb);
+    }
     if MIN {
         let mut mins = 0f32;
         for b in 0..nb {
@@ -95,10 +125,19 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
 /// `MINS_NONE`: d_w·d_a·Σ; `MINS_OFFSET`: d_w·d_a·(Σ − bsums·mins);
 /// `MINS_SCALED`: d_w·d_a·Σ − dmin_w·d_a·(bsums·mins).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(_w: &[u8], st: &Stage, a: &ActRow, nb: usize) -> f32 {
+pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
+    _w: &[u8],
+    st: &Stage,
+    a: &ActRow,
+    nb: usize,
+) -> f32 {
     debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
     debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
-    let (q, x, sc) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
+    let (q, x, sc) = (
+        st.q.as_ptr(),
+        a.qs.as_ptr() as *const u8,
+        st.sc.as_ptr() as *const u8,
+    );
     let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
     let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
     let mut acc = _mm256_setzero_ps();
@@ -135,7 +174,11 @@ unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
     let mut j = 0;
     while j + 32 <= n {
         for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j + 8 * k)), _mm256_loadu_ps(x.add(j + 8 * k)), *a);
+            *a = _mm256_fmadd_ps(
+                _mm256_loadu_ps(w.add(j + 8 * k)),
+                _mm256_loadu_ps(x.add(j + 8 * k)),
+                *a,
+            );
         }
         j += 32;
     }
@@ -143,7 +186,10 @@ unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
         acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j)), _mm256_loadu_ps(x.add(j)), acc[0]);
         j += 8;
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
     while j < n {
         sum += w.add(j).read_unaligned() * *x.add(j);
         j += 1;

@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 
 use super::super::act::ActRow;
 use super::super::stage::Stage;
-use super::dot_avx2::{hsum_ps, MINS_NONE, MINS_OFFSET};
+use super::dot_avx2::{hsum_ps, offset_share, MINS_NONE, MINS_OFFSET};
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -62,7 +62,11 @@ unsafe fn legacy_pair<const SIGNED: bool>(
         let xv = _mm512_maskz_loadu_epi8(low, x.add(32 * b) as *const i8);
         (wv, xv, 0.0)
     } else {
-        (load512(q.add(32 * b)), load512(x.add(32 * b)), *wd.add(b + 1) * *ad.add(b + 1))
+        (
+            load512(q.add(32 * b)),
+            load512(x.add(32 * b)),
+            *wd.add(b + 1) * *ad.add(b + 1),
+        )
     };
     let p = _mm512_madd_epi16(pair_products::<SIGNED>(wv, xv), _mm512_set1_epi16(1));
     let s = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
@@ -70,14 +74,19 @@ unsafe fn legacy_pair<const SIGNED: bool>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
+pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSET: i32>(
     _w: &[u8],
     st: &Stage,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
     debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
-    let (q, x, wd, ad) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
+    let (q, x, wd, ad) = (
+        st.q.as_ptr(),
+        a.qs.as_ptr() as *const u8,
+        st.d.as_ptr(),
+        a.d.as_ptr(),
+    );
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut b = 0;
     while b + 4 <= nb {
@@ -93,6 +102,9 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
         acc1 = legacy_pair::<SIGNED>(q, x, wd, ad, b, true, acc1);
     }
     let mut sum = hsum512(_mm512_add_ps(acc0, acc1));
+    if OFFSET != 0 {
+        sum -= OFFSET as f32 * offset_share(st, a, nb);
+    }
     if MIN {
         let mut mins = 0f32;
         for b in 0..nb {
@@ -104,10 +116,19 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(_w: &[u8], st: &Stage, a: &ActRow, nb: usize) -> f32 {
+pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
+    _w: &[u8],
+    st: &Stage,
+    a: &ActRow,
+    nb: usize,
+) -> f32 {
     debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
     debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
-    let (q, x, sc) = (st.q.as_ptr(), a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
+    let (q, x, sc) = (
+        st.q.as_ptr(),
+        a.qs.as_ptr() as *const u8,
+        st.sc.as_ptr() as *const u8,
+    );
     let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
     let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
     let mut acc = _mm256_setzero_ps();
@@ -118,7 +139,10 @@ pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(_w: &[u8], st: &S
             let p = pair_products::<SIGNED>(load512(q.add(off)), load512(x.add(off)));
             wide = _mm512_add_epi32(wide, _mm512_madd_epi16(p, load512(sc.add(off))));
         }
-        let sumi = _mm256_add_epi32(_mm512_castsi512_si256(wide), _mm512_extracti64x4_epi64(wide, 1));
+        let sumi = _mm256_add_epi32(
+            _mm512_castsi512_si256(wide),
+            _mm512_extracti64x4_epi64(wide, 1),
+        );
         let dd = *wd.add(b) * *ad.add(b);
         if MINS == MINS_NONE {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
@@ -144,7 +168,11 @@ unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
     let mut j = 0;
     while j + 64 <= n {
         for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(j + 16 * k)), _mm512_loadu_ps(x.add(j + 16 * k)), *a);
+            *a = _mm512_fmadd_ps(
+                _mm512_loadu_ps(w.add(j + 16 * k)),
+                _mm512_loadu_ps(x.add(j + 16 * k)),
+                *a,
+            );
         }
         j += 64;
     }
@@ -152,7 +180,10 @@ unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
         acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(j)), _mm512_loadu_ps(x.add(j)), acc[0]);
         j += 16;
     }
-    let mut sum = hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    let mut sum = hsum512(_mm512_add_ps(
+        _mm512_add_ps(acc[0], acc[1]),
+        _mm512_add_ps(acc[2], acc[3]),
+    ));
     while j < n {
         sum += w.add(j).read_unaligned() * *x.add(j);
         j += 1;

@@ -4,6 +4,7 @@
 //! activation row. Decoders are AVX2 code that the AVX-512 kernels reuse (decoding is a
 //! small share of the work); the dot products have a version per level.
 
+pub(crate) mod act_avx2;
 mod decode_k;
 mod decode_legacy;
 mod dot_avx2;
@@ -25,7 +26,13 @@ use dot_avx2::{MINS_NONE, MINS_OFFSET, MINS_SCALED};
 macro_rules! rows_kernel {
     ($name:ident, $feat:literal, $decode:expr, $dot:expr) => {
         #[target_feature(enable = $feat)]
-        pub(super) unsafe fn $name(m: &QMatrix, rows: Range<usize>, act: &ActRows, st: &mut Stage, out: &OutSink) {
+        pub(super) unsafe fn $name(
+            m: &QMatrix,
+            rows: Range<usize>,
+            act: &ActRows,
+            st: &mut Stage,
+            out: &OutSink,
+        ) {
             let nb = m.cols / m.ty.block_size();
             for r in rows {
                 let w = m.row(r);
@@ -73,13 +80,13 @@ kernels! {
     F32 => decode_none, d2::dot_f32_row, d5::dot_f32_row;
     F16 => decode_f16, d2::dot_f32_staged, d5::dot_f32_staged;
     BF16 => decode_bf16, d2::dot_f32_staged, d5::dot_f32_staged;
-    Q4_0 => decode_q4_0, d2::dot_legacy::<true, false>, d5::dot_legacy::<true, false>;
-    Q4_1 => decode_q4_1, d2::dot_legacy::<false, true>, d5::dot_legacy::<false, true>;
-    Q5_0 => decode_q5_0, d2::dot_legacy::<true, false>, d5::dot_legacy::<true, false>;
-    Q5_1 => decode_q5_1, d2::dot_legacy::<false, true>, d5::dot_legacy::<false, true>;
-    Q8_0 => decode_q8_0, d2::dot_legacy::<true, false>, d5::dot_legacy::<true, false>;
-    IQ4_NL => decode_iq4_nl, d2::dot_legacy::<true, false>, d5::dot_legacy::<true, false>;
-    MXFP4 => decode_mxfp4, d2::dot_legacy::<true, false>, d5::dot_legacy::<true, false>;
+    Q4_0 => decode_q4_0, d2::dot_legacy::<false, false, 8>, d5::dot_legacy::<false, false, 8>;
+    Q4_1 => decode_q4_1, d2::dot_legacy::<false, true, 0>, d5::dot_legacy::<false, true, 0>;
+    Q5_0 => decode_q5_0, d2::dot_legacy::<false, false, 16>, d5::dot_legacy::<false, false, 16>;
+    Q5_1 => decode_q5_1, d2::dot_legacy::<false, true, 0>, d5::dot_legacy::<false, true, 0>;
+    Q8_0 => decode_q8_0, d2::dot_legacy::<true, false, 0>, d5::dot_legacy::<true, false, 0>;
+    IQ4_NL => decode_iq4_nl, d2::dot_legacy::<true, false, 0>, d5::dot_legacy::<true, false, 0>;
+    MXFP4 => decode_mxfp4, d2::dot_legacy::<true, false, 0>, d5::dot_legacy::<true, false, 0>;
     Q2_K => decode_q2_k, d2::dot_k::<false, MINS_SCALED>, d5::dot_k::<false, MINS_SCALED>;
     Q3_K => decode_q3_k, d2::dot_k::<false, MINS_OFFSET>, d5::dot_k::<false, MINS_OFFSET>;
     Q4_K => decode_q4_k, d2::dot_k::<false, MINS_SCALED>, d5::dot_k::<false, MINS_SCALED>;

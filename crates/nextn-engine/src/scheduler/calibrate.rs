@@ -1,0 +1,129 @@
+//! Start-up measurement of what a target pass and a head pass cost at several row counts, so the
+//! first drafting decisions are already priced with this machine's numbers. Bounded in time:
+//! on a large model only the smallest row counts are measured and the rest is extrapolated.
+
+use std::time::{Duration, Instant};
+
+use nextn_model::LogitRows;
+
+use super::core::Core;
+use super::cost::RowCost;
+use super::policy::DraftPolicy;
+use crate::generate::ms_since;
+
+const ROW_GRID: [usize; 16] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+const BUDGET: Duration = Duration::from_secs(4);
+const REPS: usize = 3;
+
+impl<'e> Core<'e> {
+    pub(super) fn wants_calibration(&self) -> bool {
+        self.cfg.calibrate && self.spec.as_ref().is_some_and(|s| s.policy == DraftPolicy::Auto)
+    }
+
+    /// Measure the cost curves; returns a one-line summary.
+    pub(super) fn calibrate(&mut self) -> String {
+        let t0 = Instant::now();
+        let model = &self.engine.model;
+        let pool = &self.engine.pool;
+        let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
+        let max_rows = (self.cfg.n_slots * (1 + n_max)).clamp(2, 256);
+        let token = |i: usize| (i * 7919 % model.n_vocab.max(1)) as u32;
+        let (kt, vt) = (self.cfg.k_type, self.cfg.v_type);
+
+        let time_target = |rows: usize, logits: LogitRows| -> Option<f64> {
+            let tokens: Vec<u32> = (0..rows).map(token).collect();
+            let mut best = f64::INFINITY;
+            for _ in 0..REPS {
+                let mut state = model.new_sequence(rows + 1, kt, vt);
+                let t = Instant::now();
+                model.forward(&tokens, &mut state, logits, pool).ok()?;
+                best = best.min(ms_since(t));
+            }
+            Some(best)
+        };
+        // The first pass also pages the weights in; it is not a measurement.
+        let _ = time_target(1, LogitRows::Last);
+        let mut points = Vec::new();
+        let mut logit_ms = Vec::new();
+        for &rows in ROW_GRID.iter().filter(|&&r| r <= max_rows) {
+            let (Some(none), Some(all)) = (time_target(rows, LogitRows::None), time_target(rows, LogitRows::All)) else { break };
+            points.push((rows, none));
+            logit_ms.push(((all - none) / rows as f64).max(0.0));
+            if t0.elapsed() > BUDGET / 2 {
+                break;
+            }
+        }
+        if !points.is_empty() {
+            self.cost.target = RowCost::from_points(&points, median(logit_ms));
+        }
+
+        let mut head_points = Vec::new();
+        let mut head_logit_ms = Vec::new();
+        if let Some(head) = self.engine.head.as_ref() {
+            let e = model.config.n_embd;
+            let max_head_rows = (self.cfg.n_slots * 2).clamp(2, 256);
+            let time_head = |rows: usize, logits: LogitRows| -> Option<f64> {
+                let tokens: Vec<u32> = (0..rows).map(token).collect();
+                let hidden = vec![0.0f32; rows * e];
+                let mut best = f64::INFINITY;
+                for _ in 0..REPS {
+                    let mut cache = head.new_cache(kt, vt);
+                    let t = Instant::now();
+                    head.forward(&tokens, &hidden, 0, &mut cache, logits, pool).ok()?;
+                    best = best.min(ms_since(t));
+                }
+                Some(best)
+            };
+            for &rows in ROW_GRID.iter().filter(|&&r| r <= max_head_rows) {
+                let (Some(none), Some(all)) = (time_head(rows, LogitRows::None), time_head(rows, LogitRows::All)) else { break };
+                head_points.push((rows, none));
+                head_logit_ms.push(((all - none) / rows as f64).max(0.0));
+                if t0.elapsed() > BUDGET {
+                    break;
+                }
+            }
+            if !head_points.is_empty() {
+                self.cost.head = RowCost::from_points(&head_points, median(head_logit_ms));
+            }
+
+            // Committing a verify batch that kept one row (the costliest rollback: a replay).
+            if n_max > 0 {
+                let mut best = f64::INFINITY;
+                for _ in 0..REPS {
+                    let mut state = model.new_sequence(n_max + 8, kt, vt);
+                    let rows: Vec<u32> = (0..=n_max).map(token).collect();
+                    if model.forward_verify(&rows, &mut state, pool).is_err() {
+                        break;
+                    }
+                    let t = Instant::now();
+                    if model.commit(&mut state, 1).is_err() {
+                        break;
+                    }
+                    best = best.min(ms_since(t));
+                }
+                if best.is_finite() {
+                    self.cost.commit_ms = best;
+                }
+            }
+        }
+        let c = &self.cost;
+        format!(
+            "step costs measured in {:.0} ms: target pass 1 row {:.2} ms, {} rows {:.2} ms, logits {:.3} ms/row; head pass 1 row {:.2} ms; commit {:.3} ms",
+            ms_since(t0),
+            c.target.pass_ms(1, 1),
+            max_rows,
+            c.target.pass_ms(max_rows, 1),
+            c.target.logit_row_ms,
+            c.head.pass_ms(1, 1),
+            c.commit_ms
+        )
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}

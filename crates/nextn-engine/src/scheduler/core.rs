@@ -1,0 +1,259 @@
+//! The inference thread: admission, one batched step at a time, completion and cancellation.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cost::{CostModel, RowCost};
+use super::policy::AcceptanceCounts;
+use super::slot::{HeadSide, Slot};
+use super::{lock, Completion, Engine, EngineInfo, Event, FailKind, Phase, Request, SchedulerConfig, Shared, SpecConfig};
+use crate::generate::{ms_since, Timings};
+use crate::sampler::Sampler;
+use crate::tokenizer::Tokenizer;
+
+/// Acceptance assumed for a draft position nothing has been measured for yet: optimistic, so
+/// positions get tried and measured.
+pub(super) const PRIOR_ACCEPTANCE: f64 = 0.75;
+/// Pseudo-steps of the global estimate in a slot's own estimate, and of the prior in the global.
+pub(super) const SLOT_PRIOR_WEIGHT: f64 = 4.0;
+pub(super) const GLOBAL_PRIOR_WEIGHT: f64 = 2.0;
+/// Sliding windows (in steps per position) of the acceptance counts.
+pub(super) const GLOBAL_WINDOW: f64 = 400.0;
+pub(super) const SLOT_WINDOW: f64 = 64.0;
+
+pub(super) fn run<L>(shared: Arc<Shared>, load: L)
+where
+    L: FnOnce() -> Result<(Engine, SchedulerConfig), String>,
+{
+    let loaded = catch_unwind(AssertUnwindSafe(load)).unwrap_or_else(|_| Err("the model loader panicked".into()));
+    let (engine, cfg) = match loaded {
+        Ok(x) => x,
+        Err(e) => {
+            *lock(&shared.failure) = Some(e);
+            shared.phase.store(Phase::Failed as u8, Ordering::Release);
+            return;
+        }
+    };
+    let tokenizer = engine.tokenizer.clone();
+    let mut core = Core::new(&engine, &tokenizer, cfg, shared.clone());
+    let calibration = core.wants_calibration().then(|| core.calibrate());
+    *lock(&shared.queue_capacity) = core.cfg.queue_capacity;
+    *lock(&shared.info) = Some(EngineInfo {
+        n_slots: core.cfg.n_slots,
+        n_ctx_slot: core.cfg.n_ctx_slot,
+        n_vocab: engine.model.n_vocab,
+        n_ctx_train: engine.model.config.n_ctx_train,
+        speculative: core.spec.is_some(),
+        calibration,
+    });
+    shared.phase.store(Phase::Ready as u8, Ordering::Release);
+    core.serve();
+    shared.phase.store(Phase::Stopped as u8, Ordering::Release);
+}
+
+pub(super) struct Core<'e> {
+    pub engine: &'e Engine,
+    pub tokenizer: &'e Tokenizer,
+    pub cfg: SchedulerConfig,
+    pub shared: Arc<Shared>,
+    pub slots: Vec<Option<Slot<'e>>>,
+    /// Speculative settings when the engine can draft.
+    pub spec: Option<SpecConfig>,
+    pub cost: CostModel,
+    pub global_acc: AcceptanceCounts,
+    next_seq: u64,
+}
+
+impl<'e> Core<'e> {
+    pub fn new(engine: &'e Engine, tokenizer: &'e Tokenizer, mut cfg: SchedulerConfig, shared: Arc<Shared>) -> Self {
+        cfg.n_slots = cfg.n_slots.max(1);
+        cfg.n_batch = cfg.n_batch.max(1);
+        let spec = cfg.spec.clone().filter(|s| s.n_max > 0 && engine.head.is_some());
+        let n_max = spec.as_ref().map_or(0, |s| s.n_max);
+        // Until measured: a pass costs a fixed part plus a little per row (weights dominate).
+        let rough = RowCost::from_points(&[(1, 10.0), (64, 20.0)], 0.05);
+        Core {
+            engine,
+            tokenizer,
+            slots: (0..cfg.n_slots).map(|_| None).collect(),
+            cfg,
+            shared,
+            spec,
+            cost: CostModel {
+                target: rough.clone(),
+                head: RowCost::from_points(&[(1, 1.5), (64, 3.0)], 0.05),
+                per_slot_ms: 0.05,
+                commit_ms: 0.2,
+            },
+            global_acc: AcceptanceCounts::new(n_max),
+            next_seq: 0,
+        }
+    }
+
+    pub fn busy(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Serve until shutdown: admit, step, repeat; sleep while idle.
+    pub fn serve(&mut self) {
+        loop {
+            let shared = self.shared.clone();
+            let deadline = {
+                let mut inbox = lock(&shared.inbox);
+                loop {
+                    if inbox.shutdown.is_some() {
+                        for r in inbox.queue.drain(..) {
+                            let mut sink = r.sink;
+                            sink.send(Event::Failed { kind: FailKind::Shutdown, message: "the server is shutting down".into() });
+                        }
+                    }
+                    if self.busy() > 0 || !inbox.queue.is_empty() {
+                        break;
+                    }
+                    if inbox.shutdown.is_some() {
+                        lock(&self.shared.metrics).requests_deferred = 0;
+                        return;
+                    }
+                    inbox = shared.wake.wait_timeout(inbox, Duration::from_millis(500)).map(|r| r.0).unwrap_or_else(|e| e.into_inner().0);
+                }
+                while self.busy() < self.cfg.n_slots {
+                    let Some(r) = inbox.queue.pop_front() else { break };
+                    if r.sink.is_closed() {
+                        lock(&self.shared.metrics).requests_cancelled_total += 1;
+                        continue;
+                    }
+                    self.admit(r);
+                }
+                lock(&self.shared.metrics).requests_deferred = inbox.queue.len();
+                inbox.shutdown
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.cancel_all(FailKind::Shutdown, "cancelled: the server is shutting down");
+            }
+            self.reap_closed();
+            if self.busy() == 0 {
+                continue;
+            }
+            let result = catch_unwind(AssertUnwindSafe(|| self.step()));
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => self.cancel_all(FailKind::Internal, &format!("inference failed: {e}")),
+                Err(_) => self.cancel_all(FailKind::Internal, "inference failed: internal error (panic in a forward pass)"),
+            }
+            self.publish_gauges();
+        }
+    }
+
+    fn admit(&mut self, request: Request) {
+        let Some(index) = self.slots.iter().position(|s| s.is_none()) else { return };
+        let fail = |mut r: Request, message: String| {
+            r.sink.send(Event::Failed { kind: FailKind::Invalid, message });
+        };
+        let n_ctx = self.cfg.n_ctx_slot;
+        if request.prompt.is_empty() {
+            return fail(request, "the prompt is empty: at least one token is needed".into());
+        }
+        if request.prompt.len() >= n_ctx {
+            let n = request.prompt.len();
+            return fail(request, format!("the prompt has {n} tokens, but the context of a slot holds {n_ctx} (at least one more is needed to generate)"));
+        }
+        let n_vocab = self.engine.model.n_vocab;
+        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+            return fail(request, format!("token id {bad} is out of range: the vocabulary has {n_vocab} tokens"));
+        }
+        let mut sampler = match Sampler::new(request.sampler.clone()) {
+            Ok(s) => s,
+            Err(e) => return fail(request, e.to_string()),
+        };
+        for &t in &request.prompt {
+            sampler.accept(t);
+        }
+        let model = &self.engine.model;
+        let state = model.new_sequence(n_ctx, self.cfg.k_type, self.cfg.v_type);
+        let head = match (&self.spec, &self.engine.head) {
+            (Some(_), Some(h)) => Some(HeadSide {
+                cache: h.new_cache(self.cfg.k_type, self.cfg.v_type),
+                pos: 0,
+                lag_tokens: Vec::new(),
+                lag_hidden: Vec::new(),
+                // Position 0 has no previous hidden state: the head sees zeros, as llama.cpp feeds it.
+                pending_hidden: vec![0.0; model.config.n_embd],
+            }),
+            _ => None,
+        };
+        let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
+        self.next_seq += 1;
+        let mut slot = Slot::new(request, sampler, state, head, self.tokenizer, n_max, self.next_seq);
+        if slot.sink.send(Event::Started { slot: index }) {
+            self.slots[index] = Some(slot);
+            lock(&self.shared.metrics).requests_processing = self.busy();
+        } else {
+            lock(&self.shared.metrics).requests_cancelled_total += 1;
+        }
+    }
+
+    /// Free the slots whose clients went away.
+    fn reap_closed(&mut self) {
+        let mut cancelled = 0;
+        for s in self.slots.iter_mut() {
+            if s.as_ref().is_some_and(|slot| slot.sink.is_closed()) {
+                *s = None;
+                cancelled += 1;
+            }
+        }
+        if cancelled > 0 {
+            lock(&self.shared.metrics).requests_cancelled_total += cancelled;
+        }
+    }
+
+    pub fn cancel_all(&mut self, kind: FailKind, message: &str) {
+        let mut n = 0;
+        for s in self.slots.iter_mut() {
+            if let Some(mut slot) = s.take() {
+                slot.sink.send(Event::Failed { kind, message: message.to_string() });
+                n += 1;
+            }
+        }
+        lock(&self.shared.metrics).requests_cancelled_total += n;
+    }
+
+    /// Free a slot after its last token: flush held-back text, report the completion.
+    pub fn finish(&mut self, index: usize, finish: crate::generate::FinishReason) {
+        let Some(mut slot) = self.slots[index].take() else { return };
+        let rest = slot.out.flush();
+        let predicted_ms = slot.t_first_token.map_or(0.0, ms_since);
+        let completion = Completion {
+            finish,
+            slot: index,
+            prompt_tokens: slot.prompt.len(),
+            completion_tokens: slot.out.n_tokens,
+            timings: Timings {
+                prompt_n: slot.prompt.len(),
+                prompt_ms: slot.prompt_ms,
+                predicted_n: slot.out.n_tokens,
+                predicted_ms,
+            },
+            draft_n: slot.stats.draft_n,
+            draft_n_accepted: slot.stats.draft_n_accepted,
+        };
+        let delivered = slot.send_text(rest) && slot.sink.send(Event::Done(completion));
+        let mut m = lock(&self.shared.metrics);
+        m.tokens_predicted_seconds_total += predicted_ms / 1000.0;
+        if delivered {
+            m.requests_finished_total += 1;
+        } else {
+            m.requests_cancelled_total += 1;
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let busy = self.busy();
+        let mut m = lock(&self.shared.metrics);
+        m.requests_processing = busy;
+        for s in self.slots.iter().flatten() {
+            m.n_tokens_max = m.n_tokens_max.max(s.state.n_past as u64);
+        }
+    }
+}

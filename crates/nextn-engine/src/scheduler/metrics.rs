@@ -1,0 +1,60 @@
+//! Server counters with llama-server's meanings (`tools/server/server-task.cpp` metrics), kept by
+//! the inference thread and read by `/metrics`.
+
+/// Running totals and current gauges (a copy of them, when read through the handle).
+#[derive(Clone, Debug, Default)]
+pub struct MetricsSnapshot {
+    pub prompt_tokens_total: u64,
+    pub prompt_seconds_total: f64,
+    pub tokens_predicted_total: u64,
+    pub tokens_predicted_seconds_total: f64,
+    /// Target forward passes.
+    pub n_decode_total: u64,
+    /// Sum over target passes of the slots in them (for `n_busy_slots_per_decode`).
+    pub n_busy_slots_total: u64,
+    /// Largest context position reached by any slot.
+    pub n_tokens_max: u64,
+    pub requests_processing: usize,
+    pub requests_deferred: usize,
+    pub requests_finished_total: u64,
+    pub requests_cancelled_total: u64,
+    /// Verification steps that carried drafts.
+    pub spec_drafts_total: u64,
+    pub spec_draft_tokens_total: u64,
+    pub spec_accepted_tokens_total: u64,
+    pub spec_accepted_per_pos_total: Vec<u64>,
+    /// Slots that drafted in the last step, and the draft tokens of that step.
+    pub last_step_drafting_slots: usize,
+    pub last_step_draft_tokens: usize,
+    /// Most recent measured target pass (rows, ms).
+    pub last_step_rows: usize,
+    pub last_step_ms: f64,
+}
+
+impl MetricsSnapshot {
+    /// Prompt tokens per second over all processed prompts.
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        per_second(self.prompt_tokens_total, self.prompt_seconds_total)
+    }
+
+    /// Generated tokens per second of generation time, averaged over requests.
+    pub fn predicted_tokens_per_second(&self) -> f64 {
+        per_second(self.tokens_predicted_total, self.tokens_predicted_seconds_total)
+    }
+
+    pub fn busy_slots_per_decode(&self) -> f64 {
+        if self.n_decode_total > 0 {
+            self.n_busy_slots_total as f64 / self.n_decode_total as f64
+        } else {
+            0.0
+        }
+    }
+}
+
+fn per_second(n: u64, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}

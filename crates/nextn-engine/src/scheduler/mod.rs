@@ -1,0 +1,279 @@
+//! Continuous batching for many requests at once, with MTP speculative decoding per slot.
+//!
+//! One inference thread owns the model. Each step it admits waiting requests into free slots,
+//! decides per slot how many tokens to draft ([`policy`]), runs the NextN head for every drafting
+//! slot (one batched pass per draft depth), then ONE target [`Model::forward_batch`] over the rows
+//! of every busy slot — prompt chunks, single decode rows and `[id_last, drafts…]` verify rows —
+//! and finally samples, accepts, commits and streams text per slot. Each slot has its own KV,
+//! recurrent state, head cache and sampler, and a row's result does not depend on the rest of the
+//! batch, so a request's tokens at temperature 0 are the same alone or beside others.
+//!
+//! Requests come in through a bounded queue ([`SchedulerHandle::submit`]); results go back
+//! through the request's [`EventSink`]. A sink that reports itself closed (the client went away)
+//! frees its slot at the next step.
+
+mod core;
+pub mod cost;
+pub mod head_batch;
+mod metrics;
+pub mod policy;
+mod slot;
+mod step;
+mod calibrate;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nextn_model::{KvType, Model, NextnHead};
+use nextn_quant::kernels::ThreadPool;
+
+use crate::generate::{FinishReason, Timings};
+use crate::sampler::SamplerConfig;
+use crate::tokenizer::Tokenizer;
+
+pub use metrics::MetricsSnapshot;
+pub use policy::DraftPolicy;
+
+/// What the inference thread needs, built by the loader once the model is read.
+pub struct Engine {
+    pub model: Model,
+    /// The NextN head; `None` runs plain decoding.
+    pub head: Option<NextnHead>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub pool: ThreadPool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpecConfig {
+    /// Most drafts per slot per step (`--spec-draft-n-max`).
+    pub n_max: usize,
+    /// Drafts shorter than this are discarded (`--spec-draft-n-min`).
+    pub n_min: usize,
+    /// Stop a chain when the head's top-1 probability is below this (`--spec-draft-p-min`).
+    pub p_min: f32,
+    pub policy: DraftPolicy,
+}
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Parallel sequences (`-np`).
+    pub n_slots: usize,
+    /// Context length of each slot.
+    pub n_ctx_slot: usize,
+    pub k_type: KvType,
+    pub v_type: KvType,
+    /// Most prompt rows per step over all slots, so a long prompt does not stall decoding.
+    pub n_batch: usize,
+    /// Requests that may wait for a free slot; more are refused.
+    pub queue_capacity: usize,
+    /// Speculative decoding; `None` (or an engine without a head) decodes plainly.
+    pub spec: Option<SpecConfig>,
+    /// Measure the step-cost curves before serving (only used by [`DraftPolicy::Auto`]).
+    pub calibrate: bool,
+}
+
+/// One generation request: prompt tokens and how to sample and stop.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampler: SamplerConfig,
+    /// Most tokens to generate; `None` runs to an end-of-generation token or a full context.
+    pub n_predict: Option<usize>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub sink: Box<dyn EventSink>,
+}
+
+/// Where a request's results go. `send` returns false once nobody listens any more.
+pub trait EventSink: Send {
+    fn send(&mut self, event: Event) -> bool;
+    /// The listener is gone: the slot can be freed without waiting for the next `send`.
+    fn is_closed(&self) -> bool;
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The request got a slot and its prompt is being processed.
+    Started { slot: usize },
+    /// Newly complete text (whole UTF-8, never part of a stop string).
+    Text(String),
+    Done(Completion),
+    Failed { kind: FailKind, message: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    /// The request cannot be served as given (prompt empty or too long, bad token id).
+    Invalid,
+    /// Cancelled by shutdown.
+    Shutdown,
+    /// A fault in the engine.
+    Internal,
+}
+
+impl FailKind {
+    /// The HTTP status a server answers with.
+    pub fn status(self) -> u16 {
+        match self {
+            FailKind::Invalid => 400,
+            FailKind::Shutdown => 503,
+            FailKind::Internal => 500,
+        }
+    }
+}
+
+/// The end of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub finish: FinishReason,
+    pub slot: usize,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub timings: Timings,
+    /// Tokens drafted and accepted for this request (`draft_n`, `draft_n_accepted`).
+    pub draft_n: u64,
+    pub draft_n_accepted: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the model is still loading")]
+    Loading,
+    #[error("the wait queue is full ({0} requests waiting)")]
+    QueueFull(usize),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("the inference engine has stopped: {0}")]
+    Stopped(String),
+}
+
+/// Facts about the loaded engine, for request validation and `/v1/models`.
+#[derive(Clone, Debug)]
+pub struct EngineInfo {
+    pub n_slots: usize,
+    pub n_ctx_slot: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub speculative: bool,
+    /// What the start-up cost measurement found (adaptive drafting only).
+    pub calibration: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Loading = 0,
+    Ready = 1,
+    Failed = 2,
+    Stopped = 3,
+}
+
+struct Inbox {
+    queue: VecDeque<Request>,
+    shutdown: Option<Instant>,
+}
+
+struct Shared {
+    phase: AtomicU8,
+    inbox: Mutex<Inbox>,
+    wake: Condvar,
+    queue_capacity: Mutex<usize>,
+    info: Mutex<Option<EngineInfo>>,
+    failure: Mutex<Option<String>>,
+    metrics: Mutex<MetricsSnapshot>,
+}
+
+/// Poison only means another thread panicked while holding the lock; the data is still usable
+/// for counters and queues, and refusing service over it would turn one fault into an outage.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The requests side of the scheduler; cheap to clone.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    shared: Arc<Shared>,
+}
+
+impl SchedulerHandle {
+    pub fn phase(&self) -> Phase {
+        match self.shared.phase.load(Ordering::Acquire) {
+            0 => Phase::Loading,
+            1 => Phase::Ready,
+            2 => Phase::Failed,
+            _ => Phase::Stopped,
+        }
+    }
+
+    pub fn info(&self) -> Option<EngineInfo> {
+        lock(&self.shared.info).clone()
+    }
+
+    /// Why loading failed or the engine stopped, if it did.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.shared.failure).clone()
+    }
+
+    /// Queue a request; it starts when a slot is free.
+    pub fn submit(&self, request: Request) -> Result<(), SubmitError> {
+        match self.phase() {
+            Phase::Loading => return Err(SubmitError::Loading),
+            Phase::Failed | Phase::Stopped => {
+                return Err(SubmitError::Stopped(self.failure().unwrap_or_else(|| "stopped".into())))
+            }
+            Phase::Ready => {}
+        }
+        let capacity = *lock(&self.shared.queue_capacity);
+        let mut inbox = lock(&self.shared.inbox);
+        if inbox.shutdown.is_some() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if inbox.queue.len() >= capacity {
+            return Err(SubmitError::QueueFull(inbox.queue.len()));
+        }
+        inbox.queue.push_back(request);
+        lock(&self.shared.metrics).requests_deferred = inbox.queue.len();
+        drop(inbox);
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        lock(&self.shared.metrics).clone()
+    }
+
+    /// Stop taking requests: waiting ones are refused, running ones may finish for `grace`,
+    /// then they are cancelled and the inference thread ends.
+    pub fn shutdown(&self, grace: Duration) {
+        let mut inbox = lock(&self.shared.inbox);
+        if inbox.shutdown.is_none() {
+            inbox.shutdown = Some(Instant::now() + grace);
+        }
+        drop(inbox);
+        self.shared.wake.notify_all();
+    }
+}
+
+/// Start the inference thread. `load` runs on it (the model is read while the caller already
+/// serves `/health` with "loading"); then the thread serves requests until [`SchedulerHandle::shutdown`].
+pub fn spawn<L>(load: L) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)>
+where
+    L: FnOnce() -> Result<(Engine, SchedulerConfig), String> + Send + 'static,
+{
+    let shared = Arc::new(Shared {
+        phase: AtomicU8::new(Phase::Loading as u8),
+        inbox: Mutex::new(Inbox { queue: VecDeque::new(), shutdown: None }),
+        wake: Condvar::new(),
+        queue_capacity: Mutex::new(0),
+        info: Mutex::new(None),
+        failure: Mutex::new(None),
+        metrics: Mutex::new(MetricsSnapshot::default()),
+    });
+    let handle = SchedulerHandle { shared: shared.clone() };
+    let thread = std::thread::Builder::new().name("nextn-inference".into()).spawn(move || core::run(shared, load))?;
+    Ok((handle, thread))
+}

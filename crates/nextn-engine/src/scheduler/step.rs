@@ -1,0 +1,447 @@
+//! One scheduler step: plan prompt chunks and drafts, run the head passes, one batched target
+//! pass over every busy slot, then sample / accept / commit / stream per slot.
+
+use std::time::Instant;
+
+use nextn_model::{BatchItem, LogitRows, ModelError, NextnHead};
+
+use super::core::Core;
+use super::head_batch::{head_forward_batch, HeadItem};
+use super::policy::{plan_auto, DraftCandidate, DraftPolicy, StepShape};
+use super::slot::{HeadSide, Slot, Stage};
+use super::lock;
+use crate::generate::ms_since;
+use crate::sampler::argmax;
+
+/// A slot's head lag is run in a pass of its own once it reaches this many rows, even while the
+/// slot does not draft, so the lag (and the hidden states it keeps) stays bounded.
+pub(super) const LAG_FLUSH: usize = 256;
+
+/// What one slot contributes to this step's target pass.
+enum Work {
+    Prefill { start: usize, end: usize },
+    Decode { n_past: usize, rows: Vec<u32> },
+}
+
+impl<'e> Core<'e> {
+    pub(super) fn step(&mut self) -> Result<(), ModelError> {
+        let n_slots = self.slots.len();
+        let mut work: Vec<Option<Work>> = (0..n_slots).map(|_| None).collect();
+
+        // Prompt chunks, first come first served, within the per-step row budget.
+        let mut prefilling: Vec<(u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().filter(|s| matches!(s.stage, Stage::Prefill { .. })).map(|s| (s.seq_no, i)))
+            .collect();
+        prefilling.sort_unstable();
+        let mut budget = self.cfg.n_batch;
+        let mut shape = StepShape::default();
+        for &(_, i) in &prefilling {
+            let Some(slot) = self.slots[i].as_ref() else { continue };
+            let Stage::Prefill { next } = slot.stage else { continue };
+            if budget == 0 {
+                break;
+            }
+            let end = slot.prompt.len().min(next + budget);
+            budget -= end - next;
+            shape.prefill_rows += end - next;
+            if end == slot.prompt.len() {
+                shape.prefill_logit_rows += 1;
+            }
+            work[i] = Some(Work::Prefill { start: next, end });
+        }
+
+        let decoding: Vec<usize> = (0..n_slots)
+            .filter(|&i| self.slots[i].as_ref().is_some_and(|s| matches!(s.stage, Stage::Decode { .. })))
+            .collect();
+        shape.head_flush_rows = self
+            .slots
+            .iter()
+            .flatten()
+            .filter_map(|s| s.head.as_ref())
+            .map(|h| h.lag_tokens.len())
+            .filter(|&n| n >= LAG_FLUSH)
+            .sum();
+        let depths = self.plan_drafts(&decoding, shape);
+        let drafts = self.draft(&decoding, &depths)?;
+        let mut n_drafting = 0;
+        let mut n_draft_tokens = 0;
+        for (d, &i) in decoding.iter().enumerate() {
+            let Some(slot) = self.slots[i].as_ref() else { continue };
+            let Stage::Decode { id_last } = slot.stage else { continue };
+            let mut rows = Vec::with_capacity(1 + drafts[d].len());
+            rows.push(id_last);
+            rows.extend_from_slice(&drafts[d]);
+            if !drafts[d].is_empty() {
+                n_drafting += 1;
+                n_draft_tokens += drafts[d].len();
+            }
+            work[i] = Some(Work::Decode { n_past: slot.state.n_past, rows });
+        }
+
+        // One target pass over every slot's rows.
+        let t_target = Instant::now();
+        let mut order = Vec::new();
+        let mut n_rows = 0;
+        let mut n_logit_rows = 0;
+        let outs = {
+            let mut items = Vec::new();
+            for (i, (slot, w)) in self.slots.iter_mut().zip(&work).enumerate() {
+                let (Some(slot), Some(w)) = (slot.as_mut(), w.as_ref()) else { continue };
+                let Slot { prompt, state, .. } = slot;
+                let item = match w {
+                    Work::Prefill { start, end } => BatchItem {
+                        tokens: &prompt[*start..*end],
+                        state,
+                        logits: if *end == prompt.len() { LogitRows::Last } else { LogitRows::None },
+                        verify: false,
+                    },
+                    Work::Decode { rows, .. } if rows.len() > 1 => {
+                        BatchItem { tokens: rows, state, logits: LogitRows::All, verify: true }
+                    }
+                    Work::Decode { rows, .. } => BatchItem { tokens: rows, state, logits: LogitRows::Last, verify: false },
+                };
+                n_rows += item.tokens.len();
+                n_logit_rows += match item.logits {
+                    LogitRows::None => 0,
+                    LogitRows::Last => 1,
+                    LogitRows::All => item.tokens.len(),
+                };
+                items.push(item);
+                order.push(i);
+            }
+            self.engine.model.forward_batch(&mut items, &self.engine.pool)?
+        };
+        let target_ms = ms_since(t_target);
+        self.cost.target.observe(n_rows, n_logit_rows, target_ms);
+        {
+            let busy = self.busy();
+            let mut m = lock(&self.shared.metrics);
+            m.n_decode_total += 1;
+            m.n_busy_slots_total += busy as u64;
+            m.last_step_rows = n_rows;
+            m.last_step_ms = target_ms;
+            m.last_step_drafting_slots = n_drafting;
+            m.last_step_draft_tokens = n_draft_tokens;
+        }
+
+        let t_post = Instant::now();
+        let mut commit_ms = 0.0;
+        let mut n_verify = 0;
+        for (out, i) in outs.into_iter().zip(order) {
+            match work[i].take() {
+                Some(Work::Prefill { start, end }) => self.after_prefill(i, start, end, &out)?,
+                Some(Work::Decode { n_past, rows }) => {
+                    if rows.len() > 1 {
+                        n_verify += 1;
+                    }
+                    commit_ms += self.after_decode(i, n_past, &rows, &out)?;
+                }
+                None => {}
+            }
+        }
+        if n_verify > 0 {
+            self.cost.observe_commit(n_verify, commit_ms);
+        }
+        if !decoding.is_empty() {
+            self.cost.observe_per_slot(decoding.len(), ms_since(t_post) - commit_ms);
+        }
+        Ok(())
+    }
+
+    /// Draft depth per decoding slot (aligned with `decoding`).
+    fn plan_drafts(&self, decoding: &[usize], shape: StepShape) -> Vec<usize> {
+        let Some(spec) = &self.spec else { return vec![0; decoding.len()] };
+        let max_k: Vec<usize> = decoding
+            .iter()
+            .map(|&i| match self.slots[i].as_ref() {
+                Some(s) => {
+                    // Room for [id_last, drafts] in the context and in the token budget (the bonus token counts).
+                    let room = s.state.remaining().saturating_sub(1);
+                    let budget = s.out.budget_left().saturating_sub(1);
+                    let k = spec.n_max.min(room).min(budget);
+                    if k < spec.n_min {
+                        0
+                    } else {
+                        k
+                    }
+                }
+                None => 0,
+            })
+            .collect();
+        match spec.policy {
+            DraftPolicy::MaxSlots(n) => {
+                if self.busy() <= n {
+                    max_k
+                } else {
+                    vec![0; decoding.len()]
+                }
+            }
+            DraftPolicy::Auto => {
+                let prior = vec![super::core::PRIOR_ACCEPTANCE; spec.n_max];
+                let global = self.global_acc.estimate(&prior, super::core::GLOBAL_PRIOR_WEIGHT);
+                let cands: Vec<DraftCandidate> = decoding
+                    .iter()
+                    .zip(&max_k)
+                    .filter_map(|(&i, &k)| {
+                        let s = self.slots[i].as_ref()?;
+                        Some(DraftCandidate {
+                            max_k: k,
+                            lag_rows: s.head.as_ref().map_or(0, |h| h.lag_tokens.len()),
+                            accept: s.stats.counts.estimate(&global, super::core::SLOT_PRIOR_WEIGHT),
+                        })
+                    })
+                    .collect();
+                if cands.len() != decoding.len() {
+                    return vec![0; decoding.len()];
+                }
+                plan_auto(&self.cost, shape, &cands)
+            }
+        }
+    }
+
+    /// Run the head for this step: a first pass over every drafting slot's lag plus `id_last`
+    /// (and the lag of slots whose lag is long), then one pass per further draft depth.
+    /// Returns the drafts of each decoding slot.
+    fn draft(&mut self, decoding: &[usize], depths: &[usize]) -> Result<Vec<Vec<u32>>, ModelError> {
+        let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); decoding.len()];
+        let (Some(head), Some(spec)) = (self.engine.head.as_ref(), self.spec.clone()) else { return Ok(drafts) };
+        let eps = self.engine.model.config.rms_eps;
+        let pool = &self.engine.pool;
+        let e = self.engine.model.config.n_embd;
+        let mut drafting_of_slot: Vec<Option<usize>> = vec![None; self.slots.len()];
+        for (d, &i) in decoding.iter().enumerate() {
+            if depths[d] > 0 {
+                drafting_of_slot[i] = Some(d);
+            }
+        }
+        let mut chain: Vec<Vec<f32>> = vec![Vec::new(); decoding.len()];
+
+        // Depth 0: lag rows + id_last for drafting slots; long lags of the others.
+        let t0 = Instant::now();
+        let mut members = Vec::new();
+        let outs = {
+            let mut items = Vec::new();
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                let Some(slot) = slot.as_mut() else { continue };
+                let Some(h) = slot.head.as_mut() else { continue };
+                let d = drafting_of_slot[i];
+                if d.is_some() {
+                    let Stage::Decode { id_last } = slot.stage else { continue };
+                    h.lag_tokens.push(id_last);
+                    h.lag_hidden.extend_from_slice(&h.pending_hidden);
+                } else if h.lag_tokens.len() < LAG_FLUSH {
+                    continue;
+                }
+                let HeadSide { cache, lag_tokens, lag_hidden, pos, .. } = h;
+                items.push(HeadItem {
+                    tokens: lag_tokens,
+                    hidden_prev: lag_hidden,
+                    start_pos: *pos,
+                    cache,
+                    logits: if d.is_some() { LogitRows::Last } else { LogitRows::None },
+                });
+                members.push((i, d));
+            }
+            if items.is_empty() {
+                return Ok(drafts);
+            }
+            head_forward_batch(head, eps, &mut items, pool)?
+        };
+        let rows: usize = members.iter().filter_map(|&(i, _)| self.slots[i].as_ref()?.head.as_ref().map(|h| h.lag_tokens.len())).sum();
+        self.cost.head.observe(rows, members.iter().filter(|m| m.1.is_some()).count(), ms_since(t0));
+        for (out, &(i, d)) in outs.iter().zip(&members) {
+            let Some(h) = self.slots[i].as_mut().and_then(|s| s.head.as_mut()) else { continue };
+            h.clear_lag();
+            if let Some(d) = d {
+                let row = out.logits_row(0);
+                let top = argmax(row);
+                if spec.p_min <= 0.0 || top1_probability(row, top) >= spec.p_min {
+                    drafts[d].push(top);
+                    let n = out.hidden.len() / e;
+                    chain[d] = out.hidden[(n - 1) * e..].to_vec();
+                }
+            }
+        }
+
+        // Further depths: one row per slot still drafting, on the head's own hidden state.
+        let max_depth = depths.iter().copied().max().unwrap_or(0);
+        for depth in 1..max_depth {
+            let t = Instant::now();
+            let inputs: Vec<(usize, [u32; 1], Vec<f32>)> = (0..decoding.len())
+                .filter(|&d| depths[d] > depth && drafts[d].len() == depth)
+                .map(|d| (d, [drafts[d][depth - 1]], std::mem::take(&mut chain[d])))
+                .collect();
+            if inputs.is_empty() {
+                break;
+            }
+            let outs = {
+                let mut items = Vec::new();
+                let mut by_slot: Vec<Option<usize>> = vec![None; self.slots.len()];
+                for (k, (d, _, _)) in inputs.iter().enumerate() {
+                    by_slot[decoding[*d]] = Some(k);
+                }
+                for (i, slot) in self.slots.iter_mut().enumerate() {
+                    let Some(k) = by_slot[i] else { continue };
+                    let Some(slot) = slot.as_mut() else { continue };
+                    let n_past = slot.state.n_past;
+                    let Some(h) = slot.head.as_mut() else { continue };
+                    let (_, token, hidden) = &inputs[k];
+                    items.push((k, HeadItem { tokens: token, hidden_prev: hidden, start_pos: n_past + depth, cache: &mut h.cache, logits: LogitRows::Last }));
+                }
+                let (ks, mut items): (Vec<usize>, Vec<HeadItem>) = items.into_iter().unzip();
+                let outs = head_forward_batch(head, eps, &mut items, pool)?;
+                ks.into_iter().zip(outs).collect::<Vec<_>>()
+            };
+            self.cost.head.observe(outs.len(), outs.len(), ms_since(t));
+            for (k, out) in outs {
+                let d = inputs[k].0;
+                let row = out.logits_row(0);
+                let top = argmax(row);
+                if spec.p_min > 0.0 && top1_probability(row, top) < spec.p_min {
+                    continue;
+                }
+                drafts[d].push(top);
+                chain[d] = out.hidden;
+            }
+        }
+
+        // The chain's own entries go; the entry for id_last (from the target's hidden) stays.
+        for (d, &i) in decoding.iter().enumerate() {
+            if depths[d] == 0 {
+                continue;
+            }
+            let Some(slot) = self.slots[i].as_mut() else { continue };
+            let n_past = slot.state.n_past;
+            if let Some(h) = slot.head.as_mut() {
+                NextnHead::truncate(&mut h.cache, n_past + 1);
+                h.pos = n_past + 1;
+            }
+            if drafts[d].len() < spec.n_min {
+                drafts[d].clear();
+            }
+        }
+        Ok(drafts)
+    }
+
+    fn after_prefill(&mut self, i: usize, start: usize, end: usize, out: &nextn_model::ForwardOutput) -> Result<(), ModelError> {
+        let e = self.engine.model.config.n_embd;
+        let Some(slot) = self.slots[i].as_mut() else { return Ok(()) };
+        let len = end - start;
+        if let Some(h) = slot.head.as_mut() {
+            h.lag_tokens.extend_from_slice(&slot.prompt[start..end]);
+            h.lag_hidden.extend_from_slice(&h.pending_hidden);
+            h.lag_hidden.extend_from_slice(&out.hidden[..(len - 1) * e]);
+            h.pending_hidden = out.hidden[(len - 1) * e..len * e].to_vec();
+        }
+        let last = end == slot.prompt.len();
+        let mut m = lock(&self.shared.metrics);
+        m.prompt_tokens_total += len as u64;
+        if !last {
+            slot.stage = Stage::Prefill { next: end };
+            return Ok(());
+        }
+        slot.prompt_ms = ms_since(slot.t_start);
+        m.prompt_seconds_total += slot.prompt_ms / 1000.0;
+        drop(m);
+        slot.t_first_token = Some(Instant::now());
+        let token = slot.sampler.sample(out.logits_row(0));
+        slot.sampler.accept(token);
+        let n_past = slot.state.n_past;
+        if self.emit(i, &[token], n_past) {
+            if let Some(slot) = self.slots[i].as_mut() {
+                slot.stage = Stage::Decode { id_last: token };
+            }
+        }
+        Ok(())
+    }
+
+    /// Accept, commit and emit after a decode or verify row set; returns the commit time (ms).
+    fn after_decode(&mut self, i: usize, n_past: usize, rows: &[u32], out: &nextn_model::ForwardOutput) -> Result<f64, ModelError> {
+        let e = self.engine.model.config.n_embd;
+        let Some(slot) = self.slots[i].as_mut() else { return Ok(0.0) };
+        let drafts = &rows[1..];
+        // Exact-match acceptance: draw t_j from row j; keep going while it equals the next draft.
+        let mut accepted = 0;
+        let mut next = slot.sampler.sample(out.logits_row(0));
+        slot.sampler.accept(next);
+        while accepted < drafts.len() && next == drafts[accepted] {
+            accepted += 1;
+            next = slot.sampler.sample(out.logits_row(accepted));
+            slot.sampler.accept(next);
+        }
+        let mut commit_ms = 0.0;
+        if !drafts.is_empty() {
+            let t = Instant::now();
+            self.engine.model.commit(&mut slot.state, accepted + 1)?;
+            commit_ms = ms_since(t);
+            slot.stats.draft_n += drafts.len() as u64;
+            slot.stats.draft_n_accepted += accepted as u64;
+            slot.stats.steps += 1;
+            slot.stats.counts.record(drafts.len(), accepted);
+            slot.stats.counts.decay_to(super::core::SLOT_WINDOW);
+            self.global_acc.record(drafts.len(), accepted);
+            self.global_acc.decay_to(super::core::GLOBAL_WINDOW);
+            let mut m = lock(&self.shared.metrics);
+            m.spec_drafts_total += 1;
+            m.spec_draft_tokens_total += drafts.len() as u64;
+            m.spec_accepted_tokens_total += accepted as u64;
+            if m.spec_accepted_per_pos_total.len() < drafts.len() {
+                m.spec_accepted_per_pos_total.resize(drafts.len(), 0);
+            }
+            for p in 0..accepted {
+                m.spec_accepted_per_pos_total[p] += 1;
+            }
+        }
+        if let Some(h) = slot.head.as_mut() {
+            if h.pos + h.lag_tokens.len() == n_past {
+                // No head pass ran for id_last: it joins the lag with the hidden state before it.
+                h.lag_tokens.push(rows[0]);
+                h.lag_hidden.extend_from_slice(&h.pending_hidden);
+            }
+            // Head entries for the accepted drafts, from the target's hidden states.
+            h.lag_tokens.extend_from_slice(&drafts[..accepted]);
+            h.lag_hidden.extend_from_slice(&out.hidden[..accepted * e]);
+            h.pending_hidden = out.hidden[accepted * e..(accepted + 1) * e].to_vec();
+        }
+        let mut emitted: Vec<u32> = drafts[..accepted].to_vec();
+        emitted.push(next);
+        if self.emit(i, &emitted, n_past + 1) {
+            if let Some(slot) = self.slots[i].as_mut() {
+                slot.stage = Stage::Decode { id_last: next };
+            }
+        }
+        Ok(commit_ms)
+    }
+
+    /// Stream tokens at positions `pos0..`; false once the slot is finished or its client gone.
+    fn emit(&mut self, i: usize, tokens: &[u32], pos0: usize) -> bool {
+        let n_ctx = self.cfg.n_ctx_slot;
+        for (k, &t) in tokens.iter().enumerate() {
+            let Some(slot) = self.slots[i].as_mut() else { return false };
+            let before = slot.out.n_tokens;
+            let (piece, finish) = slot.out.push(t, pos0 + k, n_ctx);
+            let counted = (slot.out.n_tokens - before) as u64;
+            lock(&self.shared.metrics).tokens_predicted_total += counted;
+            if !slot.send_text(piece) {
+                self.slots[i] = None;
+                lock(&self.shared.metrics).requests_cancelled_total += 1;
+                return false;
+            }
+            if let Some(f) = finish {
+                self.finish(i, f);
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Probability of the top-1 token under the softmax of the whole row.
+fn top1_probability(logits: &[f32], top: u32) -> f32 {
+    let max = logits[top as usize];
+    let sum: f64 = logits.iter().map(|&v| ((v - max) as f64).exp()).sum();
+    (1.0 / sum) as f32
+}
