@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use nextn_engine::generate::{generate, GenerateParams};
-use nextn_engine::sampler::{Sampler, SamplerConfig};
-use nextn_engine::speculative::{generate_speculative, SpecParams, SpecSequence, SpecStats};
+use nextn_engine::sampler::{argmax, Sampler, SamplerConfig};
+use nextn_engine::speculative::{generate_speculative, DraftSampling, SpecParams, SpecSequence, SpecStats};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
@@ -37,6 +37,16 @@ pub struct Args {
     /// Repetitions of each cost-model measurement (the median is reported)
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
+    /// Sampling temperature for the runs (0 = greedy); above 0 both draft-sampling modes are run
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temp: f32,
+    /// Seed for sampled runs
+    #[arg(short = 's', long = "seed", default_value_t = 42)]
+    pub seed: u64,
+    /// Also check the head: SPEC_AGREE (MTP output equals plain output), DRAFT_TOP1 (teacher-forced
+    /// head top-1 equals the target's top-1) and mean KL(target ‖ head) over the prompts
+    #[arg(long)]
+    pub check: bool,
     /// Also write the results as JSON to this file
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -83,11 +93,30 @@ struct RunTotals {
     stats: SpecStats,
 }
 
-fn run_depth(loaded: &Loaded, head: Option<&NextnHead>, prompts: &[Prompt], n: usize, n_max: usize) -> Result<RunTotals> {
+fn sampler_config(temp: f32, seed: u64) -> SamplerConfig {
+    if temp > 0.0 {
+        SamplerConfig { temperature: temp, seed, ..Default::default() }
+    } else {
+        SamplerConfig::greedy()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_depth(
+    loaded: &Loaded,
+    head: Option<&NextnHead>,
+    prompts: &[Prompt],
+    n: usize,
+    n_max: usize,
+    sampling: &SamplerConfig,
+    draft_sampling: DraftSampling,
+    outputs: Option<&mut Vec<Vec<u32>>>,
+) -> Result<RunTotals> {
     let mut t = RunTotals::default();
     let params = GenerateParams { n_predict: Some(n), ignore_eos: true, ..Default::default() };
+    let mut outs = Vec::new();
     for p in prompts {
-        let mut sampler = Sampler::new(SamplerConfig::greedy())?;
+        let mut sampler = Sampler::new(sampling.clone())?;
         let g = match (n_max, head) {
             (0, _) | (_, None) => {
                 let mut st = loaded.new_sequence();
@@ -95,7 +124,7 @@ fn run_depth(loaded: &Loaded, head: Option<&NextnHead>, prompts: &[Prompt], n: u
             }
             (k, Some(head)) => {
                 let mut seq = SpecSequence::new(&loaded.model, head, loaded.n_ctx, loaded.k_type, loaded.v_type);
-                let spec = SpecParams { n_max: k, ..Default::default() };
+                let spec = SpecParams { n_max: k, draft_sampling, ..Default::default() };
                 let (g, s) = generate_speculative(
                     &loaded.model,
                     head,
@@ -116,8 +145,47 @@ fn run_depth(loaded: &Loaded, head: Option<&NextnHead>, prompts: &[Prompt], n: u
         t.prompt_ms += g.timings.prompt_ms;
         t.predicted_n += g.timings.predicted_n;
         t.predicted_ms += g.timings.predicted_ms;
+        outs.push(g.tokens);
+    }
+    if let Some(o) = outputs {
+        *o = outs;
     }
     Ok(t)
+}
+
+/// Teacher-forced agreement of the head with the target over `tokens`: rows where the head's top-1
+/// equals the target's top-1 (both predict the next token), and the mean KL(target ‖ head).
+fn head_agreement(loaded: &Loaded, head: &NextnHead, tokens: &[u32]) -> Result<(usize, usize, f64)> {
+    let pool = &loaded.pool;
+    let e = loaded.model.config.n_embd;
+    let mut st = loaded.new_sequence();
+    let target = loaded.model.forward(tokens, &mut st, LogitRows::All, pool)?;
+    let mut prev = vec![0.0f32; e];
+    prev.extend_from_slice(&target.hidden[..(tokens.len() - 1) * e]);
+    let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
+    let drafts = head.forward(tokens, &prev, 0, &mut cache, LogitRows::All, pool)?;
+    let (mut agree, mut kl) = (0, 0.0);
+    // Row 0 has no real hidden state behind it; skip it.
+    for p in 1..tokens.len() {
+        let (t, d) = (target.logits_row(p), drafts.logits_row(p));
+        if argmax(t) == argmax(d) {
+            agree += 1;
+        }
+        kl += kl_divergence(t, d);
+    }
+    let rows = tokens.len() - 1;
+    Ok((agree, rows, kl))
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
+    lp.iter().zip(&lq).map(|(&a, &b)| a.exp() * (a - b)).sum()
 }
 
 struct Costs {
@@ -205,12 +273,31 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     let mut rows = Vec::new();
     let mut plain_tps = None;
+    let sampling = sampler_config(args.temp, args.seed);
+    let modes: Vec<DraftSampling> =
+        if args.temp > 0.0 { vec![DraftSampling::Greedy, DraftSampling::Sample] } else { vec![DraftSampling::Greedy] };
+    let mut plain_outputs: Vec<Vec<u32>> = Vec::new();
+    let mut spec_agree = (0usize, 0usize);
     println!(
-        "{:>5} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
-        "n_max", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
+        "{:>5} {:>6} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
+        "n_max", "drafts", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
     );
-    for &k in &args.n_max {
-        let t = run_depth(&loaded, head.as_ref(), &prompts, args.n_predict, k)?;
+    let runs: Vec<(usize, DraftSampling)> = args
+        .n_max
+        .iter()
+        .flat_map(|&k| if k == 0 { vec![(0, DraftSampling::Greedy)] } else { modes.iter().map(|&m| (k, m)).collect() })
+        .collect();
+    for (k, mode) in runs {
+        let mut outputs = Vec::new();
+        let t = run_depth(&loaded, head.as_ref(), &prompts, args.n_predict, k, &sampling, mode, Some(&mut outputs))?;
+        if k == 0 {
+            plain_outputs = outputs;
+        } else if args.temp <= 0.0 && !plain_outputs.is_empty() {
+            for (a, b) in outputs.iter().zip(&plain_outputs) {
+                spec_agree.0 += a.iter().zip(b).filter(|(x, y)| x == y).count();
+                spec_agree.1 += b.len();
+            }
+        }
         let prefill = t.prompt_n as f64 * 1e3 / t.prompt_ms.max(1e-9);
         let decode = t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9);
         if k == 0 {
@@ -224,9 +311,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .zip(&t.stats.drafted_per_pos)
             .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
             .collect();
+        let mode_name = if k == 0 { "-" } else if mode == DraftSampling::Sample { "sample" } else { "greedy" };
         println!(
-            "{:>5} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
+            "{:>5} {:>6} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
             k,
+            mode_name,
             prefill,
             decode,
             speedup.map(|s| format!("{s:.3}x")).unwrap_or_else(|| "-".into()),
@@ -238,6 +327,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
         rows.push(json!({
             "n_max": k,
+            "draft_sampling": mode_name,
+            "temperature": args.temp,
             "prompt_n": t.prompt_n,
             "prompt_ms": t.prompt_ms,
             "prefill_tok_s": prefill,
@@ -272,8 +363,40 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
 
+    let mut check = Value::Null;
+    if args.check {
+        let Some(head) = head.as_ref() else { bail!("--check needs a NextN head") };
+        let (mut agree, mut rows_n, mut kl) = (0, 0, 0.0);
+        for (i, p) in prompts.iter().enumerate() {
+            let mut seq = p.tokens.clone();
+            if let Some(out) = plain_outputs.get(i) {
+                seq.extend_from_slice(out);
+            }
+            let (a, r, k) = head_agreement(&loaded, head, &seq)?;
+            agree += a;
+            rows_n += r;
+            kl += k;
+        }
+        let spec_agree_v = if spec_agree.1 > 0 { Some(spec_agree.0 as f64 / spec_agree.1 as f64) } else { None };
+        println!();
+        println!("check over {} prompts ({} teacher-forced rows):", prompts.len(), rows_n);
+        match spec_agree_v {
+            Some(v) => println!("  SPEC_AGREE  {v:.4}  (MTP greedy tokens equal to plain greedy)"),
+            None => println!("  SPEC_AGREE  -       (needs --temp 0 and n_max 0 plus a depth > 0)"),
+        }
+        println!("  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)", agree as f64 / rows_n.max(1) as f64);
+        println!("  KL          {:.4}  (mean KL(target ‖ head), nats)", kl / rows_n.max(1) as f64);
+        check = json!({
+            "spec_agree": spec_agree_v,
+            "draft_top1": agree as f64 / rows_n.max(1) as f64,
+            "kl_target_head": kl / rows_n.max(1) as f64,
+            "rows": rows_n,
+        });
+    }
+
     if let Some(path) = &args.json {
         let report = json!({
+            "check": check,
             "model": loaded.path.display().to_string(),
             "threads": loaded.pool.n_threads(),
             "n_predict": args.n_predict,

@@ -67,6 +67,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             n_max: 1,
             n_min: 0,
             p_min: 0.0,
+            draft_sampling: "greedy".into(),
             draft_model: args.draft_model.clone(),
         };
         Some(spec.load_head(&loaded)?)

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatMessage;
 use nextn_engine::generate::{generate, GenerateParams};
 use nextn_engine::sampler::{Sampler, SamplerConfig};
-use nextn_engine::speculative::{generate_speculative, SpecParams, SpecSequence};
+use nextn_engine::speculative::{generate_speculative, DraftSampling, SpecParams, SpecSequence};
 use nextn_gguf::GgufFile;
 use nextn_model::NextnHead;
 use serde_json::json;
@@ -102,6 +102,11 @@ pub struct SpecArgs {
     /// Stop drafting when the head's top-1 probability (full softmax) is below this
     #[arg(long = "spec-draft-p-min", visible_alias = "draft-p-min", default_value_t = 0.0)]
     pub p_min: f32,
+    /// How drafts are chosen when sampling (temperature > 0): greedy (head's top-1, exact-match
+    /// acceptance, same tokens as plain decoding for a seed) or sample (draw from the head, accept
+    /// with min(1, p/q), resample the residual on rejection; accepts more)
+    #[arg(long = "spec-draft-sampling", default_value = "sample", value_parser = ["greedy", "sample"])]
+    pub draft_sampling: String,
     /// MTP-only sidecar GGUF holding the NextN head (when the model file has none)
     #[arg(long = "spec-draft-model", visible_alias = "model-draft")]
     pub draft_model: Option<PathBuf>,
@@ -116,7 +121,9 @@ impl SpecArgs {
         if !(0.0..=1.0).contains(&self.p_min) {
             bail!("--spec-draft-p-min {} must be between 0 and 1", self.p_min);
         }
-        Ok(SpecParams { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, trace: false })
+        let draft_sampling = DraftSampling::parse(&self.draft_sampling)
+            .with_context(|| format!("--spec-draft-sampling {}: expected greedy or sample", self.draft_sampling))?;
+        Ok(SpecParams { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, draft_sampling, trace: false })
     }
 
     /// Bind the NextN head from the model file or the sidecar; a clear error when there is none.
