@@ -250,7 +250,7 @@ fn draft_chain_with(
 }
 
 /// Draw from a distribution given as (id, p) pairs with a uniform `u` in [0, 1).
-fn draw(dist: &[TokenProb], u: f64) -> Option<u32> {
+pub(crate) fn draw(dist: &[TokenProb], u: f64) -> Option<u32> {
     let total: f64 = dist.iter().map(|t| t.p as f64).sum();
     if dist.is_empty() || !(total > 0.0) {
         return None;

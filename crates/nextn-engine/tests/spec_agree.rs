@@ -159,3 +159,99 @@ fn drafts_match_llamacpp_server_loop() {
         }
     }
 }
+
+/// SPEC_AGREE on the dense and MoE fixtures (F32 and quantized): MTP greedy output equals plain
+/// greedy output at n_max 1..4, with prompts whose length is a multiple of the prefill chunk,
+/// drafts cut by the requested length and by the context limit; rejection occurs at every position.
+#[test]
+fn greedy_speculative_equals_plain_on_fixtures() {
+    let Some(dir) = shared() else { return };
+    let pool = ThreadPool::new(2);
+    let files = [
+        "q35-dense-a/q35-dense-a-F32.gguf",
+        "q35-dense-a/q35-dense-a-Q4_K_M.gguf",
+        "q35moe-a/q35moe-a-Q8_0.gguf",
+        "q35moe-b/q35moe-b-F32.gguf",
+    ];
+    let mut rejected_at = vec![false; 4];
+    for file in files {
+        let l = load(&dir.join(file));
+        let golden: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(file).parent().unwrap().join("golden.json")).unwrap(),
+        )
+        .unwrap();
+        for seq in golden["sequences"].as_array().unwrap() {
+            let prompt = ids(&seq["tokens"]);
+            for (n_predict, n_ctx, n_batch) in [(30, 512, 4), (7, 512, 512), (64, prompt.len() + 9, 8)] {
+                let params = GenerateParams { n_predict: Some(n_predict), n_batch, ignore_eos: true, ..Default::default() };
+                let mut st = l.model.new_sequence(n_ctx, KvType::F16, KvType::F16);
+                let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
+                let want = generate(&l.model, &l.tok, &pool, &mut st, &prompt, &params, &mut s, |_| true).unwrap();
+                for n_max in 1..=4 {
+                    let spec = SpecParams { n_max, trace: true, ..Default::default() };
+                    let mut sq = SpecSequence::new(&l.model, &l.head, n_ctx, KvType::F16, KvType::F16);
+                    let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
+                    let (got, stats) = generate_speculative(
+                        &l.model, &l.head, &l.tok, &pool, &mut sq, &prompt, &params, &spec, &mut s, |_| true,
+                    )
+                    .unwrap();
+                    assert_eq!(got.tokens, want.tokens, "{file} {} n_max {n_max} n_ctx {n_ctx}", seq["name"]);
+                    assert_eq!(got.finish, want.finish);
+                    for st in &stats.trace {
+                        if st.accepted < st.drafts.len() {
+                            rejected_at[st.accepted] = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(rejected_at.iter().all(|&r| r), "rejections not seen at every draft position: {rejected_at:?}");
+}
+
+/// The 3-token draft chains llama.cpp drafts at every position of the F32 fixtures' greedy paths
+/// (golden `mtp_chains`) are reproduced exactly.
+#[test]
+fn draft_chains_match_llamacpp_at_every_position() {
+    use nextn_engine::speculative::{draft_chain, prefill_speculative};
+    let Some(dir) = shared() else { return };
+    let pool = ThreadPool::new(2);
+    for fixture in ["q35-dense-a", "q35moe-a", "q35moe-b", "q35-dense-qwenvocab"] {
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(fixture).join("golden.json")).unwrap()).unwrap();
+        let variant = if fixture == "q35-dense-qwenvocab" { "F32-embQ8_0" } else { "F32" };
+        let v = &golden["variants"][variant];
+        let l = load(&dir.join(fixture).join(v["model"].as_str().unwrap()));
+        let mut checked = 0;
+        for seq in v["sequences"].as_array().unwrap() {
+            let mut ext = ids(&seq["tokens"]);
+            ext.extend(ids(&seq["greedy"]["tokens"]));
+            for chain in seq["mtp_chains"]["chains"].as_array().unwrap() {
+                let p = chain["pos"].as_u64().unwrap() as usize;
+                if p == 0 || p >= ext.len() {
+                    continue;
+                }
+                let mut s = SpecSequence::new(&l.model, &l.head, 512, KvType::F32, KvType::F32);
+                prefill_speculative(&l.model, &l.head, &mut s, &ext[..p], 512, &pool).unwrap();
+                let drafts = draft_chain(&l.head, &mut s, ext[p], 3, 0.0, &pool).unwrap();
+                let want = ids(&chain["drafts"]);
+                // Compare up to a near-tie (top-1 − top-2 < 1e-3), where F32 rounding may flip the pick.
+                let margins: Vec<f64> = chain["top1_logit_top2_id_logit"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m[0].as_f64().unwrap() - m[2].as_f64().unwrap())
+                    .collect();
+                for i in 0..want.len() {
+                    if margins.get(i).copied().unwrap_or(0.0) < 1e-3 {
+                        break;
+                    }
+                    assert_eq!(drafts[i], want[i], "{fixture} {} chain at {p}, draft {i}", seq["name"]);
+                    checked += 1;
+                }
+            }
+        }
+        eprintln!("{fixture}: {checked} chained drafts equal llama.cpp's");
+        assert!(checked > 100);
+    }
+}

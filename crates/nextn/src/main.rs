@@ -26,6 +26,8 @@ enum Command {
     Logits(cmd::logits::Args),
     /// Plain vs MTP speculative decoding at several draft depths, with the cost model behind it.
     Bench(cmd::bench::Args),
+    /// Write a random-weight Qwen3.5/3.6 GGUF with real shapes and the real tokenizer (presets 0.8b, 27b, 35b-a3b, ...).
+    Synth(cmd::synth::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Logits(a) => cmd::logits::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
     };
     match result {
         Ok(code) => code,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::cost::{CostModel, RowCost};
 use super::policy::AcceptanceCounts;
 use super::slot::{HeadSide, Slot};
-use super::{lock, Completion, Engine, EngineInfo, Event, FailKind, Phase, Request, SchedulerConfig, Shared, SpecConfig};
+use super::{lock, Completion, DraftSampling, Engine, EngineInfo, Event, FailKind, Phase, Request, SchedulerConfig, Shared, SpecConfig};
 use crate::generate::{ms_since, Timings};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -46,6 +46,7 @@ where
         n_vocab: engine.model.n_vocab,
         n_ctx_train: engine.model.config.n_ctx_train,
         speculative: core.spec.is_some(),
+        n_draft_max: core.spec.as_ref().map_or(0, |s| s.n_max),
         calibration,
     });
     shared.phase.store(Phase::Ready as u8, Ordering::Release);
@@ -186,6 +187,8 @@ impl<'e> Core<'e> {
         let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
         self.next_seq += 1;
         let mut slot = Slot::new(request, sampler, state, head, self.tokenizer, n_max, self.next_seq);
+        slot.sample_drafts = self.spec.as_ref().is_some_and(|s| s.draft_sampling == DraftSampling::Sample)
+            && !slot.sampler.config().is_greedy();
         if slot.sink.send(Event::Started { slot: index }) {
             self.slots[index] = Some(slot);
             lock(&self.shared.metrics).requests_processing = self.busy();

@@ -34,6 +34,7 @@ use nextn_quant::kernels::ThreadPool;
 
 use crate::generate::{FinishReason, Timings};
 use crate::sampler::SamplerConfig;
+pub use crate::speculative::DraftSampling;
 use crate::tokenizer::Tokenizer;
 
 pub use metrics::MetricsSnapshot;
@@ -56,6 +57,8 @@ pub struct SpecConfig {
     pub n_min: usize,
     /// Stop a chain when the head's top-1 probability is below this (`--spec-draft-p-min`).
     pub p_min: f32,
+    /// How drafts are picked at temperature > 0 (`--spec-draft-sampling`).
+    pub draft_sampling: DraftSampling,
     pub policy: DraftPolicy,
 }
 
@@ -159,6 +162,8 @@ pub struct EngineInfo {
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     pub speculative: bool,
+    /// Most drafts per slot per step (0 without speculative decoding).
+    pub n_draft_max: usize,
     /// What the start-up cost measurement found (adaptive drafting only).
     pub calibration: Option<String>,
 }

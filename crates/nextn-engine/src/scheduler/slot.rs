@@ -7,7 +7,7 @@ use nextn_model::{LayerCache, SequenceState};
 use super::policy::AcceptanceCounts;
 use super::{Event, EventSink, Request};
 use crate::generate::{FinishReason, StopMatcher};
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, Xoshiro256StarStar};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Where a slot's sequence stands.
@@ -119,6 +119,11 @@ pub struct Slot<'t> {
     pub prompt: Vec<u32>,
     pub sink: Box<dyn EventSink>,
     pub sampler: Sampler,
+    /// Draws of sampled drafts and acceptance coins, a stream of their own derived from the seed
+    /// exactly as [`crate::speculative::generate_speculative`] derives it.
+    pub spec_rng: Xoshiro256StarStar,
+    /// Drafts are drawn from the head's distribution and accepted with min(1, p/q).
+    pub sample_drafts: bool,
     pub state: SequenceState,
     pub head: Option<HeadSide>,
     pub stage: Stage,
@@ -143,9 +148,12 @@ impl<'t> Slot<'t> {
         seq_no: u64,
     ) -> Self {
         let Request { prompt, n_predict, stop, ignore_eos, sink, .. } = request;
+        let seed = sampler.config().seed;
         Slot {
             prompt,
             sink,
+            spec_rng: Xoshiro256StarStar::from_seed(seed ^ 0x9E37_79B9_7F4A_7C15),
+            sample_drafts: false,
             sampler,
             state,
             head,

@@ -11,7 +11,8 @@ use super::policy::{plan_auto, DraftCandidate, DraftPolicy, StepShape};
 use super::slot::{HeadSide, Slot, Stage};
 use super::lock;
 use crate::generate::ms_since;
-use crate::sampler::argmax;
+use crate::sampler::{argmax, TokenProb};
+use crate::speculative::{accept_or_resample, draw};
 
 /// A slot's head lag is run in a pass of its own once it reaches this many rows, even while the
 /// slot does not draft, so the lag (and the hidden states it keeps) stays bounded.
@@ -20,7 +21,8 @@ pub(super) const LAG_FLUSH: usize = 256;
 /// What one slot contributes to this step's target pass.
 enum Work {
     Prefill { start: usize, end: usize },
-    Decode { n_past: usize, rows: Vec<u32> },
+    /// `dists[j]`: the distribution draft `j` was drawn from (sampled drafts only).
+    Decode { n_past: usize, rows: Vec<u32>, dists: Vec<Vec<TokenProb>> },
 }
 
 impl<'e> Core<'e> {
@@ -65,7 +67,7 @@ impl<'e> Core<'e> {
             .filter(|&n| n >= LAG_FLUSH)
             .sum();
         let depths = self.plan_drafts(&decoding, shape);
-        let drafts = self.draft(&decoding, &depths)?;
+        let (drafts, mut dists) = self.draft(&decoding, &depths)?;
         let mut n_drafting = 0;
         let mut n_draft_tokens = 0;
         for (d, &i) in decoding.iter().enumerate() {
@@ -78,7 +80,7 @@ impl<'e> Core<'e> {
                 n_drafting += 1;
                 n_draft_tokens += drafts[d].len();
             }
-            work[i] = Some(Work::Decode { n_past: slot.state.n_past, rows });
+            work[i] = Some(Work::Decode { n_past: slot.state.n_past, rows, dists: std::mem::take(&mut dists[d]) });
         }
 
         // One target pass over every slot's rows.
@@ -133,11 +135,11 @@ impl<'e> Core<'e> {
         for (out, i) in outs.into_iter().zip(order) {
             match work[i].take() {
                 Some(Work::Prefill { start, end }) => self.after_prefill(i, start, end, &out)?,
-                Some(Work::Decode { n_past, rows }) => {
+                Some(Work::Decode { n_past, rows, dists }) => {
                     if rows.len() > 1 {
                         n_verify += 1;
                     }
-                    commit_ms += self.after_decode(i, n_past, &rows, &out)?;
+                    commit_ms += self.after_decode(i, n_past, &rows, &dists, &out)?;
                 }
                 None => {}
             }
@@ -204,10 +206,12 @@ impl<'e> Core<'e> {
 
     /// Run the head for this step: a first pass over every drafting slot's lag plus `id_last`
     /// (and the lag of slots whose lag is long), then one pass per further draft depth.
-    /// Returns the drafts of each decoding slot.
-    fn draft(&mut self, decoding: &[usize], depths: &[usize]) -> Result<Vec<Vec<u32>>, ModelError> {
+    /// Returns the drafts of each decoding slot, and for sampled drafts their distributions.
+    #[allow(clippy::type_complexity)]
+    fn draft(&mut self, decoding: &[usize], depths: &[usize]) -> Result<(Vec<Vec<u32>>, Vec<Vec<Vec<TokenProb>>>), ModelError> {
         let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); decoding.len()];
-        let (Some(head), Some(spec)) = (self.engine.head.as_ref(), self.spec.clone()) else { return Ok(drafts) };
+        let mut dists: Vec<Vec<Vec<TokenProb>>> = vec![Vec::new(); decoding.len()];
+        let (Some(head), Some(spec)) = (self.engine.head.as_ref(), self.spec.clone()) else { return Ok((drafts, dists)) };
         let eps = self.engine.model.config.rms_eps;
         let pool = &self.engine.pool;
         let e = self.engine.model.config.n_embd;
@@ -246,20 +250,21 @@ impl<'e> Core<'e> {
                 members.push((i, d));
             }
             if items.is_empty() {
-                return Ok(drafts);
+                return Ok((drafts, dists));
             }
             head_forward_batch(head, eps, &mut items, pool)?
         };
         let rows: usize = members.iter().filter_map(|&(i, _)| self.slots[i].as_ref()?.head.as_ref().map(|h| h.lag_tokens.len())).sum();
         self.cost.head.observe(rows, members.iter().filter(|m| m.1.is_some()).count(), ms_since(t0));
         for (out, &(i, d)) in outs.iter().zip(&members) {
-            let Some(h) = self.slots[i].as_mut().and_then(|s| s.head.as_mut()) else { continue };
-            h.clear_lag();
+            let Some(slot) = self.slots[i].as_mut() else { continue };
+            if let Some(h) = slot.head.as_mut() {
+                h.clear_lag();
+            }
             if let Some(d) = d {
-                let row = out.logits_row(0);
-                let top = argmax(row);
-                if spec.p_min <= 0.0 || top1_probability(row, top) >= spec.p_min {
-                    drafts[d].push(top);
+                if let Some((pick, q)) = pick_draft(slot, out.logits_row(0), spec.p_min) {
+                    drafts[d].push(pick);
+                    dists[d].extend(q);
                     let n = out.hidden.len() / e;
                     chain[d] = out.hidden[(n - 1) * e..].to_vec();
                 }
@@ -298,13 +303,12 @@ impl<'e> Core<'e> {
             self.cost.head.observe(outs.len(), outs.len(), ms_since(t));
             for (k, out) in outs {
                 let d = inputs[k].0;
-                let row = out.logits_row(0);
-                let top = argmax(row);
-                if spec.p_min > 0.0 && top1_probability(row, top) < spec.p_min {
-                    continue;
+                let Some(slot) = self.slots[decoding[d]].as_mut() else { continue };
+                if let Some((pick, q)) = pick_draft(slot, out.logits_row(0), spec.p_min) {
+                    drafts[d].push(pick);
+                    dists[d].extend(q);
+                    chain[d] = out.hidden;
                 }
-                drafts[d].push(top);
-                chain[d] = out.hidden;
             }
         }
 
@@ -321,9 +325,10 @@ impl<'e> Core<'e> {
             }
             if drafts[d].len() < spec.n_min {
                 drafts[d].clear();
+                dists[d].clear();
             }
         }
-        Ok(drafts)
+        Ok((drafts, dists))
     }
 
     fn after_prefill(&mut self, i: usize, start: usize, end: usize, out: &nextn_model::ForwardOutput) -> Result<(), ModelError> {
@@ -359,19 +364,22 @@ impl<'e> Core<'e> {
     }
 
     /// Accept, commit and emit after a decode or verify row set; returns the commit time (ms).
-    fn after_decode(&mut self, i: usize, n_past: usize, rows: &[u32], out: &nextn_model::ForwardOutput) -> Result<f64, ModelError> {
+    fn after_decode(
+        &mut self,
+        i: usize,
+        n_past: usize,
+        rows: &[u32],
+        dists: &[Vec<TokenProb>],
+        out: &nextn_model::ForwardOutput,
+    ) -> Result<f64, ModelError> {
         let e = self.engine.model.config.n_embd;
         let Some(slot) = self.slots[i].as_mut() else { return Ok(0.0) };
         let drafts = &rows[1..];
-        // Exact-match acceptance: draw t_j from row j; keep going while it equals the next draft.
-        let mut accepted = 0;
-        let mut next = slot.sampler.sample(out.logits_row(0));
-        slot.sampler.accept(next);
-        while accepted < drafts.len() && next == drafts[accepted] {
-            accepted += 1;
-            next = slot.sampler.sample(out.logits_row(accepted));
-            slot.sampler.accept(next);
-        }
+        let (accepted, next) = if slot.sample_drafts && !drafts.is_empty() && dists.len() == drafts.len() {
+            accept_sampled(slot, drafts, dists, out)
+        } else {
+            accept_exact(slot, drafts, out)
+        };
         let mut commit_ms = 0.0;
         if !drafts.is_empty() {
             let t = Instant::now();
@@ -437,6 +445,60 @@ impl<'e> Core<'e> {
         }
         true
     }
+}
+
+/// The draft after a head row: its top-1 (or, for sampled drafts, a draw from the head's
+/// distribution under the request's sampler, returned too); `None` when the head is not
+/// confident enough (`p_min`) and the chain stops.
+fn pick_draft(slot: &mut Slot, row: &[f32], p_min: f32) -> Option<(u32, Option<Vec<TokenProb>>)> {
+    let top = argmax(row);
+    if p_min > 0.0 && top1_probability(row, top) < p_min {
+        return None;
+    }
+    if !slot.sample_drafts {
+        return Some((top, None));
+    }
+    let q = slot.sampler.distribution(row).to_vec();
+    let pick = draw(&q, slot.spec_rng.next_f64())?;
+    Some((pick, Some(q)))
+}
+
+/// Exact-match acceptance: draw t_j from row j with the request's sampler; keep going while it
+/// equals the next draft. Returns (accepted drafts, the token after them).
+fn accept_exact(slot: &mut Slot, drafts: &[u32], out: &nextn_model::ForwardOutput) -> (usize, u32) {
+    let mut accepted = 0;
+    let mut next = slot.sampler.sample(out.logits_row(0));
+    slot.sampler.accept(next);
+    while accepted < drafts.len() && next == drafts[accepted] {
+        accepted += 1;
+        next = slot.sampler.sample(out.logits_row(accepted));
+        slot.sampler.accept(next);
+    }
+    (accepted, next)
+}
+
+/// Speculative sampling: draft j (drawn from q_j) is kept with probability min(1, p_j/q_j) under
+/// the target's distribution p_j after the accepted prefix; the first rejection is replaced by a
+/// draw from the residual; with every draft kept, the bonus token is drawn from the next row.
+fn accept_sampled(slot: &mut Slot, drafts: &[u32], dists: &[Vec<TokenProb>], out: &nextn_model::ForwardOutput) -> (usize, u32) {
+    let mut accepted = 0;
+    let mut replacement = None;
+    while accepted < drafts.len() {
+        let p = slot.sampler.distribution(out.logits_row(accepted)).to_vec();
+        match accept_or_resample(&p, &dists[accepted], drafts[accepted], &mut slot.spec_rng) {
+            Ok(()) => {
+                slot.sampler.accept(drafts[accepted]);
+                accepted += 1;
+            }
+            Err(t) => {
+                replacement = Some(t);
+                break;
+            }
+        }
+    }
+    let next = replacement.unwrap_or_else(|| slot.sampler.sample(out.logits_row(accepted)));
+    slot.sampler.accept(next);
+    (accepted, next)
 }
 
 /// Probability of the top-1 token under the softmax of the whole row.

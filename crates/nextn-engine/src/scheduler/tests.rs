@@ -36,7 +36,7 @@ fn config(n_slots: usize, policy: Option<DraftPolicy>) -> SchedulerConfig {
         v_type: KvType::F16,
         n_batch: 64,
         queue_capacity: 64,
-        spec: policy.map(|policy| SpecConfig { n_max: 3, n_min: 0, p_min: 0.0, policy }),
+        spec: policy.map(|policy| SpecConfig { n_max: 3, n_min: 0, p_min: 0.0, draft_sampling: DraftSampling::Greedy, policy }),
         calibrate: true,
     }
 }
@@ -166,6 +166,33 @@ fn one_request_gives_what_generate_gives_in_every_mode() {
         h.shutdown(Duration::ZERO);
         t.join().unwrap();
     }
+}
+
+#[test]
+fn sampled_drafts_give_what_generate_speculative_gives() {
+    let e = engine(true);
+    let prompt = e.tokenizer.encode(PROMPTS[3], true);
+    let cfg = SamplerConfig { temperature: 0.8, seed: 77, ..SamplerConfig::default() };
+    let spec = crate::speculative::SpecParams { n_max: 3, draft_sampling: DraftSampling::Sample, ..Default::default() };
+    let mut seq = crate::speculative::SpecSequence::new(&e.model, e.head.as_ref().unwrap(), 512, KvType::F16, KvType::F16);
+    let params = GenerateParams { n_predict: Some(40), ignore_eos: true, ..Default::default() };
+    let mut s = Sampler::new(cfg.clone()).unwrap();
+    let (want, stats) = crate::speculative::generate_speculative(
+        &e.model, e.head.as_ref().unwrap(), &e.tokenizer, &e.pool, &mut seq, &prompt, &params, &spec, &mut s, |_| true,
+    )
+    .unwrap();
+    let mut c = config(2, Some(DraftPolicy::MaxSlots(2)));
+    if let Some(sc) = c.spec.as_mut() {
+        sc.draft_sampling = DraftSampling::Sample;
+    }
+    let (h, t) = start(engine(true), c);
+    let (r, p) = request(prompt, cfg, 40);
+    h.submit(r).unwrap();
+    let (text, done) = wait(&p).unwrap();
+    assert_eq!(text, want.text);
+    assert_eq!((done.draft_n, done.draft_n_accepted), (stats.draft_n, stats.draft_n_accepted));
+    h.shutdown(Duration::ZERO);
+    t.join().unwrap();
 }
 
 #[test]

@@ -2,11 +2,36 @@
 //! activation rows, with ggml's numerics (activations quantized to the weight type's
 //! vec_dot type, integer dot products per block, f32 scaling per block).
 //!
-//! Paths: a scalar reference (`reference`), AVX2 and AVX-512 on x86-64 (`x86`), NEON on
-//! aarch64 (`neon`), chosen at run time ([`simd_level`]). Each SIMD path unpacks a weight
-//! row once into int8 lanes plus scales (`stage`) and then runs one shared dot product
-//! per activation row, so extra rows cost only the integer arithmetic, and a row's result
-//! never depends on which rows share its batch.
+//! ```no_run
+//! use nextn_quant::kernels::{QMatrix, ThreadPool};
+//! use nextn_quant::GgmlType;
+//! # fn demo(weights: &[u8], x: &[f32]) -> Result<(), nextn_quant::QuantError> {
+//! let pool = ThreadPool::new(4);
+//! let w = QMatrix::new(GgmlType::Q4_K, 4096, 4096, weights)?; // 4096 rows of 4096
+//! let mut out = vec![0f32; 3 * 4096];
+//! w.mul_rows(x, 3, &mut out, &pool)?; // x: 3 rows of 4096; out[i*4096 + r]
+//! # Ok(()) }
+//! ```
+//!
+//! Paths: a scalar reference (`reference`, also the `Scalar` level), AVX2 and AVX-512 on
+//! x86-64 (`x86`), NEON on aarch64 (`neon`), chosen at run time ([`simd_level`]).
+//!
+//! How a product runs: the activation rows are converted once per call (`act`); output
+//! rows are split among the pool's threads in multiples of 16; for each weight row a
+//! type-specific decoder unpacks it once into int8 lanes plus sub-block scales (`stage`),
+//! and one shared integer dot product per activation row reads that. Extra activation
+//! rows therefore cost only their integer arithmetic, never another pass over memory or
+//! another decode, and since every (weight row, activation row) pair goes through the
+//! same function with the same operation order, a row's result does not depend on the
+//! other rows in its batch, on the thread count, or on the row split.
+//!
+//! Numerics: integer parts are exact and identical on every path; the f32 accumulation
+//! order differs between paths (and from ggml's), so results agree with the reference
+//! and with llama.cpp to float rounding, not bit for bit. On x86, types whose weights
+//! carry a constant offset (Q4_0 -8, Q5_0 -16, Q3_K -4, Q6_K -32) are multiplied unsigned
+//! and the offset is subtracted through the activation block sums, which keeps the
+//! cheap unsigned×signed `vpmaddubsw` (exactly in integers for the K types, in f32 for
+//! the 32-element types).
 
 mod act;
 mod matrix;

@@ -104,16 +104,17 @@ pub fn detected_simd_level() -> SimdLevel {
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let detected = detected_simd_level();
-        match std::env::var("NEXTN_SIMD")
-            .ok()
-            .as_deref()
-            .and_then(SimdLevel::from_name)
-        {
-            Some(wanted) if wanted.is_supported() && rank(wanted) <= rank(detected) => wanted,
-            _ => detected,
-        }
+        let requested = std::env::var("NEXTN_SIMD").ok();
+        choose_level(requested.as_deref(), detected_simd_level())
     })
+}
+
+/// The level for an optional `NEXTN_SIMD` value given the detected one.
+fn choose_level(requested: Option<&str>, detected: SimdLevel) -> SimdLevel {
+    match requested.and_then(SimdLevel::from_name) {
+        Some(wanted) if wanted.is_supported() && rank(wanted) <= rank(detected) => wanted,
+        _ => detected,
+    }
 }
 
 fn rank(level: SimdLevel) -> u8 {
@@ -140,6 +141,28 @@ mod tests {
         }
         assert_eq!(SimdLevel::from_name("AVX2"), Some(SimdLevel::Avx2));
         assert_eq!(SimdLevel::from_name("sse"), None);
+    }
+
+    #[test]
+    fn environment_can_only_lower_the_level() {
+        let detected = detected_simd_level();
+        assert_eq!(choose_level(None, detected), detected);
+        assert_eq!(choose_level(Some("scalar"), detected), SimdLevel::Scalar);
+        assert_eq!(choose_level(Some("bogus"), detected), detected);
+        // A level above the detected one (or of another architecture) is ignored.
+        assert_eq!(
+            choose_level(Some("avx512"), SimdLevel::Scalar),
+            SimdLevel::Scalar
+        );
+        let foreign = if cfg!(target_arch = "aarch64") {
+            "avx2"
+        } else {
+            "neon"
+        };
+        assert_eq!(choose_level(Some(foreign), detected), detected);
+        if SimdLevel::Avx2.is_supported() {
+            assert_eq!(choose_level(Some("AVX2"), detected), SimdLevel::Avx2);
+        }
     }
 
     #[test]

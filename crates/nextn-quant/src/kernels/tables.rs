@@ -103,6 +103,28 @@ pub(crate) fn k4_scales_mins_packed(packed: &[u8]) -> (u64, u64) {
     )
 }
 
+/// `q3k_scales` with 32-bit operations: the sixteen 6-bit scales, not yet offset by -32,
+/// as 16 bytes in sub-block order.
+#[inline]
+pub(crate) fn q3k_scales_packed(packed: &[u8]) -> [u8; 16] {
+    let a0 = read_u32(packed, 0);
+    let a1 = read_u32(packed, 4);
+    let a2 = read_u32(packed, 8);
+    let nib = 0x0f0f_0f0f;
+    let two = 0x0303_0303;
+    let words = [
+        (a0 & nib) | ((a2 & two) << 4),
+        (a1 & nib) | (((a2 >> 2) & two) << 4),
+        ((a0 >> 4) & nib) | (((a2 >> 4) & two) << 4),
+        ((a1 >> 4) & nib) | (((a2 >> 6) & two) << 4),
+    ];
+    let mut out = [0u8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
 /// The sixteen signed 6-bit scales of a Q3_K block (already offset by -32).
 #[inline]
 pub(crate) fn q3k_scales(packed: &[u8]) -> [i8; 16] {
@@ -180,6 +202,21 @@ mod tests {
             let (psc, pmn) = k4_scales_mins_packed(&packed);
             assert_eq!(psc.to_le_bytes(), sc);
             assert_eq!(pmn.to_le_bytes(), mn);
+        }
+    }
+
+    #[test]
+    fn q3k_packed_unpacking_agrees_with_bytewise() {
+        let mut state = 0x8765_4321u32;
+        for _ in 0..1000 {
+            let mut packed = [0u8; 12];
+            for b in packed.iter_mut() {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                *b = (state >> 24) as u8;
+            }
+            let want = q3k_scales(&packed);
+            let got = q3k_scales_packed(&packed).map(|v| v as i8 - 32);
+            assert_eq!(got, want);
         }
     }
 

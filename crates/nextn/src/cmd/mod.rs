@@ -3,4 +3,5 @@ pub mod common;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod synth;
 pub mod verify;

@@ -7,8 +7,8 @@ use core::arch::aarch64::*;
 
 use super::super::stage::Stage;
 use super::super::tables::{
-    e8m0_to_f32_half, f16_bits_to_f32, iq4xs_scales, k4_scales_mins_packed, q3k_scales, read_f16,
-    read_f32, read_u32, KVALUES_IQ4NL, KVALUES_MXFP4,
+    e8m0_to_f32_half, f16_bits_to_f32, iq4xs_scales, k4_scales_mins_packed, q3k_scales_packed,
+    read_f16, read_f32, read_u32, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 
 #[inline]
@@ -185,9 +185,9 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
     for b in 0..nb {
         let blk = &w[110 * b..110 * b + 110];
         st.d[b] = read_f16(blk, 108);
-        let sc = q3k_scales(&blk[96..108]);
+        let sc = q3k_scales_packed(&blk[96..108]);
         for (o, &s) in st.sc[16 * b..16 * b + 16].iter_mut().zip(&sc) {
-            *o = s as i16;
+            *o = s as i16 - 32;
         }
         for half in 0..2 {
             let hmask = vld1q_u8(blk.as_ptr().add(16 * half));

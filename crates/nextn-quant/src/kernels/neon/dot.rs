@@ -41,9 +41,18 @@ pub(super) unsafe fn dot_legacy<const MIN: bool>(
     }
     let mut sum = vaddvq_f32(vaddq_f32(acc[0], acc[1]));
     if MIN {
-        let mut mins = 0f32;
-        for b in 0..nb {
-            mins += st.m[b] * a.s[b];
+        // Σ_b m_w·s_a, four blocks per FMA.
+        let (m, s) = (st.m.as_ptr(), a.s.as_ptr());
+        let mut acc = vdupq_n_f32(0.0);
+        let mut b = 0;
+        while b + 4 <= nb {
+            acc = vfmaq_f32(acc, vld1q_f32(m.add(b)), vld1q_f32(s.add(b)));
+            b += 4;
+        }
+        let mut mins = vaddvq_f32(acc);
+        while b < nb {
+            mins += *m.add(b) * *s.add(b);
+            b += 1;
         }
         sum += mins;
     }

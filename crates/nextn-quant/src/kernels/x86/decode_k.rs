@@ -11,7 +11,7 @@ use core::arch::x86_64::*;
 
 use super::super::stage::Stage;
 use super::super::tables::{
-    iq4xs_scales, k4_scales_mins_packed, q3k_scales, read_f32, KVALUES_IQ4NL,
+    iq4xs_scales, k4_scales_mins_packed, q3k_scales_packed, read_f32, KVALUES_IQ4NL,
 };
 use super::decode_legacy::{f16_at, nibbles32, table16};
 
@@ -112,8 +112,9 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
         let blk = &w[110 * b..110 * b + 110];
         let p = blk.as_ptr();
         *st.d.get_unchecked_mut(b) = f16_at(p.add(108));
-        let sc = q3k_scales(&blk[96..108]);
-        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let sc = q3k_scales_packed(&blk[96..108]);
+        let unbiased = _mm256_cvtepu8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let s16 = _mm256_sub_epi16(unbiased, _mm256_set1_epi16(32));
         store_scales_per16(st, b, s16);
         store_mins(st, b, _mm256_slli_epi16(s16, 2));
         let hmask = load(p);

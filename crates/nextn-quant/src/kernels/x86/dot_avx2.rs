@@ -59,21 +59,22 @@ unsafe fn legacy_block<const SIGNED: bool>(
     _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc)
 }
 
-/// Σ_b d_w[b]·dsum_a[b] (one FMA per 8 blocks): how a constant weight offset contributes.
+/// Σ_b w[b]·a[b] over per-block factors (one FMA per 8 blocks): how a constant weight
+/// offset (`d_w`·`dsum_a`) or an additive minimum (`m_w`·`s_a`) contributes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn offset_share(st: &Stage, a: &ActRow, nb: usize) -> f32 {
-    debug_assert!(st.d.len() >= nb && a.dsum.len() >= nb);
-    let (wd, ds) = (st.d.as_ptr(), a.dsum.as_ptr());
+pub(super) unsafe fn block_factor_dot(w: &[f32], a: &[f32], nb: usize) -> f32 {
+    debug_assert!(w.len() >= nb && a.len() >= nb);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let mut acc = _mm256_setzero_ps();
     let mut b = 0;
     while b + 8 <= nb {
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wd.add(b)), _mm256_loadu_ps(ds.add(b)), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(b)), _mm256_loadu_ps(ap.add(b)), acc);
         b += 8;
     }
     let mut sum = hsum_ps(acc);
     while b < nb {
-        sum += *wd.add(b) * *ds.add(b);
+        sum += *wp.add(b) * *ap.add(b);
         b += 1;
     }
     sum
@@ -109,14 +110,10 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
     }
     let mut sum = hsum_ps(_mm256_add_ps(acc0, acc1));
     if OFFSET != 0 {
-        sum -= OFFSET as f32 * offset_share(st, a, nb);
+        sum -= OFFSET as f32 * block_factor_dot(&st.d, a.dsum, nb);
     }
     if MIN {
-        let mut mins = 0f32;
-        for b in 0..nb {
-            mins += st.m[b] * a.s[b];
-        }
-        sum += mins;
+        sum += block_factor_dot(&st.m, a.s, nb);
     }
     sum
 }

@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 
 use super::super::act::ActRow;
 use super::super::stage::Stage;
-use super::dot_avx2::{hsum_ps, offset_share, MINS_NONE, MINS_OFFSET};
+use super::dot_avx2::{block_factor_dot, hsum_ps, MINS_NONE, MINS_OFFSET};
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -103,14 +103,10 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
     }
     let mut sum = hsum512(_mm512_add_ps(acc0, acc1));
     if OFFSET != 0 {
-        sum -= OFFSET as f32 * offset_share(st, a, nb);
+        sum -= OFFSET as f32 * block_factor_dot(&st.d, a.dsum, nb);
     }
     if MIN {
-        let mut mins = 0f32;
-        for b in 0..nb {
-            mins += st.m[b] * a.s[b];
-        }
-        sum += mins;
+        sum += block_factor_dot(&st.m, a.s, nb);
     }
     sum
 }

@@ -1,0 +1,198 @@
+//! `nextn serve`: an OpenAI-compatible HTTP server in front of the continuous-batching scheduler
+//! (`nextn_engine::scheduler`).
+//!
+//! The model runs on the scheduler's own inference thread; the async runtime only parses
+//! requests, renders chat templates, tokenizes (on blocking threads) and streams events back.
+//! Each request gets an unbounded channel for its events; dropping the response (the client went
+//! away) closes it, and the scheduler frees the slot at its next step.
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health` (503 while loading), `GET /metrics` (see [`prometheus`] for the names).
+
+pub mod error;
+pub mod prometheus;
+pub mod reasoning;
+pub mod request;
+mod respond;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use nextn_engine::chat::ChatTemplate;
+use nextn_engine::scheduler::{self, Engine, Phase, SchedulerConfig, SchedulerHandle};
+use nextn_engine::tokenizer::Tokenizer;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// Thinking stays in `content`.
+    None,
+    /// `<think>…</think>` goes to `reasoning_content`.
+    Deepseek,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Accepted `Authorization: Bearer` keys; empty = no authentication.
+    pub api_keys: Vec<String>,
+    /// The model id reported by `/v1/models` and in responses.
+    pub model_id: String,
+    /// Other names a request's `model` may use (the file name, its stem, its path).
+    pub model_aliases: Vec<String>,
+    pub reasoning: ReasoningFormat,
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// On SIGTERM / SIGINT, running requests may finish for this long before they are cancelled.
+    pub shutdown_grace: Duration,
+    /// Log every finished request to stderr.
+    pub log_requests: bool,
+}
+
+/// What the loader hands over once the model is read.
+pub struct Loaded {
+    pub engine: Engine,
+    pub scheduler: SchedulerConfig,
+    pub template: ChatTemplate,
+    /// Start-up lines to log (what was loaded, memory reserved).
+    pub description: String,
+}
+
+/// Tokenizer and template for the request side, available once loading finished.
+pub(crate) struct Frontend {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+}
+
+pub(crate) struct App {
+    pub cfg: ServerConfig,
+    pub handle: SchedulerHandle,
+    pub frontend: OnceLock<Arc<Frontend>>,
+}
+
+/// Bind, start loading the model on the inference thread, and serve until SIGTERM / SIGINT (or a
+/// failed load). Returns when every connection is closed and the inference thread has ended.
+pub fn run<L>(cfg: ServerConfig, load: L) -> Result<(), String>
+where
+    L: FnOnce() -> Result<Loaded, String> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("nextn-http")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(serve(cfg, load))
+}
+
+async fn serve<L>(cfg: ServerConfig, load: L) -> Result<(), String>
+where
+    L: FnOnce() -> Result<Loaded, String> + Send + 'static,
+{
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local: SocketAddr = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
+
+    let frontend_slot: Arc<OnceLock<Arc<Frontend>>> = Arc::new(OnceLock::new());
+    let fs = frontend_slot.clone();
+    let (handle, inference) = scheduler::spawn(move || {
+        let loaded = load()?;
+        eprintln!("{}", loaded.description);
+        let _ = fs.set(Arc::new(Frontend { tokenizer: loaded.engine.tokenizer.clone(), template: loaded.template }));
+        Ok((loaded.engine, loaded.scheduler))
+    })
+    .map_err(|e| format!("cannot start the inference thread: {e}"))?;
+
+    let grace = cfg.shutdown_grace;
+    let app = Arc::new(App { cfg, handle: handle.clone(), frontend: OnceLock::new() });
+    let router = routes::router(app.clone());
+    // The HTTP side sees the frontend as soon as the loader publishes it.
+    let watcher = {
+        let app = app.clone();
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            loop {
+                match handle.phase() {
+                    Phase::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Phase::Ready => {
+                        if let Some(f) = frontend_slot.get() {
+                            let _ = app.frontend.set(f.clone());
+                        }
+                        if let Some(info) = handle.info() {
+                            if let Some(c) = &info.calibration {
+                                eprintln!("{c}");
+                            }
+                            eprintln!(
+                                "ready: {} slots of {} tokens, {}",
+                                info.n_slots,
+                                info.n_ctx_slot,
+                                if info.speculative { format!("MTP drafting up to {} tokens", info.n_draft_max) } else { "no speculative decoding".into() }
+                            );
+                        }
+                        return Ok(());
+                    }
+                    Phase::Failed | Phase::Stopped => {
+                        return Err(handle.failure().unwrap_or_else(|| "the model failed to load".into()));
+                    }
+                }
+            }
+        })
+    };
+    eprintln!("listening on http://{local} (model loading; /health answers 503 until ready)");
+
+    let load_result: Arc<std::sync::Mutex<Option<String>>> = Arc::new(std::sync::Mutex::new(None));
+    let lr = load_result.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = termination() => eprintln!("shutting down: finishing running requests (up to {:.0} s)", grace.as_secs_f64()),
+            r = watcher => {
+                let failed = match r {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(e) => Some(format!("the start-up watcher failed: {e}")),
+                };
+                match failed {
+                    Some(e) => *lr.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                    None => termination().await,
+                }
+            }
+        }
+        handle.shutdown(grace);
+    };
+    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    app.handle.shutdown(Duration::ZERO);
+    let joined = tokio::task::spawn_blocking(move || inference.join()).await;
+    if let Some(e) = load_result.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    served.map_err(|e| format!("the HTTP server failed: {e}"))?;
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        _ => Err("the inference thread ended abnormally".into()),
+    }
+}
+
+/// SIGTERM or SIGINT (Ctrl-C).
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

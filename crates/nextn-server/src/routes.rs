@@ -1,0 +1,286 @@
+//! Routes, authentication and the request side of each endpoint: parse, render, tokenize,
+//! check against the context, submit.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use nextn_engine::scheduler::{Phase, SubmitError};
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::reasoning::{prompt_opens_thinking, ReasoningSplitter};
+use crate::request::{parse_chat, parse_completion, parse_json, GenParams, Prompt};
+use crate::respond::{self, Endpoint, Reply};
+use crate::{prometheus, App, Frontend, ReasoningFormat};
+
+type AppState = Arc<App>;
+
+pub(crate) fn router(app: AppState) -> Router {
+    let limit = app.cfg.max_body_bytes;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// Compare without an early exit, so the time taken does not tell how much of a guess matched.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= std::hint::black_box(u64::from(x ^ y));
+    }
+    std::hint::black_box(diff) == 0
+}
+
+fn key_matches(keys: &[String], given: &str) -> bool {
+    // Every key is compared, so which key matched is not visible either.
+    keys.iter().fold(false, |ok, k| constant_time_eq(k.as_bytes(), given.as_bytes()) | ok)
+}
+
+async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if app.cfg.api_keys.is_empty() || path == "/health" || path == "/v1/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
+    match given {
+        Some(k) if key_matches(&app.cfg.api_keys, k) => next.run(req).await,
+        _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path())).into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", format!("{} is not allowed on {}", req.method(), req.uri().path()))
+        .into_response()
+}
+
+fn json_response(status: StatusCode, v: serde_json::Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], v.to_string()).into_response()
+}
+
+async fn health(State(app): State<AppState>) -> Response {
+    match app.handle.phase() {
+        Phase::Ready if app.frontend.get().is_some() => json_response(StatusCode::OK, json!({"status": "ok"})),
+        Phase::Loading | Phase::Ready => ApiError::unavailable("Loading model").into_response(),
+        Phase::Failed | Phase::Stopped => {
+            ApiError::unavailable(app.handle.failure().unwrap_or_else(|| "the server is shutting down".into())).into_response()
+        }
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    let info = app.handle.info();
+    let text = prometheus::render(
+        &app.handle.metrics(),
+        info.as_ref().map_or(0, |i| i.n_slots),
+        info.as_ref().map_or(0, |i| i.n_draft_max),
+    );
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn models(State(app): State<AppState>) -> Response {
+    let info = app.handle.info();
+    let meta = info.map(|i| {
+        json!({
+            "n_ctx_slot": i.n_ctx_slot,
+            "n_slots": i.n_slots,
+            "n_vocab": i.n_vocab,
+            "n_ctx_train": i.n_ctx_train,
+            "speculative": i.speculative,
+            "n_draft_max": i.n_draft_max,
+        })
+    });
+    json_response(
+        StatusCode::OK,
+        json!({
+            "object": "list",
+            "data": [{
+                "id": app.cfg.model_id,
+                "object": "model",
+                "created": respond::unix_time(),
+                "owned_by": "nextn",
+                "meta": meta,
+            }],
+        }),
+    )
+}
+
+fn body_error(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "the request body is too large")
+    } else {
+        ApiError::new(r.status(), "invalid_request_error", format!("cannot read the request body: {}", r.body_text()))
+    }
+}
+
+fn frontend(app: &App) -> Result<Arc<Frontend>, ApiError> {
+    match (app.handle.phase(), app.frontend.get()) {
+        (Phase::Ready, Some(f)) => Ok(f.clone()),
+        (Phase::Loading, _) | (Phase::Ready, None) => Err(ApiError::unavailable("Loading model")),
+        _ => Err(ApiError::unavailable("the server is shutting down")),
+    }
+}
+
+fn check_model(app: &App, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None | Some("") => Ok(()),
+        Some(m) if m == app.cfg.model_id || app.cfg.model_aliases.iter().any(|a| a == m) => Ok(()),
+        Some(m) => Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::not_found(format!("the model '{m}' does not exist: this server serves '{}'", app.cfg.model_id))
+        }),
+    }
+}
+
+/// The text/JSON parts of a request that run off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
+}
+
+async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    chat_inner(app, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_inner(app: AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let fe = frontend(&app)?;
+    let (req, prompt_text, tokens) = blocking(move || {
+        let o = parse_json(&body)?;
+        let req = parse_chat(&o)?;
+        let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
+        let rendered = if continue_last {
+            fe.template.render_prefill(&req.messages, &req.template_kwargs)
+        } else {
+            fe.template.render(&req.messages, true, &req.template_kwargs)
+        };
+        let text = rendered.map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let tokens = fe.tokenizer.encode(&text, true);
+        Ok((req, text, tokens))
+    })
+    .await?;
+    check_model(&app, req.params.model.as_deref())?;
+    let splitter = match app.cfg.reasoning {
+        ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(prompt_opens_thinking(&prompt_text))),
+        ReasoningFormat::None => None,
+    };
+    submit(&app, tokens, req.params, Endpoint::Chat, splitter).await
+}
+
+async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    completions_inner(app, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions_inner(app: AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let fe = frontend(&app)?;
+    let req = blocking(move || {
+        let o = parse_json(&body)?;
+        let req = parse_completion(&o)?;
+        let tokens = match &req.prompt {
+            Prompt::Text(t) => fe.tokenizer.encode(t, true),
+            Prompt::Tokens(t) => t.clone(),
+        };
+        Ok((req.params, tokens))
+    })
+    .await?;
+    check_model(&app, req.0.model.as_deref())?;
+    submit(&app, req.1, req.0, Endpoint::Completion, None).await
+}
+
+async fn submit(
+    app: &AppState,
+    tokens: Vec<u32>,
+    params: GenParams,
+    endpoint: Endpoint,
+    splitter: Option<ReasoningSplitter>,
+) -> Result<Response, ApiError> {
+    let info = app.handle.info().ok_or_else(|| ApiError::unavailable("Loading model"))?;
+    if tokens.is_empty() {
+        return Err(ApiError::invalid_field("prompt", "the prompt is empty"));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
+        return Err(ApiError::invalid_field("prompt", format!("token id {bad} is out of range: the vocabulary has {} tokens", info.n_vocab)));
+    }
+    if tokens.len() >= info.n_ctx_slot {
+        let mut e = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "exceed_context_size_error",
+            format!(
+                "the request exceeds the available context size: the prompt has {} tokens and a slot holds {} (at least one more is needed to generate)",
+                tokens.len(),
+                info.n_ctx_slot
+            ),
+        );
+        e.extra = Some(json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot}));
+        return Err(e);
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = nextn_engine::scheduler::Request {
+        prompt: tokens,
+        sampler: params.sampler.clone(),
+        n_predict: params.n_predict,
+        stop: params.stop.clone(),
+        ignore_eos: params.ignore_eos,
+        sink: Box::new(respond::ChannelSink(tx)),
+    };
+    app.handle.submit(request).map_err(|e| match e {
+        SubmitError::QueueFull(_) => ApiError::unavailable(format!("the server is busy: {e}; retry later")),
+        SubmitError::Loading => ApiError::unavailable("Loading model"),
+        SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down"),
+        SubmitError::Stopped(_) => ApiError::internal(e.to_string()),
+    })?;
+    let reply = Reply::new(app.clone(), endpoint, params.include_usage, splitter);
+    if params.stream {
+        respond::stream(rx, reply).await
+    } else {
+        respond::collect(rx, reply).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+        let keys = vec!["a".to_string(), "bb".to_string()];
+        assert!(key_matches(&keys, "bb") && key_matches(&keys, "a") && !key_matches(&keys, "c"));
+        assert!(!key_matches(&[], "a"));
+    }
+}
