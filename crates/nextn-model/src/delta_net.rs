@@ -2,6 +2,8 @@
 //! q/k, per-v-head decay and β, the delta-rule recurrence on a dk×dv state, a gated RMSNorm and the
 //! output projection. V head m reads q/k head `m mod Hk` (GGUF's tiled order).
 
+use std::sync::Mutex;
+
 use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{DeltaNetCache, LayerCache, RecurrentState, RowInputs};
@@ -102,6 +104,7 @@ impl GatedDeltaNet {
                 cache,
                 seg.verify,
                 &mut y[r.start * value_dim..r.end * value_dim],
+                pool,
             )?;
         }
         self.w_out.forward(&y, n, out, pool)
@@ -118,6 +121,7 @@ impl GatedDeltaNet {
         cache: &mut DeltaNetCache,
         verify: bool,
         y: &mut [f32],
+        pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         if cache.pending.is_some() {
             return Err(ModelError::Rollback("delta-net layer has uncommitted verify rows".into()));
@@ -144,33 +148,45 @@ impl GatedDeltaNet {
         }
 
         let scale = 1.0 / (d as f32).sqrt();
-        let mut u = vec![0.0f32; d];
-        let mut o = vec![0.0f32; d];
-        let mut normed = vec![0.0f32; d];
         if verify {
             cache.spare.resize(cache.state.ssm.len(), 0.0);
         }
-        for mh in 0..hv {
+        // Heads are independent: spread them over the pool. Each head's arithmetic is the same
+        // whichever thread runs it, so results do not depend on the thread count.
+        let states: Vec<Mutex<&mut [f32]>> = if verify {
+            let (src, dst) = (&cache.state.ssm, &mut cache.spare);
+            dst.copy_from_slice(src);
+            dst.chunks_mut(d * d).map(Mutex::new).collect()
+        } else {
+            cache.state.ssm.chunks_mut(d * d).map(Mutex::new).collect()
+        };
+        let outputs: Vec<Mutex<Vec<f32>>> = (0..hv).map(|_| Mutex::new(vec![0.0f32; n * d])).collect();
+        let rows_ref = &rows;
+        pool.run(hv, |mh, _| {
             let g = mh % hk;
-            let head = mh * d * d..(mh + 1) * d * d;
-            let s: &mut [f32] = if verify {
-                cache.spare[head.clone()].copy_from_slice(&cache.state.ssm[head.clone()]);
-                &mut cache.spare[head]
-            } else {
-                &mut cache.state.ssm[head]
-            };
+            let mut s = states[mh].lock().unwrap_or_else(|e| e.into_inner());
+            let mut yh = outputs[mh].lock().unwrap_or_else(|e| e.into_inner());
+            let mut u = vec![0.0f32; d];
+            let mut o = vec![0.0f32; d];
+            let mut normed = vec![0.0f32; d];
             for t in 0..n {
-                let c = &rows.conv[t * conv_dim..(t + 1) * conv_dim];
+                let c = &rows_ref.conv[t * conv_dim..(t + 1) * conv_dim];
                 let (qg, kg) = (&c[g * d..(g + 1) * d], &c[key_dim + g * d..key_dim + (g + 1) * d]);
                 let vm = &c[2 * key_dim + mh * d..2 * key_dim + (mh + 1) * d];
-                delta_rule_step(s, kg, vm, rows.beta[t * hv + mh], rows.decay[t * hv + mh], &mut u, Some((qg, &mut o)));
+                delta_rule_step(&mut s, kg, vm, rows_ref.beta[t * hv + mh], rows_ref.decay[t * hv + mh], &mut u, Some((qg, &mut o)));
                 o.iter_mut().for_each(|v| *v *= scale);
                 ops::rms_norm(&o, &self.norm, self.eps, &mut normed);
                 let zm = &z[t * value_dim + mh * d..][..d];
-                let ym = &mut y[t * value_dim + mh * d..][..d];
-                for ((yj, &nj), &zj) in ym.iter_mut().zip(&normed).zip(zm) {
+                for ((yj, &nj), &zj) in yh[t * d..(t + 1) * d].iter_mut().zip(&normed).zip(zm) {
                     *yj = nj * ops::silu(zj);
                 }
+            }
+        });
+        drop(states);
+        for (mh, out) in outputs.into_iter().enumerate() {
+            let yh = out.into_inner().unwrap_or_else(|e| e.into_inner());
+            for t in 0..n {
+                y[t * value_dim + mh * d..t * value_dim + (mh + 1) * d].copy_from_slice(&yh[t * d..(t + 1) * d]);
             }
         }
         if verify {

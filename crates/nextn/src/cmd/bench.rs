@@ -79,6 +79,14 @@ fn read_prompts(loaded: &Loaded, path: Option<&PathBuf>) -> Result<Vec<Prompt>> 
     Ok(out)
 }
 
+/// Peak resident set size of this process (Linux `VmHWM`).
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -363,6 +371,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
 
+    let peak_rss = peak_rss_bytes();
+    if let Some(b) = peak_rss {
+        println!();
+        println!(
+            "peak RSS {:.1} MiB (model file {:.1} MiB, mapped: weights are not copied)",
+            b as f64 / (1 << 20) as f64,
+            loaded.file_bytes as f64 / (1 << 20) as f64
+        );
+    }
     let mut check = Value::Null;
     if args.check {
         let Some(head) = head.as_ref() else { bail!("--check needs a NextN head") };
@@ -397,6 +414,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(path) = &args.json {
         let report = json!({
             "check": check,
+            "peak_rss_bytes": peak_rss,
+            "model_file_bytes": loaded.file_bytes,
             "model": loaded.path.display().to_string(),
             "threads": loaded.pool.n_threads(),
             "n_predict": args.n_predict,

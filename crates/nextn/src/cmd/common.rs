@@ -72,6 +72,8 @@ pub fn resolve_model_path(arg: Option<&PathBuf>) -> Result<PathBuf> {
 
 pub struct Loaded {
     pub path: PathBuf,
+    /// Bytes of the model file(s), all shards.
+    pub file_bytes: u64,
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
@@ -160,5 +162,5 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         (kv_per_token * n_ctx as u64) as f64 / (1 << 20) as f64,
         threads,
     );
-    Ok(Loaded { path, model, tokenizer, template, pool, n_ctx, k_type, v_type })
+    Ok(Loaded { path, file_bytes: file.file_size(), model, tokenizer, template, pool, n_ctx, k_type, v_type })
 }
