@@ -9,6 +9,8 @@ pub(crate) struct Stage {
     /// One byte per weight: int8 values (or unsigned, for types whose kernel subtracts an
     /// offset through the activation sums).
     pub q: Vec<u8>,
+    /// |q| for types decoded signed on x86, so each activation row skips the `abs`.
+    pub qabs: Vec<u8>,
     /// Per-block weight scale.
     pub d: Vec<f32>,
     /// Per-block minimum (Q4_1, Q5_1) or min scale (Q2_K, Q4_K, Q5_K).
@@ -26,6 +28,7 @@ impl Stage {
     pub(crate) fn new(ty: GgmlType, cols: usize) -> Stage {
         let mut st = Stage {
             q: Vec::new(),
+            qabs: Vec::new(),
             d: Vec::new(),
             m: Vec::new(),
             sc: Vec::new(),
@@ -46,6 +49,9 @@ impl Stage {
         let nb = cols / ty.block_size();
         if ty.is_quantized() {
             at_least(&mut self.q, cols);
+            if cfg!(target_arch = "x86_64") {
+                at_least(&mut self.qabs, cols);
+            }
             at_least(&mut self.d, nb);
             at_least(&mut self.m, nb);
         }

@@ -13,7 +13,7 @@ use super::super::stage::Stage;
 use super::super::tables::{
     iq4xs_scales, k4_scales_mins_packed, q3k_scales_packed, read_f32, KVALUES_IQ4NL,
 };
-use super::decode_legacy::{f16_at, nibbles32, table16};
+use super::decode_legacy::{f16_at, nibbles32, store_signed, table16};
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -248,7 +248,7 @@ pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
         let blk = &w[292 * b..292 * b + 292];
         *st.d.get_unchecked_mut(b) = read_f32(blk, 0);
         for c in 0..8 {
-            store_q(st, 8 * b + c, load(blk.as_ptr().add(4 + 32 * c)));
+            store_signed(st, 8 * b + c, load(blk.as_ptr().add(4 + 32 * c)));
             store_scales(st, 8 * b + c, ones);
         }
     }
@@ -266,11 +266,8 @@ pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut Stage, nb: usize) {
         let s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64(ls.as_ptr() as *const __m128i));
         store_scales_per32(st, b, s8);
         for ib in 0..8 {
-            store_q(
-                st,
-                8 * b + ib,
-                _mm256_shuffle_epi8(table, nibbles32(p.add(8 + 16 * ib))),
-            );
+            let v = _mm256_shuffle_epi8(table, nibbles32(p.add(8 + 16 * ib)));
+            store_signed(st, 8 * b + ib, v);
         }
     }
 }

@@ -53,6 +53,18 @@ unsafe fn store(st: &mut Stage, b: usize, v: __m256i) {
     _mm256_storeu_si256(st.q.as_mut_ptr().add(32 * b) as *mut __m256i, v);
 }
 
+/// Signed lanes: the values and their magnitudes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn store_signed(st: &mut Stage, chunk: usize, v: __m256i) {
+    debug_assert!(st.q.len() >= 32 * (chunk + 1) && st.qabs.len() >= 32 * (chunk + 1));
+    _mm256_storeu_si256(st.q.as_mut_ptr().add(32 * chunk) as *mut __m256i, v);
+    _mm256_storeu_si256(
+        st.qabs.as_mut_ptr().add(32 * chunk) as *mut __m256i,
+        _mm256_abs_epi8(v),
+    );
+}
+
 /// Debug-build bounds check for a decoder of `bytes`-byte blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -118,7 +130,7 @@ pub(super) unsafe fn decode_q8_0(w: &[u8], st: &mut Stage, nb: usize) {
     for b in 0..nb {
         let p = w.as_ptr().add(34 * b);
         *st.d.get_unchecked_mut(b) = f16_at(p);
-        store(st, b, _mm256_loadu_si256(p.add(2) as *const __m256i));
+        store_signed(st, b, _mm256_loadu_si256(p.add(2) as *const __m256i));
     }
 }
 
@@ -129,20 +141,26 @@ pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut Stage, nb: usize) {
     for b in 0..nb {
         let p = w.as_ptr().add(18 * b);
         *st.d.get_unchecked_mut(b) = f16_at(p);
-        store(st, b, _mm256_shuffle_epi8(table, nibbles32(p.add(2))));
+        store_signed(st, b, _mm256_shuffle_epi8(table, nibbles32(p.add(2))));
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn decode_mxfp4(w: &[u8], st: &mut Stage, nb: usize) {
     check(w, st, nb, 17);
-    let table = table16(&KVALUES_MXFP4);
+    // Stored as value + MXFP4_OFFSET (0..=24), unsigned; the dot product takes the offset
+    // back out through the activation block sums.
+    let biased: [i8; 16] = core::array::from_fn(|i| KVALUES_MXFP4[i] + MXFP4_OFFSET as i8);
+    let table = table16(&biased);
     for b in 0..nb {
         let p = w.as_ptr().add(17 * b);
         *st.d.get_unchecked_mut(b) = e8m0_to_f32_half(*p);
         store(st, b, _mm256_shuffle_epi8(table, nibbles32(p.add(1))));
     }
 }
+
+/// The bias that makes MXFP4's doubled e2m1 levels (-12..=12) non-negative.
+pub(super) const MXFP4_OFFSET: i32 = 12;
 
 /// F16 weights widened to f32 (exact), so each activation row reuses them.
 #[target_feature(enable = "avx2,fma,f16c")]

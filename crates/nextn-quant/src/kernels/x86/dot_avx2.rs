@@ -30,30 +30,37 @@ unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// Sixteen i16 sums of adjacent products w·x. Signed weights go through |w|·sign(x, w)
-/// because `maddubs` wants its first operand unsigned; no pair can saturate since
+/// Sixteen i16 sums of adjacent products w·x for the 32 lanes at `off`. Unsigned weights
+/// go straight into `maddubs`; signed ones as |w|·sign(x, w) (|w| precomputed by the
+/// decoder) because `maddubs` wants its first operand unsigned. No pair can saturate:
 /// activations are within ±127 and weights within -128..=127 (or 0..=63 unsigned).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pair_products<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+pub(super) unsafe fn pair_products<const SIGNED: bool>(
+    st: &Stage,
+    x: *const u8,
+    off: usize,
+) -> __m256i {
+    let xv = load(x.add(off));
     if SIGNED {
-        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+        let w = load(st.q.as_ptr().add(off));
+        _mm256_maddubs_epi16(load(st.qabs.as_ptr().add(off)), _mm256_sign_epi8(xv, w))
     } else {
-        _mm256_maddubs_epi16(w, x)
+        _mm256_maddubs_epi16(load(st.q.as_ptr().add(off)), xv)
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy_block<const SIGNED: bool>(
-    q: *const u8,
+    st: &Stage,
     x: *const u8,
     wd: *const f32,
     ad: *const f32,
     b: usize,
     acc: __m256,
 ) -> __m256 {
-    let pairs = pair_products::<SIGNED>(load(q.add(32 * b)), load(x.add(32 * b)));
+    let pairs = pair_products::<SIGNED>(st, x, 32 * b);
     let p = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
     let s = _mm256_set1_ps(*wd.add(b) * *ad.add(b));
     _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc)
@@ -92,21 +99,16 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
     nb: usize,
 ) -> f32 {
     debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
-    let (q, x, wd, ad) = (
-        st.q.as_ptr(),
-        a.qs.as_ptr() as *const u8,
-        st.d.as_ptr(),
-        a.d.as_ptr(),
-    );
+    let (x, wd, ad) = (a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut b = 0;
     while b + 2 <= nb {
-        acc0 = legacy_block::<SIGNED>(q, x, wd, ad, b, acc0);
-        acc1 = legacy_block::<SIGNED>(q, x, wd, ad, b + 1, acc1);
+        acc0 = legacy_block::<SIGNED>(st, x, wd, ad, b, acc0);
+        acc1 = legacy_block::<SIGNED>(st, x, wd, ad, b + 1, acc1);
         b += 2;
     }
     if b < nb {
-        acc0 = legacy_block::<SIGNED>(q, x, wd, ad, b, acc0);
+        acc0 = legacy_block::<SIGNED>(st, x, wd, ad, b, acc0);
     }
     let mut sum = hsum_ps(_mm256_add_ps(acc0, acc1));
     if OFFSET != 0 {
@@ -130,11 +132,7 @@ pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
 ) -> f32 {
     debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
     debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
-    let (q, x, sc) = (
-        st.q.as_ptr(),
-        a.qs.as_ptr() as *const u8,
-        st.sc.as_ptr() as *const u8,
-    );
+    let (x, sc) = (a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
     let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
     let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
     let mut acc = _mm256_setzero_ps();
@@ -142,7 +140,7 @@ pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
         let mut sumi = _mm256_setzero_si256();
         for c in 0..8 {
             let off = 256 * b + 32 * c;
-            let p = pair_products::<SIGNED>(load(q.add(off)), load(x.add(off)));
+            let p = pair_products::<SIGNED>(st, x, off);
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, load(sc.add(off))));
         }
         let dd = *wd.add(b) * *ad.add(b);

@@ -28,47 +28,58 @@ unsafe fn load256(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// 32 i16 sums of adjacent products; AVX-512 has no `vpsignb`, so negative weights
-/// negate the activation through a mask (a zero weight gives |w| = 0 either way).
+/// 64 bytes at `p`, or only the first 32 (the rest zero, nothing read past them) when
+/// `half`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn pair_products<const SIGNED: bool>(w: __m512i, x: __m512i) -> __m512i {
-    if SIGNED {
-        let negative = _mm512_movepi8_mask(w);
-        let sx = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
-        _mm512_maddubs_epi16(_mm512_abs_epi8(w), sx)
+unsafe fn load_bytes(p: *const u8, half: bool) -> __m512i {
+    if half {
+        _mm512_maskz_loadu_epi8(0xffff_ffff, p as *const i8)
     } else {
-        _mm512_maddubs_epi16(w, x)
+        load512(p)
+    }
+}
+
+/// 32 i16 sums of adjacent products for the 64 lanes at `off`. AVX-512 has no `vpsignb`,
+/// so for signed weights the activation is negated through a mask and multiplied by the
+/// decoder's |w| (a zero weight gives |w| = 0 either way).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn pair_products<const SIGNED: bool>(
+    st: &Stage,
+    x: *const u8,
+    off: usize,
+    half: bool,
+) -> __m512i {
+    let xv = load_bytes(x.add(off), half);
+    if SIGNED {
+        let negative = _mm512_movepi8_mask(load_bytes(st.q.as_ptr().add(off), half));
+        let sx = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+        _mm512_maddubs_epi16(load_bytes(st.qabs.as_ptr().add(off), half), sx)
+    } else {
+        _mm512_maddubs_epi16(load_bytes(st.q.as_ptr().add(off), half), xv)
     }
 }
 
 /// Blocks `b` and `b + 1` (or only `b` when `single`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn legacy_pair<const SIGNED: bool>(
-    q: *const u8,
-    x: *const u8,
-    wd: *const f32,
-    ad: *const f32,
+    st: &Stage,
+    a: &ActRow,
     b: usize,
     single: bool,
     acc: __m512,
 ) -> __m512 {
+    let (wd, ad) = (st.d.as_ptr(), a.d.as_ptr());
     let s0 = *wd.add(b) * *ad.add(b);
-    let (wv, xv, s1) = if single {
-        let low = 0xffff_ffffu64;
-        let wv = _mm512_maskz_loadu_epi8(low, q.add(32 * b) as *const i8);
-        let xv = _mm512_maskz_loadu_epi8(low, x.add(32 * b) as *const i8);
-        (wv, xv, 0.0)
+    let s1 = if single {
+        0.0
     } else {
-        (
-            load512(q.add(32 * b)),
-            load512(x.add(32 * b)),
-            *wd.add(b + 1) * *ad.add(b + 1),
-        )
+        *wd.add(b + 1) * *ad.add(b + 1)
     };
-    let p = _mm512_madd_epi16(pair_products::<SIGNED>(wv, xv), _mm512_set1_epi16(1));
+    let pairs = pair_products::<SIGNED>(st, a.qs.as_ptr() as *const u8, 32 * b, single);
+    let p = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
     let s = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
     _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc)
 }
@@ -81,25 +92,19 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
     nb: usize,
 ) -> f32 {
     debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
-    let (q, x, wd, ad) = (
-        st.q.as_ptr(),
-        a.qs.as_ptr() as *const u8,
-        st.d.as_ptr(),
-        a.d.as_ptr(),
-    );
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut b = 0;
     while b + 4 <= nb {
-        acc0 = legacy_pair::<SIGNED>(q, x, wd, ad, b, false, acc0);
-        acc1 = legacy_pair::<SIGNED>(q, x, wd, ad, b + 2, false, acc1);
+        acc0 = legacy_pair::<SIGNED>(st, a, b, false, acc0);
+        acc1 = legacy_pair::<SIGNED>(st, a, b + 2, false, acc1);
         b += 4;
     }
     if b + 2 <= nb {
-        acc0 = legacy_pair::<SIGNED>(q, x, wd, ad, b, false, acc0);
+        acc0 = legacy_pair::<SIGNED>(st, a, b, false, acc0);
         b += 2;
     }
     if b < nb {
-        acc1 = legacy_pair::<SIGNED>(q, x, wd, ad, b, true, acc1);
+        acc1 = legacy_pair::<SIGNED>(st, a, b, true, acc1);
     }
     let mut sum = hsum512(_mm512_add_ps(acc0, acc1));
     if OFFSET != 0 {
@@ -120,11 +125,7 @@ pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
 ) -> f32 {
     debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
     debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
-    let (q, x, sc) = (
-        st.q.as_ptr(),
-        a.qs.as_ptr() as *const u8,
-        st.sc.as_ptr() as *const u8,
-    );
+    let (x, sc) = (a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
     let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
     let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
     let mut acc = _mm256_setzero_ps();
@@ -132,7 +133,7 @@ pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
         let mut wide = _mm512_setzero_si512();
         for c in 0..4 {
             let off = 256 * b + 64 * c;
-            let p = pair_products::<SIGNED>(load512(q.add(off)), load512(x.add(off)));
+            let p = pair_products::<SIGNED>(st, x, off, false);
             wide = _mm512_add_epi32(wide, _mm512_madd_epi16(p, load512(sc.add(off))));
         }
         let sumi = _mm256_add_epi32(

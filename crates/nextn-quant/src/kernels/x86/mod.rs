@@ -86,7 +86,7 @@ kernels! {
     Q5_1 => decode_q5_1, d2::dot_legacy::<false, true, 0>, d5::dot_legacy::<false, true, 0>;
     Q8_0 => decode_q8_0, d2::dot_legacy::<true, false, 0>, d5::dot_legacy::<true, false, 0>;
     IQ4_NL => decode_iq4_nl, d2::dot_legacy::<true, false, 0>, d5::dot_legacy::<true, false, 0>;
-    MXFP4 => decode_mxfp4, d2::dot_legacy::<true, false, 0>, d5::dot_legacy::<true, false, 0>;
+    MXFP4 => decode_mxfp4, d2::dot_legacy::<false, false, MXFP4_OFFSET>, d5::dot_legacy::<false, false, MXFP4_OFFSET>;
     Q2_K => decode_q2_k, d2::dot_k::<false, MINS_SCALED>, d5::dot_k::<false, MINS_SCALED>;
     Q3_K => decode_q3_k, d2::dot_k::<false, MINS_OFFSET>, d5::dot_k::<false, MINS_OFFSET>;
     Q4_K => decode_q4_k, d2::dot_k::<false, MINS_SCALED>, d5::dot_k::<false, MINS_SCALED>;
