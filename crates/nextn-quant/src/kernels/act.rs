@@ -217,17 +217,19 @@ pub(crate) enum BlockSums<'a> {
     Exact(&'a mut [f32]),
 }
 
-/// ggml's reference Q8_0 (and Q8_1) quantization: d = amax/127, values rounded half away
-/// from zero, d stored as f16.
+/// Q8_0 (and Q8_1) activation quantization as ggml's x86 CPU backend does it (the backend the
+/// llama.cpp reference outputs come from): d = amax/127 stored as f16, values scaled by
+/// 127/amax and rounded half to even. (ggml's portable reference scales by 1/d and rounds half
+/// away from zero, which differs in the last bit of some quants.)
 pub(crate) fn quantize_q8_0_row(x: &[f32], qs: &mut [i8], d: &mut [f32], mut sums: BlockSums) {
     for (b, (xb, qb)) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).enumerate() {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let scale = amax / 127.0;
-        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in qb.iter_mut().zip(xb) {
             // |v * inv| <= 127 up to rounding, and `as` saturates anyway.
-            *q = (v * inv).round() as i8;
+            *q = (v * inv).round_ties_even() as i8;
             sum += *q as i32;
         }
         d[b] = super::tables::round_to_f16(scale);
@@ -277,16 +279,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn q8_0_extreme_maps_to_127_and_rounds_away_from_zero() {
+    fn q8_0_extreme_maps_to_127_and_rounds_half_to_even() {
         let mut x = vec![0.0f32; 32];
         x[0] = 2.54;
-        x[1] = -0.01; // -0.01 * 127/2.54 = -0.5 -> rounds away from zero to -1
+        x[1] = -0.01; // -0.01 * 127/2.54 = -0.5 -> half to even: 0 (ggml's x86 rounding)
         x[2] = -2.54;
+        x[3] = 0.03; // 1.5 -> 2
         let a = ActRows::quantize(ActKind::Q8_0, &x, 1, 32, false);
         let r = a.row(0);
         assert_eq!(r.qs[0], 127);
         assert_eq!(r.qs[2], -127);
-        assert_eq!(r.qs[1], -1);
+        assert_eq!(r.qs[1], 0);
+        assert_eq!(r.qs[3], 2);
         assert_eq!(r.d[0], crate::kernels::tables::round_to_f16(2.54 / 127.0));
     }
 

@@ -29,18 +29,6 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// `f32::round` (half away from zero): truncate, then step away from zero when the
-/// exact remainder is at least one half.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn round_half_away(v: __m256) -> __m256 {
-    let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    let frac = abs_ps(_mm256_sub_ps(v, t));
-    let away = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5), _CMP_GE_OQ);
-    let step = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0)), _mm256_set1_ps(1.0));
-    _mm256_add_ps(t, _mm256_and_ps(away, step))
-}
-
 /// Four vectors of 8 i32 to 32 saturated i8, in element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -70,10 +58,13 @@ pub(crate) unsafe fn quantize_q8_0_row(
         );
         let amax = hmax_ps(m);
         let scale = amax / 127.0;
-        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let inv_v = _mm256_set1_ps(inv);
         let q: [__m256i; 4] = core::array::from_fn(|k| {
-            _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], inv_v)))
+            _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(v[k], inv_v),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+            ))
         });
         let packed = pack_i8(q[0], q[1], q[2], q[3]);
         _mm256_storeu_si256(qs.as_mut_ptr().add(32 * b) as *mut __m256i, packed);
