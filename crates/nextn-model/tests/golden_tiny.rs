@@ -59,3 +59,36 @@ fn f32_model_matches_jax_reference() {
         }
     }
 }
+
+/// The bundled Q8_0 model: its distance from the JAX reference is no larger than llama.cpp's on the
+/// same file (plus a small allowance for rounding flips), and its greedy continuations equal llama.cpp's.
+#[test]
+fn bundled_q8_0_tracks_llamacpp() {
+    let Some(dir) = model_dir() else { return };
+    let jax: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden_jax.json")).unwrap()).unwrap();
+    let lc: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("llamacpp_vs_jax_Q8_0.json")).unwrap()).unwrap();
+    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
+    let model = Model::load(Arc::new(GgufFile::open(bundled).unwrap())).unwrap();
+    let pool = ThreadPool::new(2);
+    for (g, l) in jax["goldens"].as_array().unwrap().iter().zip(lc["sequences"].as_array().unwrap()) {
+        let prompt = ids(&g["prompt_ids"]);
+        let n = prompt.len();
+        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32);
+        let out = model.forward(&prompt, &mut st, LogitRows::All, &pool).unwrap();
+        // Last row: JAX's full logits, over JAX's top 32.
+        let full: Vec<f64> = g["last_logits_full"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let mut order: Vec<usize> = (0..full.len()).collect();
+        order.sort_by(|&a, &b| full[b].total_cmp(&full[a]));
+        let last = out.logits_row(n - 1);
+        let ours = order[..32].iter().map(|&i| (last[i] as f64 - full[i]).abs()).fold(0.0, f64::max);
+        let theirs = l["target_max_abs_logit_diff_over_top32"].as_f64().unwrap();
+        eprintln!("{}: |ours − JAX| {ours:.4} on the last row, llama.cpp's worst row {theirs:.4}", l["name"]);
+        assert!(ours <= 1.5 * theirs + 0.02, "{}: {ours} vs llama.cpp {theirs}", l["name"]);
+        let want = ids(&l["greedy_llamacpp"]);
+        let mut logits = last.to_vec();
+        for (i, &w) in want.iter().enumerate() {
+            assert_eq!(argmax(&logits), w, "{} greedy step {i} differs from llama.cpp's Q8_0 run", l["name"]);
+            logits = model.forward(&[w], &mut st, LogitRows::Last, &pool).unwrap().logits;
+        }
+    }
+}
