@@ -17,7 +17,7 @@ Layout (little-endian):
 Token types are llama.cpp's (3 CONTROL, 4 USER_DEFINED): Hugging Face marks the tool-call, FIM,
 repo/file and think tokens "special": false, which llama.cpp's converter turns into USER_DEFINED;
 the rest are CONTROL.  (Checked against the real-vocabulary golden fixture by
-crates/nextn-model/tests/synth_vocab.rs.)
+crates/nextn/tests/synth.rs.)
 
 Usage: python3 tools/make_qwen35_vocab.py [--shared ../shared] [--out models/qwen35-vocab.bin]
 """

@@ -92,21 +92,32 @@ where
     L: FnOnce() -> Result<Loaded, String> + Send + 'static,
 {
     let addr = format!("{}:{}", cfg.host, cfg.port);
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local: SocketAddr = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the bound address: {e}"))?;
 
     let frontend_slot: Arc<OnceLock<Arc<Frontend>>> = Arc::new(OnceLock::new());
     let fs = frontend_slot.clone();
     let (handle, inference) = scheduler::spawn(move || {
         let loaded = load()?;
         eprintln!("{}", loaded.description);
-        let _ = fs.set(Arc::new(Frontend { tokenizer: loaded.engine.tokenizer.clone(), template: loaded.template }));
+        let _ = fs.set(Arc::new(Frontend {
+            tokenizer: loaded.engine.tokenizer.clone(),
+            template: loaded.template,
+        }));
         Ok((loaded.engine, loaded.scheduler))
     })
     .map_err(|e| format!("cannot start the inference thread: {e}"))?;
 
     let grace = cfg.shutdown_grace;
-    let app = Arc::new(App { cfg, handle: handle.clone(), frontend: OnceLock::new() });
+    let app = Arc::new(App {
+        cfg,
+        handle: handle.clone(),
+        frontend: OnceLock::new(),
+    });
     let router = routes::router(app.clone());
     // The HTTP side sees the frontend as soon as the loader publishes it.
     let watcher = {
@@ -128,13 +139,19 @@ where
                                 "ready: {} slots of {} tokens, {}",
                                 info.n_slots,
                                 info.n_ctx_slot,
-                                if info.speculative { format!("MTP drafting up to {} tokens", info.n_draft_max) } else { "no speculative decoding".into() }
+                                if info.speculative {
+                                    format!("MTP drafting up to {} tokens", info.n_draft_max)
+                                } else {
+                                    "no speculative decoding".into()
+                                }
                             );
                         }
                         return Ok(());
                     }
                     Phase::Failed | Phase::Stopped => {
-                        return Err(handle.failure().unwrap_or_else(|| "the model failed to load".into()));
+                        return Err(handle
+                            .failure()
+                            .unwrap_or_else(|| "the model failed to load".into()));
                     }
                 }
             }
@@ -161,7 +178,9 @@ where
         }
         handle.shutdown(grace);
     };
-    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await;
     app.handle.shutdown(Duration::ZERO);
     let joined = tokio::task::spawn_blocking(move || inference.join()).await;
     if let Some(e) = load_result.lock().unwrap_or_else(|p| p.into_inner()).take() {

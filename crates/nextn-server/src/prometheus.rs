@@ -36,24 +36,109 @@ fn number(v: f64) -> String {
 pub fn render(m: &MetricsSnapshot, n_slots: usize, n_max: usize) -> String {
     let mut out = String::new();
     let one = |v: f64| vec![(String::new(), v)];
-    let c = |out: &mut String, name: &str, help: &str, v: f64| family(out, &format!("llamacpp:{name}"), Kind::Counter, help, &one(v));
-    let g = |out: &mut String, name: &str, help: &str, v: f64| family(out, &format!("llamacpp:{name}"), Kind::Gauge, help, &one(v));
-    c(&mut out, "prompt_tokens_total", "Number of prompt tokens processed.", m.prompt_tokens_total as f64);
-    c(&mut out, "prompt_seconds_total", "Prompt process time", m.prompt_seconds_total);
-    c(&mut out, "tokens_predicted_total", "Number of generation tokens processed.", m.tokens_predicted_total as f64);
-    c(&mut out, "tokens_predicted_seconds_total", "Predict process time", m.tokens_predicted_seconds_total);
-    c(&mut out, "n_decode_total", "Total number of llama_decode() calls", m.n_decode_total as f64);
-    g(&mut out, "n_tokens_max", "Largest observed n_tokens.", m.n_tokens_max as f64);
-    g(&mut out, "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", m.busy_slots_per_decode());
-    g(&mut out, "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", m.prompt_tokens_per_second());
-    g(&mut out, "predicted_tokens_seconds", "Average generation throughput in tokens/s.", m.predicted_tokens_per_second());
-    g(&mut out, "requests_processing", "Number of requests processing.", m.requests_processing as f64);
-    g(&mut out, "requests_deferred", "Number of requests deferred.", m.requests_deferred as f64);
-    c(&mut out, "spec_decode_num_drafts_total", "Number of speculative verification steps that carried drafts.", m.spec_drafts_total as f64);
-    c(&mut out, "spec_decode_num_draft_tokens_total", "Number of draft tokens generated.", m.spec_draft_tokens_total as f64);
-    c(&mut out, "spec_decode_num_accepted_tokens_total", "Number of draft tokens accepted.", m.spec_accepted_tokens_total as f64);
+    let c = |out: &mut String, name: &str, help: &str, v: f64| {
+        family(
+            out,
+            &format!("llamacpp:{name}"),
+            Kind::Counter,
+            help,
+            &one(v),
+        )
+    };
+    let g = |out: &mut String, name: &str, help: &str, v: f64| {
+        family(out, &format!("llamacpp:{name}"), Kind::Gauge, help, &one(v))
+    };
+    c(
+        &mut out,
+        "prompt_tokens_total",
+        "Number of prompt tokens processed.",
+        m.prompt_tokens_total as f64,
+    );
+    c(
+        &mut out,
+        "prompt_seconds_total",
+        "Prompt process time",
+        m.prompt_seconds_total,
+    );
+    c(
+        &mut out,
+        "tokens_predicted_total",
+        "Number of generation tokens processed.",
+        m.tokens_predicted_total as f64,
+    );
+    c(
+        &mut out,
+        "tokens_predicted_seconds_total",
+        "Predict process time",
+        m.tokens_predicted_seconds_total,
+    );
+    c(
+        &mut out,
+        "n_decode_total",
+        "Total number of llama_decode() calls",
+        m.n_decode_total as f64,
+    );
+    g(
+        &mut out,
+        "n_tokens_max",
+        "Largest observed n_tokens.",
+        m.n_tokens_max as f64,
+    );
+    g(
+        &mut out,
+        "n_busy_slots_per_decode",
+        "Average number of busy slots per llama_decode() call",
+        m.busy_slots_per_decode(),
+    );
+    g(
+        &mut out,
+        "prompt_tokens_seconds",
+        "Average prompt throughput in tokens/s.",
+        m.prompt_tokens_per_second(),
+    );
+    g(
+        &mut out,
+        "predicted_tokens_seconds",
+        "Average generation throughput in tokens/s.",
+        m.predicted_tokens_per_second(),
+    );
+    g(
+        &mut out,
+        "requests_processing",
+        "Number of requests processing.",
+        m.requests_processing as f64,
+    );
+    g(
+        &mut out,
+        "requests_deferred",
+        "Number of requests deferred.",
+        m.requests_deferred as f64,
+    );
+    c(
+        &mut out,
+        "spec_decode_num_drafts_total",
+        "Number of speculative verification steps that carried drafts.",
+        m.spec_drafts_total as f64,
+    );
+    c(
+        &mut out,
+        "spec_decode_num_draft_tokens_total",
+        "Number of draft tokens generated.",
+        m.spec_draft_tokens_total as f64,
+    );
+    c(
+        &mut out,
+        "spec_decode_num_accepted_tokens_total",
+        "Number of draft tokens accepted.",
+        m.spec_accepted_tokens_total as f64,
+    );
     let per_pos: Vec<(String, f64)> = (0..n_max.max(m.spec_accepted_per_pos_total.len()))
-        .map(|i| (format!("{{position=\"{i}\"}}"), m.spec_accepted_per_pos_total.get(i).copied().unwrap_or(0) as f64))
+        .map(|i| {
+            (
+                format!("{{position=\"{i}\"}}"),
+                m.spec_accepted_per_pos_total.get(i).copied().unwrap_or(0) as f64,
+            )
+        })
         .collect();
     family(
         &mut out,
@@ -63,13 +148,55 @@ pub fn render(m: &MetricsSnapshot, n_slots: usize, n_max: usize) -> String {
         &per_pos,
     );
     let n = |name: &str| format!("nextn:{name}");
-    family(&mut out, &n("slots_total"), Kind::Gauge, "Parallel slots (-np).", &one(n_slots as f64));
-    family(&mut out, &n("requests_finished_total"), Kind::Counter, "Requests that ran to completion.", &one(m.requests_finished_total as f64));
-    family(&mut out, &n("requests_cancelled_total"), Kind::Counter, "Requests cancelled (client gone, shutdown or failure).", &one(m.requests_cancelled_total as f64));
-    family(&mut out, &n("step_drafting_slots"), Kind::Gauge, "Slots that drafted in the last step.", &one(m.last_step_drafting_slots as f64));
-    family(&mut out, &n("step_draft_tokens"), Kind::Gauge, "Draft tokens verified in the last step.", &one(m.last_step_draft_tokens as f64));
-    family(&mut out, &n("step_rows"), Kind::Gauge, "Rows in the last target forward pass.", &one(m.last_step_rows as f64));
-    family(&mut out, &n("step_seconds"), Kind::Gauge, "Duration of the last target forward pass.", &one(m.last_step_ms / 1000.0));
+    family(
+        &mut out,
+        &n("slots_total"),
+        Kind::Gauge,
+        "Parallel slots (-np).",
+        &one(n_slots as f64),
+    );
+    family(
+        &mut out,
+        &n("requests_finished_total"),
+        Kind::Counter,
+        "Requests that ran to completion.",
+        &one(m.requests_finished_total as f64),
+    );
+    family(
+        &mut out,
+        &n("requests_cancelled_total"),
+        Kind::Counter,
+        "Requests cancelled (client gone, shutdown or failure).",
+        &one(m.requests_cancelled_total as f64),
+    );
+    family(
+        &mut out,
+        &n("step_drafting_slots"),
+        Kind::Gauge,
+        "Slots that drafted in the last step.",
+        &one(m.last_step_drafting_slots as f64),
+    );
+    family(
+        &mut out,
+        &n("step_draft_tokens"),
+        Kind::Gauge,
+        "Draft tokens verified in the last step.",
+        &one(m.last_step_draft_tokens as f64),
+    );
+    family(
+        &mut out,
+        &n("step_rows"),
+        Kind::Gauge,
+        "Rows in the last target forward pass.",
+        &one(m.last_step_rows as f64),
+    );
+    family(
+        &mut out,
+        &n("step_seconds"),
+        Kind::Gauge,
+        "Duration of the last target forward pass.",
+        &one(m.last_step_ms / 1000.0),
+    );
     out
 }
 
@@ -102,7 +229,10 @@ mod tests {
             "# TYPE llamacpp:requests_processing gauge",
             "nextn:slots_total 4",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
     }
 }

@@ -33,7 +33,14 @@ pub fn prompt_opens_thinking(prompt: &str) -> bool {
 
 impl ReasoningSplitter {
     pub fn new(starts_in_reasoning: bool) -> Self {
-        ReasoningSplitter { state: if starts_in_reasoning { State::Reasoning } else { State::Start }, held: String::new() }
+        ReasoningSplitter {
+            state: if starts_in_reasoning {
+                State::Reasoning
+            } else {
+                State::Start
+            },
+            held: String::new(),
+        }
     }
 
     /// Add generated text; returns the (reasoning, content) text that is now certain.
@@ -138,17 +145,31 @@ mod tests {
 
     #[test]
     fn forced_open_and_plain_replies() {
-        assert_eq!(split_all(true, &["hmm", "</th", "ink>", "ok"]), ("hmm".into(), "ok".into()));
-        assert_eq!(split_all(false, &["  <thi", "s is no tag"]), (String::new(), "  <this is no tag".into()));
-        assert_eq!(split_all(false, &["Hello"]), (String::new(), "Hello".into()));
+        assert_eq!(
+            split_all(true, &["hmm", "</th", "ink>", "ok"]),
+            ("hmm".into(), "ok".into())
+        );
+        assert_eq!(
+            split_all(false, &["  <thi", "s is no tag"]),
+            (String::new(), "  <this is no tag".into())
+        );
+        assert_eq!(
+            split_all(false, &["Hello"]),
+            (String::new(), "Hello".into())
+        );
         // An unclosed block is all reasoning.
-        assert_eq!(split_all(true, &["still thinking </thi"]), ("still thinking </thi".into(), String::new()));
+        assert_eq!(
+            split_all(true, &["still thinking </thi"]),
+            ("still thinking </thi".into(), String::new())
+        );
     }
 
     #[test]
     fn prompt_detection() {
         assert!(prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert!(!prompt_opens_thinking(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
         assert!(!prompt_opens_thinking("<|im_start|>assistant\n"));
         assert!(!prompt_opens_thinking("user wrote <think> then more text"));
     }

@@ -45,8 +45,12 @@ pub struct CompletionRequest {
 pub fn parse_json(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+        Ok(_) => Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
     }
 }
 
@@ -60,14 +64,20 @@ fn number(o: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
         None => Ok(None),
         Some(v) => match v.as_f64() {
             Some(x) if x.is_finite() => Ok(Some(x)),
-            _ => Err(ApiError::invalid_field(name, format!("'{name}' must be a finite number"))),
+            _ => Err(ApiError::invalid_field(
+                name,
+                format!("'{name}' must be a finite number"),
+            )),
         },
     }
 }
 
 fn ranged(o: &Map<String, Value>, name: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
     match number(o, name)? {
-        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid_field(name, format!("'{name}' must be between {lo} and {hi}, got {x}"))),
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid_field(
+            name,
+            format!("'{name}' must be between {lo} and {hi}, got {x}"),
+        )),
         x => Ok(x.map(|x| x as f32)),
     }
 }
@@ -80,7 +90,10 @@ fn integer(o: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError> 
             (None, Some(_), _) => Ok(Some(i64::MAX)),
             // Clients written in JavaScript send 100.0 for 100.
             (None, None, Some(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(Some(f as i64)),
-            _ => Err(ApiError::invalid_field(name, format!("'{name}' must be an integer"))),
+            _ => Err(ApiError::invalid_field(
+                name,
+                format!("'{name}' must be an integer"),
+            )),
         },
     }
 }
@@ -89,7 +102,10 @@ fn boolean(o: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError>
     match field(o, name) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid_field(name, format!("'{name}' must be true or false"))),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("'{name}' must be true or false"),
+        )),
     }
 }
 
@@ -97,7 +113,10 @@ fn string<'a>(o: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, 
     match field(o, name) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(ApiError::invalid_field(name, format!("'{name}' must be a string"))),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("'{name}' must be a string"),
+        )),
     }
 }
 
@@ -105,7 +124,10 @@ fn string<'a>(o: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, 
 pub(crate) fn fresh_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     // splitmix64 of (time, count): distinct seeds even within one clock tick.
     let mut z = t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -120,7 +142,12 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
     for name in ["n_predict", "max_tokens", "max_completion_tokens"] {
         match integer(o, name)? {
             None | Some(-1) => {}
-            Some(n) if n < 0 => return Err(ApiError::invalid_field(name, format!("'{name}' must be at least 0 (or -1 for no limit), got {n}"))),
+            Some(n) if n < 0 => {
+                return Err(ApiError::invalid_field(
+                    name,
+                    format!("'{name}' must be at least 0 (or -1 for no limit), got {n}"),
+                ))
+            }
             Some(n) => n_predict = Some(usize::try_from(n).unwrap_or(usize::MAX)),
         }
     }
@@ -146,13 +173,19 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
     }
     if let Some(p) = ranged(o, "repeat_penalty", 0.0, 100.0)? {
         if p <= 0.0 {
-            return Err(ApiError::invalid_field("repeat_penalty", "'repeat_penalty' must be greater than 0"));
+            return Err(ApiError::invalid_field(
+                "repeat_penalty",
+                "'repeat_penalty' must be greater than 0",
+            ));
         }
         s.repeat_penalty = p;
     }
     if let Some(n) = integer(o, "repeat_last_n")? {
         if !(0..=1 << 20).contains(&n) {
-            return Err(ApiError::invalid_field("repeat_last_n", "'repeat_last_n' must be between 0 and 1048576"));
+            return Err(ApiError::invalid_field(
+                "repeat_last_n",
+                "'repeat_last_n' must be between 0 and 1048576",
+            ));
         }
         s.repeat_last_n = n as usize;
     }
@@ -165,12 +198,27 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         Some(Value::String(x)) => vec![x.clone()],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| ApiError::invalid_field("stop", "'stop' must be a string or an array of strings")))
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    ApiError::invalid_field(
+                        "stop",
+                        "'stop' must be a string or an array of strings",
+                    )
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?,
-        Some(_) => return Err(ApiError::invalid_field("stop", "'stop' must be a string or an array of strings")),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "stop",
+                "'stop' must be a string or an array of strings",
+            ))
+        }
     };
     if stop.len() > MAX_STOPS || stop.iter().any(|x| x.len() > MAX_STOP_LEN) {
-        return Err(ApiError::invalid_field("stop", format!("at most {MAX_STOPS} stop strings of at most {MAX_STOP_LEN} bytes each")));
+        return Err(ApiError::invalid_field(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings of at most {MAX_STOP_LEN} bytes each"),
+        ));
     }
     if let Some(n) = integer(o, "n")? {
         if n != 1 {
@@ -178,23 +226,41 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         }
     }
     if boolean(o, "logprobs")? == Some(true) || field(o, "top_logprobs").is_some() {
-        return Err(ApiError::invalid_field("logprobs", "logprobs are not supported"));
+        return Err(ApiError::invalid_field(
+            "logprobs",
+            "logprobs are not supported",
+        ));
     }
-    if field(o, "tools").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
-        return Err(ApiError::invalid_field("tools", "tool calls are not supported yet"));
+    if field(o, "tools")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Err(ApiError::invalid_field(
+            "tools",
+            "tool calls are not supported yet",
+        ));
     }
     if let Some(rf) = field(o, "response_format") {
         let ty = rf.get("type").and_then(Value::as_str);
         if ty != Some("text") {
-            return Err(ApiError::invalid_field("response_format", "only response_format {\"type\": \"text\"} is supported"));
+            return Err(ApiError::invalid_field(
+                "response_format",
+                "only response_format {\"type\": \"text\"} is supported",
+            ));
         }
     }
     let include_usage = match field(o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => boolean(so, "include_usage")?.unwrap_or(false),
-        Some(_) => return Err(ApiError::invalid_field("stream_options", "'stream_options' must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "stream_options",
+                "'stream_options' must be an object",
+            ))
+        }
     };
-    s.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    s.validate()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(GenParams {
         model,
         n_predict,
@@ -218,41 +284,81 @@ fn content(v: Option<&Value>, at: usize) -> Result<String, ApiError> {
                 match p.get("type").and_then(Value::as_str) {
                     Some("text") => match p.get("text").and_then(Value::as_str) {
                         Some(t) => text.push_str(t),
-                        None => return Err(ApiError::invalid_field(&param, "a text part needs a 'text' string")),
+                        None => {
+                            return Err(ApiError::invalid_field(
+                                &param,
+                                "a text part needs a 'text' string",
+                            ))
+                        }
                     },
-                    Some(other) => return Err(ApiError::invalid_field(&param, format!("content parts of type '{other}' are not supported"))),
-                    None => return Err(ApiError::invalid_field(&param, "each content part needs a 'type'")),
+                    Some(other) => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            format!("content parts of type '{other}' are not supported"),
+                        ))
+                    }
+                    None => {
+                        return Err(ApiError::invalid_field(
+                            &param,
+                            "each content part needs a 'type'",
+                        ))
+                    }
                 }
             }
             Ok(text)
         }
-        Some(_) => Err(ApiError::invalid_field(&param, "'content' must be a string, null or an array of parts")),
+        Some(_) => Err(ApiError::invalid_field(
+            &param,
+            "'content' must be a string, null or an array of parts",
+        )),
     }
 }
 
 pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
     let params = parse_params(o)?;
     let Some(Value::Array(raw)) = field(o, "messages") else {
-        return Err(ApiError::invalid_field("messages", "'messages' must be an array of messages"));
+        return Err(ApiError::invalid_field(
+            "messages",
+            "'messages' must be an array of messages",
+        ));
     };
     if raw.is_empty() {
-        return Err(ApiError::invalid_field("messages", "'messages' must not be empty"));
+        return Err(ApiError::invalid_field(
+            "messages",
+            "'messages' must not be empty",
+        ));
     }
     let mut messages = Vec::with_capacity(raw.len());
     for (i, m) in raw.iter().enumerate() {
         let Value::Object(m) = m else {
-            return Err(ApiError::invalid_field(&format!("messages[{i}]"), "each message must be an object"));
+            return Err(ApiError::invalid_field(
+                &format!("messages[{i}]"),
+                "each message must be an object",
+            ));
         };
         let role = match m.get("role").and_then(Value::as_str) {
             Some(r @ ("system" | "developer" | "user" | "assistant" | "tool")) => r.to_string(),
-            Some(r) => return Err(ApiError::invalid_field(&format!("messages[{i}].role"), format!("unknown role '{r}'"))),
-            None => return Err(ApiError::invalid_field(&format!("messages[{i}].role"), "each message needs a 'role' string")),
+            Some(r) => {
+                return Err(ApiError::invalid_field(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role '{r}'"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid_field(
+                    &format!("messages[{i}].role"),
+                    "each message needs a 'role' string",
+                ))
+            }
         };
         let text_of = |name: &str| -> Result<Option<String>, ApiError> {
             match m.get(name) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(ApiError::invalid_field(&format!("messages[{i}].{name}"), format!("'{name}' must be a string"))),
+                Some(_) => Err(ApiError::invalid_field(
+                    &format!("messages[{i}].{name}"),
+                    format!("'{name}' must be a string"),
+                )),
             }
         };
         messages.push(ChatMessage {
@@ -267,16 +373,36 @@ pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
     let template_kwargs = match field(o, "chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(k)) => k.clone(),
-        Some(_) => return Err(ApiError::invalid_field("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "chat_template_kwargs",
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
     };
-    Ok(ChatRequest { params, messages, template_kwargs })
+    Ok(ChatRequest {
+        params,
+        messages,
+        template_kwargs,
+    })
 }
 
 pub fn parse_completion(o: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
     let params = parse_params(o)?;
-    let bad = || ApiError::invalid_field("prompt", "'prompt' must be a string, an array of token ids, or an array with one of those");
+    let bad = || {
+        ApiError::invalid_field(
+            "prompt",
+            "'prompt' must be a string, an array of token ids, or an array with one of those",
+        )
+    };
     let tokens = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
-        a.iter().map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(bad)).collect()
+        a.iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(bad)
+            })
+            .collect()
     };
     let prompt = match field(o, "prompt") {
         Some(Value::String(s)) => Prompt::Text(s.clone()),
@@ -286,7 +412,12 @@ pub fn parse_completion(o: &Map<String, Value>) -> Result<CompletionRequest, Api
             Value::Array(t) => Prompt::Tokens(tokens(t)?),
             _ => return Err(bad()),
         },
-        Some(Value::Array(_)) => return Err(ApiError::invalid_field("prompt", "only one prompt per request is supported")),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_field(
+                "prompt",
+                "only one prompt per request is supported",
+            ))
+        }
         None => return Err(ApiError::invalid_field("prompt", "'prompt' is required")),
         Some(_) => return Err(bad()),
     };
@@ -319,8 +450,24 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages[1].content, "ab");
         let p = &r.params;
-        assert_eq!((p.n_predict, p.sampler.temperature, p.sampler.top_p, p.sampler.top_k, p.sampler.seed), (Some(7), 0.0, 0.5, 3, 9));
-        assert_eq!((p.sampler.min_p, p.sampler.presence_penalty, p.sampler.frequency_penalty), (0.1, 0.5, -0.5));
+        assert_eq!(
+            (
+                p.n_predict,
+                p.sampler.temperature,
+                p.sampler.top_p,
+                p.sampler.top_k,
+                p.sampler.seed
+            ),
+            (Some(7), 0.0, 0.5, 3, 9)
+        );
+        assert_eq!(
+            (
+                p.sampler.min_p,
+                p.sampler.presence_penalty,
+                p.sampler.frequency_penalty
+            ),
+            (0.1, 0.5, -0.5)
+        );
         assert_eq!(p.stop, vec!["END".to_string()]);
         assert!(p.stream && p.include_usage);
         assert_eq!(r.template_kwargs["enable_thinking"], false);
@@ -331,17 +478,50 @@ mod tests {
         let cases = [
             (json!({"messages": "hi"}), "messages"),
             (json!({"messages": []}), "messages"),
-            (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
-            (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
-            (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), "temperature"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "top_p": 2}), "top_p"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}), "max_tokens"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}), "max_tokens"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "stop": [1]}), "stop"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}), "stream"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []}), "chat_template_kwargs"),
+            (
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": 5}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+                "temperature",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "top_p": 2}),
+                "top_p",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}),
+                "max_tokens",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}),
+                "max_tokens",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "stop": [1]}),
+                "stop",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "n": 2}),
+                "n",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}),
+                "stream",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []}),
+                "chat_template_kwargs",
+            ),
         ];
         for (body, param) in cases {
             let e = parse_chat(&obj(body.clone())).expect_err(&body.to_string());
@@ -370,6 +550,11 @@ mod tests {
         let a = parse_params(&Map::new()).unwrap().sampler.seed;
         let b = parse_params(&Map::new()).unwrap().sampler.seed;
         assert_ne!(a, b);
-        assert_eq!(parse_params(&obj(json!({"max_tokens": -1}))).unwrap().n_predict, None);
+        assert_eq!(
+            parse_params(&obj(json!({"max_tokens": -1})))
+                .unwrap()
+                .n_predict,
+            None
+        );
     }
 }

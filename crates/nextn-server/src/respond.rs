@@ -34,7 +34,10 @@ pub(crate) enum Endpoint {
 }
 
 pub(crate) fn unix_time() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// How one request's answer is shaped.
@@ -48,13 +51,25 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    pub fn new(app: Arc<App>, endpoint: Endpoint, include_usage: bool, splitter: Option<ReasoningSplitter>) -> Self {
+    pub fn new(
+        app: Arc<App>,
+        endpoint: Endpoint,
+        include_usage: bool,
+        splitter: Option<ReasoningSplitter>,
+    ) -> Self {
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completion => "cmpl",
         };
         let id = format!("{prefix}-{:016x}", crate::request::fresh_seed());
-        Reply { app, endpoint, id, created: unix_time(), include_usage, splitter }
+        Reply {
+            app,
+            endpoint,
+            id,
+            created: unix_time(),
+            include_usage,
+            splitter,
+        }
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -155,7 +170,10 @@ async fn started(rx: &mut UnboundedReceiver<Event>) -> Result<(), ApiError> {
     }
 }
 
-pub(crate) async fn collect(mut rx: UnboundedReceiver<Event>, mut reply: Reply) -> Result<Response, ApiError> {
+pub(crate) async fn collect(
+    mut rx: UnboundedReceiver<Event>,
+    mut reply: Reply,
+) -> Result<Response, ApiError> {
     started(&mut rx).await?;
     let mut reasoning = String::new();
     let mut content = String::new();
@@ -169,7 +187,11 @@ pub(crate) async fn collect(mut rx: UnboundedReceiver<Event>, mut reply: Reply) 
             Some(Event::Done(c)) => break c,
             Some(Event::Failed { kind, message }) => return Err(failure(kind, message)),
             Some(Event::Started { .. }) => {}
-            None => return Err(ApiError::internal("the engine stopped before the request finished")),
+            None => {
+                return Err(ApiError::internal(
+                    "the engine stopped before the request finished",
+                ))
+            }
         }
     };
     let (r, c) = reply.split_finish();
@@ -185,13 +207,20 @@ pub(crate) async fn collect(mut rx: UnboundedReceiver<Event>, mut reply: Reply) 
             }
             json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish})
         }
-        Endpoint::Completion => json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish}),
+        Endpoint::Completion => {
+            json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish})
+        }
     };
     let mut body = reply.envelope(false, json!([choice]));
     body["usage"] = usage(&completion);
     body["timings"] = timings(&completion);
     body["id_slot"] = json!(completion.slot);
-    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], body.to_string()).into_response())
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        body.to_string(),
+    )
+        .into_response())
 }
 
 fn sse(v: &Value) -> Bytes {
@@ -221,7 +250,9 @@ impl SseState {
                 };
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null})
             }
-            Endpoint::Completion => json!({"index": 0, "text": content, "logprobs": null, "finish_reason": null}),
+            Endpoint::Completion => {
+                json!({"index": 0, "text": content, "logprobs": null, "finish_reason": null})
+            }
         };
         Some(sse(&self.reply.envelope(true, json!([choice]))))
     }
@@ -242,8 +273,12 @@ impl SseState {
                 self.reply.log(&c);
                 let finish = c.finish.as_str();
                 let choice = match self.reply.endpoint {
-                    Endpoint::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
-                    Endpoint::Completion => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish}),
+                    Endpoint::Chat => {
+                        json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish})
+                    }
+                    Endpoint::Completion => {
+                        json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish})
+                    }
                 };
                 let mut last = self.reply.envelope(true, json!([choice]));
                 last["timings"] = timings(&c);
@@ -255,7 +290,8 @@ impl SseState {
                     u["timings"] = timings(&c);
                     self.frames.push_back(sse(&u));
                 }
-                self.frames.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                self.frames
+                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                 self.finished = true;
             }
             Some(Event::Failed { kind, message }) => {
@@ -264,16 +300,27 @@ impl SseState {
             }
             Some(Event::Started { .. }) => {}
             None => {
-                self.frames.push_back(sse(&ApiError::internal("the engine stopped before the request finished").body()));
+                self.frames.push_back(sse(&ApiError::internal(
+                    "the engine stopped before the request finished",
+                )
+                .body()));
                 self.finished = true;
             }
         }
     }
 }
 
-pub(crate) async fn stream(mut rx: UnboundedReceiver<Event>, reply: Reply) -> Result<Response, ApiError> {
+pub(crate) async fn stream(
+    mut rx: UnboundedReceiver<Event>,
+    reply: Reply,
+) -> Result<Response, ApiError> {
     started(&mut rx).await?;
-    let mut state = SseState { rx, reply, frames: VecDeque::new(), finished: false };
+    let mut state = SseState {
+        rx,
+        reply,
+        frames: VecDeque::new(),
+        finished: false,
+    };
     if state.reply.endpoint == Endpoint::Chat {
         let first = json!([{"index": 0, "delta": {"role": "assistant", "content": null}, "logprobs": null, "finish_reason": null}]);
         let v = state.reply.envelope(true, first);
@@ -293,7 +340,10 @@ pub(crate) async fn stream(mut rx: UnboundedReceiver<Event>, reply: Reply) -> Re
     });
     Ok((
         StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         Body::from_stream(body),
     )
         .into_response())

@@ -55,7 +55,9 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn key_matches(keys: &[String], given: &str) -> bool {
     // Every key is compared, so which key matched is not visible either.
-    keys.iter().fold(false, |ok, k| constant_time_eq(k.as_bytes(), given.as_bytes()) | ok)
+    keys.iter().fold(false, |ok, k| {
+        constant_time_eq(k.as_bytes(), given.as_bytes()) | ok
+    })
 }
 
 async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
@@ -67,7 +69,10 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim)
         .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
@@ -77,25 +82,44 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
 }
 
 async fn not_found(req: Request) -> Response {
-    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path())).into_response()
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+    .into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Response {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", format!("{} is not allowed on {}", req.method(), req.uri().path()))
-        .into_response()
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+    .into_response()
 }
 
 fn json_response(status: StatusCode, v: serde_json::Value) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], v.to_string()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        v.to_string(),
+    )
+        .into_response()
 }
 
 async fn health(State(app): State<AppState>) -> Response {
     match app.handle.phase() {
-        Phase::Ready if app.frontend.get().is_some() => json_response(StatusCode::OK, json!({"status": "ok"})),
-        Phase::Loading | Phase::Ready => ApiError::unavailable("Loading model").into_response(),
-        Phase::Failed | Phase::Stopped => {
-            ApiError::unavailable(app.handle.failure().unwrap_or_else(|| "the server is shutting down".into())).into_response()
+        Phase::Ready if app.frontend.get().is_some() => {
+            json_response(StatusCode::OK, json!({"status": "ok"}))
         }
+        Phase::Loading | Phase::Ready => ApiError::unavailable("Loading model").into_response(),
+        Phase::Failed | Phase::Stopped => ApiError::unavailable(
+            app.handle
+                .failure()
+                .unwrap_or_else(|| "the server is shutting down".into()),
+        )
+        .into_response(),
     }
 }
 
@@ -106,7 +130,15 @@ async fn metrics(State(app): State<AppState>) -> Response {
         info.as_ref().map_or(0, |i| i.n_slots),
         info.as_ref().map_or(0, |i| i.n_draft_max),
     );
-    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 async fn models(State(app): State<AppState>) -> Response {
@@ -138,9 +170,17 @@ async fn models(State(app): State<AppState>) -> Response {
 
 fn body_error(r: BytesRejection) -> ApiError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "the request body is too large")
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "the request body is too large",
+        )
     } else {
-        ApiError::new(r.status(), "invalid_request_error", format!("cannot read the request body: {}", r.body_text()))
+        ApiError::new(
+            r.status(),
+            "invalid_request_error",
+            format!("cannot read the request body: {}", r.body_text()),
+        )
     }
 }
 
@@ -158,21 +198,33 @@ fn check_model(app: &App, model: Option<&str>) -> Result<(), ApiError> {
         Some(m) if m == app.cfg.model_id || app.cfg.model_aliases.iter().any(|a| a == m) => Ok(()),
         Some(m) => Err(ApiError {
             param: Some("model".into()),
-            ..ApiError::not_found(format!("the model '{m}' does not exist: this server serves '{}'", app.cfg.model_id))
+            ..ApiError::not_found(format!(
+                "the model '{m}' does not exist: this server serves '{}'",
+                app.cfg.model_id
+            ))
         }),
     }
 }
 
 /// The text/JSON parts of a request that run off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
 }
 
 async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    chat_inner(app, body).await.unwrap_or_else(IntoResponse::into_response)
+    chat_inner(app, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_inner(app: AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn chat_inner(
+    app: AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
     let (req, prompt_text, tokens) = blocking(move || {
@@ -180,9 +232,11 @@ async fn chat_inner(app: AppState, body: Result<Bytes, BytesRejection>) -> Resul
         let req = parse_chat(&o)?;
         let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
         let rendered = if continue_last {
-            fe.template.render_prefill(&req.messages, &req.template_kwargs)
+            fe.template
+                .render_prefill(&req.messages, &req.template_kwargs)
         } else {
-            fe.template.render(&req.messages, true, &req.template_kwargs)
+            fe.template
+                .render(&req.messages, true, &req.template_kwargs)
         };
         let text = rendered.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let tokens = fe.tokenizer.encode(&text, true);
@@ -191,17 +245,24 @@ async fn chat_inner(app: AppState, body: Result<Bytes, BytesRejection>) -> Resul
     .await?;
     check_model(&app, req.params.model.as_deref())?;
     let splitter = match app.cfg.reasoning {
-        ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(prompt_opens_thinking(&prompt_text))),
+        ReasoningFormat::Deepseek => {
+            Some(ReasoningSplitter::new(prompt_opens_thinking(&prompt_text)))
+        }
         ReasoningFormat::None => None,
     };
     submit(&app, tokens, req.params, Endpoint::Chat, splitter).await
 }
 
 async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    completions_inner(app, body).await.unwrap_or_else(IntoResponse::into_response)
+    completions_inner(app, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions_inner(app: AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn completions_inner(
+    app: AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
     let req = blocking(move || {
@@ -225,12 +286,21 @@ async fn submit(
     endpoint: Endpoint,
     splitter: Option<ReasoningSplitter>,
 ) -> Result<Response, ApiError> {
-    let info = app.handle.info().ok_or_else(|| ApiError::unavailable("Loading model"))?;
+    let info = app
+        .handle
+        .info()
+        .ok_or_else(|| ApiError::unavailable("Loading model"))?;
     if tokens.is_empty() {
         return Err(ApiError::invalid_field("prompt", "the prompt is empty"));
     }
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
-        return Err(ApiError::invalid_field("prompt", format!("token id {bad} is out of range: the vocabulary has {} tokens", info.n_vocab)));
+        return Err(ApiError::invalid_field(
+            "prompt",
+            format!(
+                "token id {bad} is out of range: the vocabulary has {} tokens",
+                info.n_vocab
+            ),
+        ));
     }
     if tokens.len() >= info.n_ctx_slot {
         let mut e = ApiError::new(
@@ -242,7 +312,7 @@ async fn submit(
                 info.n_ctx_slot
             ),
         );
-        e.extra = Some(json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot}));
+        e.extra = Some(Box::new(json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot})));
         return Err(e);
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -255,7 +325,9 @@ async fn submit(
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(|e| match e {
-        SubmitError::QueueFull(_) => ApiError::unavailable(format!("the server is busy: {e}; retry later")),
+        SubmitError::QueueFull(_) => {
+            ApiError::unavailable(format!("the server is busy: {e}; retry later"))
+        }
         SubmitError::Loading => ApiError::unavailable("Loading model"),
         SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down"),
         SubmitError::Stopped(_) => ApiError::internal(e.to_string()),

@@ -28,6 +28,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Write a random-weight Qwen3.5/3.6 GGUF with real shapes and the real tokenizer (presets 0.8b, 27b, 35b-a3b, ...).
     Synth(cmd::synth::Args),
+    /// OpenAI-compatible HTTP server with continuous batching and MTP drafting per slot.
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Logits(a) => cmd::logits::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Synth(a) => cmd::synth::run(a),
     };
     match result {

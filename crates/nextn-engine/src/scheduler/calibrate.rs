@@ -17,7 +17,11 @@ const REPS: usize = 3;
 
 impl<'e> Core<'e> {
     pub(super) fn wants_calibration(&self) -> bool {
-        self.cfg.calibrate && self.spec.as_ref().is_some_and(|s| s.policy == DraftPolicy::Auto)
+        self.cfg.calibrate
+            && self
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.policy == DraftPolicy::Auto)
     }
 
     /// Measure the cost curves; returns a one-line summary.
@@ -46,7 +50,12 @@ impl<'e> Core<'e> {
         let mut points = Vec::new();
         let mut logit_ms = Vec::new();
         for &rows in ROW_GRID.iter().filter(|&&r| r <= max_rows) {
-            let (Some(none), Some(all)) = (time_target(rows, LogitRows::None), time_target(rows, LogitRows::All)) else { break };
+            let (Some(none), Some(all)) = (
+                time_target(rows, LogitRows::None),
+                time_target(rows, LogitRows::All),
+            ) else {
+                break;
+            };
             points.push((rows, none));
             logit_ms.push(((all - none) / rows as f64).max(0.0));
             if t0.elapsed() > BUDGET / 2 {
@@ -69,13 +78,19 @@ impl<'e> Core<'e> {
                 for _ in 0..REPS {
                     let mut cache = head.new_cache(kt, vt);
                     let t = Instant::now();
-                    head.forward(&tokens, &hidden, 0, &mut cache, logits, pool).ok()?;
+                    head.forward(&tokens, &hidden, 0, &mut cache, logits, pool)
+                        .ok()?;
                     best = best.min(ms_since(t));
                 }
                 Some(best)
             };
             for &rows in ROW_GRID.iter().filter(|&&r| r <= max_head_rows) {
-                let (Some(none), Some(all)) = (time_head(rows, LogitRows::None), time_head(rows, LogitRows::All)) else { break };
+                let (Some(none), Some(all)) = (
+                    time_head(rows, LogitRows::None),
+                    time_head(rows, LogitRows::All),
+                ) else {
+                    break;
+                };
                 head_points.push((rows, none));
                 head_logit_ms.push(((all - none) / rows as f64).max(0.0));
                 if t0.elapsed() > BUDGET {

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use super::cost::{CostModel, RowCost};
 use super::policy::AcceptanceCounts;
 use super::slot::{HeadSide, Slot};
-use super::{lock, Completion, DraftSampling, Engine, EngineInfo, Event, FailKind, Phase, Request, SchedulerConfig, Shared, SpecConfig};
+use super::{
+    lock, Completion, DraftSampling, Engine, EngineInfo, Event, FailKind, Phase, Request,
+    SchedulerConfig, Shared, SpecConfig,
+};
 use crate::generate::{ms_since, Timings};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -27,7 +30,8 @@ pub(super) fn run<L>(shared: Arc<Shared>, load: L)
 where
     L: FnOnce() -> Result<(Engine, SchedulerConfig), String>,
 {
-    let loaded = catch_unwind(AssertUnwindSafe(load)).unwrap_or_else(|_| Err("the model loader panicked".into()));
+    let loaded = catch_unwind(AssertUnwindSafe(load))
+        .unwrap_or_else(|_| Err("the model loader panicked".into()));
     let (engine, cfg) = match loaded {
         Ok(x) => x,
         Err(e) => {
@@ -65,13 +69,23 @@ pub(super) struct Core<'e> {
     pub cost: CostModel,
     pub global_acc: AcceptanceCounts,
     next_seq: u64,
+    /// Steps run, for the exploration schedule of `auto`.
+    pub step_no: u64,
 }
 
 impl<'e> Core<'e> {
-    pub fn new(engine: &'e Engine, tokenizer: &'e Tokenizer, mut cfg: SchedulerConfig, shared: Arc<Shared>) -> Self {
+    pub fn new(
+        engine: &'e Engine,
+        tokenizer: &'e Tokenizer,
+        mut cfg: SchedulerConfig,
+        shared: Arc<Shared>,
+    ) -> Self {
         cfg.n_slots = cfg.n_slots.max(1);
         cfg.n_batch = cfg.n_batch.max(1);
-        let spec = cfg.spec.clone().filter(|s| s.n_max > 0 && engine.head.is_some());
+        let spec = cfg
+            .spec
+            .clone()
+            .filter(|s| s.n_max > 0 && engine.head.is_some());
         let n_max = spec.as_ref().map_or(0, |s| s.n_max);
         // Until measured: a pass costs a fixed part plus a little per row (weights dominate).
         let rough = RowCost::from_points(&[(1, 10.0), (64, 20.0)], 0.05);
@@ -90,6 +104,7 @@ impl<'e> Core<'e> {
             },
             global_acc: AcceptanceCounts::new(n_max),
             next_seq: 0,
+            step_no: 0,
         }
     }
 
@@ -107,7 +122,10 @@ impl<'e> Core<'e> {
                     if inbox.shutdown.is_some() {
                         for r in inbox.queue.drain(..) {
                             let mut sink = r.sink;
-                            sink.send(Event::Failed { kind: FailKind::Shutdown, message: "the server is shutting down".into() });
+                            sink.send(Event::Failed {
+                                kind: FailKind::Shutdown,
+                                message: "the server is shutting down".into(),
+                            });
                         }
                     }
                     if self.busy() > 0 || !inbox.queue.is_empty() {
@@ -117,10 +135,16 @@ impl<'e> Core<'e> {
                         lock(&self.shared.metrics).requests_deferred = 0;
                         return;
                     }
-                    inbox = shared.wake.wait_timeout(inbox, Duration::from_millis(500)).map(|r| r.0).unwrap_or_else(|e| e.into_inner().0);
+                    inbox = shared
+                        .wake
+                        .wait_timeout(inbox, Duration::from_millis(500))
+                        .map(|r| r.0)
+                        .unwrap_or_else(|e| e.into_inner().0);
                 }
                 while self.busy() < self.cfg.n_slots {
-                    let Some(r) = inbox.queue.pop_front() else { break };
+                    let Some(r) = inbox.queue.pop_front() else {
+                        break;
+                    };
                     if r.sink.is_closed() {
                         lock(&self.shared.metrics).requests_cancelled_total += 1;
                         continue;
@@ -140,21 +164,34 @@ impl<'e> Core<'e> {
             let result = catch_unwind(AssertUnwindSafe(|| self.step()));
             match result {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => self.cancel_all(FailKind::Internal, &format!("inference failed: {e}")),
-                Err(_) => self.cancel_all(FailKind::Internal, "inference failed: internal error (panic in a forward pass)"),
+                Ok(Err(e)) => {
+                    self.cancel_all(FailKind::Internal, &format!("inference failed: {e}"))
+                }
+                Err(_) => self.cancel_all(
+                    FailKind::Internal,
+                    "inference failed: internal error (panic in a forward pass)",
+                ),
             }
             self.publish_gauges();
         }
     }
 
-    fn admit(&mut self, request: Request) {
-        let Some(index) = self.slots.iter().position(|s| s.is_none()) else { return };
+    pub(super) fn admit(&mut self, request: Request) {
+        let Some(index) = self.slots.iter().position(|s| s.is_none()) else {
+            return;
+        };
         let fail = |mut r: Request, message: String| {
-            r.sink.send(Event::Failed { kind: FailKind::Invalid, message });
+            r.sink.send(Event::Failed {
+                kind: FailKind::Invalid,
+                message,
+            });
         };
         let n_ctx = self.cfg.n_ctx_slot;
         if request.prompt.is_empty() {
-            return fail(request, "the prompt is empty: at least one token is needed".into());
+            return fail(
+                request,
+                "the prompt is empty: at least one token is needed".into(),
+            );
         }
         if request.prompt.len() >= n_ctx {
             let n = request.prompt.len();
@@ -162,7 +199,10 @@ impl<'e> Core<'e> {
         }
         let n_vocab = self.engine.model.n_vocab;
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= n_vocab) {
-            return fail(request, format!("token id {bad} is out of range: the vocabulary has {n_vocab} tokens"));
+            return fail(
+                request,
+                format!("token id {bad} is out of range: the vocabulary has {n_vocab} tokens"),
+            );
         }
         let mut sampler = match Sampler::new(request.sampler.clone()) {
             Ok(s) => s,
@@ -181,13 +221,25 @@ impl<'e> Core<'e> {
                 lag_hidden: Vec::new(),
                 // Position 0 has no previous hidden state: the head sees zeros, as llama.cpp feeds it.
                 pending_hidden: vec![0.0; model.config.n_embd],
+                idle_steps: 0,
             }),
             _ => None,
         };
         let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
         self.next_seq += 1;
-        let mut slot = Slot::new(request, sampler, state, head, self.tokenizer, n_max, self.next_seq);
-        slot.sample_drafts = self.spec.as_ref().is_some_and(|s| s.draft_sampling == DraftSampling::Sample)
+        let mut slot = Slot::new(
+            request,
+            sampler,
+            state,
+            head,
+            self.tokenizer,
+            n_max,
+            self.next_seq,
+        );
+        slot.sample_drafts = self
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.draft_sampling == DraftSampling::Sample)
             && !slot.sampler.config().is_greedy();
         if slot.sink.send(Event::Started { slot: index }) {
             self.slots[index] = Some(slot);
@@ -207,7 +259,10 @@ impl<'e> Core<'e> {
             }
         }
         if cancelled > 0 {
-            lock(&self.shared.metrics).requests_cancelled_total += cancelled;
+            let busy = self.busy();
+            let mut m = lock(&self.shared.metrics);
+            m.requests_cancelled_total += cancelled;
+            m.requests_processing = busy;
         }
     }
 
@@ -215,16 +270,23 @@ impl<'e> Core<'e> {
         let mut n = 0;
         for s in self.slots.iter_mut() {
             if let Some(mut slot) = s.take() {
-                slot.sink.send(Event::Failed { kind, message: message.to_string() });
+                slot.sink.send(Event::Failed {
+                    kind,
+                    message: message.to_string(),
+                });
                 n += 1;
             }
         }
-        lock(&self.shared.metrics).requests_cancelled_total += n;
+        let mut m = lock(&self.shared.metrics);
+        m.requests_cancelled_total += n;
+        m.requests_processing = 0;
     }
 
     /// Free a slot after its last token: flush held-back text, report the completion.
     pub fn finish(&mut self, index: usize, finish: crate::generate::FinishReason) {
-        let Some(mut slot) = self.slots[index].take() else { return };
+        let Some(mut slot) = self.slots[index].take() else {
+            return;
+        };
         let rest = slot.out.flush();
         let predicted_ms = slot.t_first_token.map_or(0.0, ms_since);
         let completion = Completion {
@@ -241,12 +303,18 @@ impl<'e> Core<'e> {
             draft_n: slot.stats.draft_n,
             draft_n_accepted: slot.stats.draft_n_accepted,
         };
-        let delivered = slot.send_text(rest) && slot.sink.send(Event::Done(completion));
-        let mut m = lock(&self.shared.metrics);
-        m.tokens_predicted_seconds_total += predicted_ms / 1000.0;
-        if delivered {
+        // Counters first: a client that reads /metrics right after its answer sees itself counted.
+        let busy = self.busy();
+        {
+            let mut m = lock(&self.shared.metrics);
+            m.requests_processing = busy;
+            m.tokens_predicted_seconds_total += predicted_ms / 1000.0;
             m.requests_finished_total += 1;
-        } else {
+        }
+        let delivered = slot.send_text(rest) && slot.sink.send(Event::Done(completion));
+        if !delivered {
+            let mut m = lock(&self.shared.metrics);
+            m.requests_finished_total -= 1;
             m.requests_cancelled_total += 1;
         }
     }

@@ -4,7 +4,8 @@
 
 /// Grid of row counts at which the cost curve is kept; between points it is linear.
 const GRID: [usize; 26] = [
-    1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024,
+    1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512,
+    768, 1024,
 ];
 
 /// Share of an observation's residual that moves the curve (an exponential moving average).
@@ -24,11 +25,22 @@ impl RowCost {
     /// A curve from `(rows, ms)` points (the trunk part only); rows outside the points are
     /// extrapolated from the nearest two.
     pub fn from_points(points: &[(usize, f64)], logit_row_ms: f64) -> RowCost {
-        let mut pts: Vec<(usize, f64)> = points.iter().copied().filter(|&(r, ms)| r > 0 && ms.is_finite()).collect();
+        let mut pts: Vec<(usize, f64)> = points
+            .iter()
+            .copied()
+            .filter(|&(r, ms)| r > 0 && ms.is_finite())
+            .collect();
         pts.sort_by_key(|p| p.0);
         pts.dedup_by_key(|p| p.0);
-        let ms = GRID.iter().map(|&r| interpolate(&pts, r as f64).max(0.0)).collect();
-        let mut c = RowCost { ms, logit_row_ms: logit_row_ms.max(0.0), observations: 0 };
+        let ms = GRID
+            .iter()
+            .map(|&r| interpolate(&pts, r as f64).max(0.0))
+            .collect();
+        let mut c = RowCost {
+            ms,
+            logit_row_ms: logit_row_ms.max(0.0),
+            observations: 0,
+        };
         c.make_monotone();
         c
     }
@@ -63,7 +75,10 @@ impl RowCost {
         let trunk = (ms - self.logit_row_ms * logit_rows as f64).max(0.0);
         let residual = trunk - self.trunk_ms(rows);
         let x = rows as f64;
-        let hi = GRID.iter().position(|&g| g as f64 >= x).unwrap_or(GRID.len() - 1);
+        let hi = GRID
+            .iter()
+            .position(|&g| g as f64 >= x)
+            .unwrap_or(GRID.len() - 1);
         if hi == 0 || GRID[hi] as f64 <= x {
             self.ms[hi] += LEARN_RATE * residual;
         } else {
@@ -95,7 +110,11 @@ fn interpolate(pts: &[(usize, f64)], x: f64) -> f64 {
         0 => 0.0,
         1 => pts[0].1 * x / pts[0].0 as f64,
         _ => {
-            let i = pts.iter().position(|p| p.0 as f64 >= x).unwrap_or(pts.len() - 1).max(1);
+            let i = pts
+                .iter()
+                .position(|p| p.0 as f64 >= x)
+                .unwrap_or(pts.len() - 1)
+                .max(1);
             let (x0, y0) = (pts[i - 1].0 as f64, pts[i - 1].1);
             let (x1, y1) = (pts[i].0 as f64, pts[i].1);
             y0 + (y1 - y0) * (x - x0) / (x1 - x0)

@@ -43,12 +43,20 @@ pub fn head_forward_batch(
         starts.push(at);
         for (i, &t) in it.tokens.iter().enumerate() {
             if t as usize >= head.embed.rows {
-                return Err(ModelError::TokenOutOfRange { token: t as u64, n_vocab: head.embed.rows });
+                return Err(ModelError::TokenOutOfRange {
+                    token: t as u64,
+                    n_vocab: head.embed.rows,
+                });
             }
             head.embed.dequantize_row(t as usize, &mut row)?;
             let dst = &mut cat[(at + i) * 2 * e..(at + i + 1) * 2 * e];
             nextn_model::ops::rms_norm(&row, &head.enorm, eps, &mut dst[..e]);
-            nextn_model::ops::rms_norm(&it.hidden_prev[i * e..(i + 1) * e], &head.hnorm, eps, &mut dst[e..]);
+            nextn_model::ops::rms_norm(
+                &it.hidden_prev[i * e..(i + 1) * e],
+                &head.hnorm,
+                eps,
+                &mut dst[e..],
+            );
         }
         at += it.tokens.len();
     }
@@ -70,7 +78,12 @@ pub fn head_forward_batch(
     }
     let mut hidden = vec![0.0f32; n * e];
     for i in 0..n {
-        nextn_model::ops::rms_norm(&h[i * e..(i + 1) * e], &head.shared_head_norm, eps, &mut hidden[i * e..(i + 1) * e]);
+        nextn_model::ops::rms_norm(
+            &h[i * e..(i + 1) * e],
+            &head.shared_head_norm,
+            eps,
+            &mut hidden[i * e..(i + 1) * e],
+        );
     }
     let mut picked = Vec::new();
     let mut ranges = Vec::with_capacity(items.len());

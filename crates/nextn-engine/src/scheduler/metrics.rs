@@ -39,7 +39,10 @@ impl MetricsSnapshot {
 
     /// Generated tokens per second of generation time, averaged over requests.
     pub fn predicted_tokens_per_second(&self) -> f64 {
-        per_second(self.tokens_predicted_total, self.tokens_predicted_seconds_total)
+        per_second(
+            self.tokens_predicted_total,
+            self.tokens_predicted_seconds_total,
+        )
     }
 
     pub fn busy_slots_per_decode(&self) -> f64 {

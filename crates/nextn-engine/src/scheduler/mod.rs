@@ -12,6 +12,7 @@
 //! through the request's [`EventSink`]. A sink that reports itself closed (the client went away)
 //! frees its slot at the next step.
 
+mod calibrate;
 mod core;
 pub mod cost;
 pub mod head_batch;
@@ -19,7 +20,6 @@ mod metrics;
 pub mod policy;
 mod slot;
 mod step;
-mod calibrate;
 #[cfg(test)]
 mod tests;
 
@@ -101,11 +101,16 @@ pub trait EventSink: Send {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// The request got a slot and its prompt is being processed.
-    Started { slot: usize },
+    Started {
+        slot: usize,
+    },
     /// Newly complete text (whole UTF-8, never part of a stop string).
     Text(String),
     Done(Completion),
-    Failed { kind: FailKind, message: String },
+    Failed {
+        kind: FailKind,
+        message: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,7 +233,9 @@ impl SchedulerHandle {
         match self.phase() {
             Phase::Loading => return Err(SubmitError::Loading),
             Phase::Failed | Phase::Stopped => {
-                return Err(SubmitError::Stopped(self.failure().unwrap_or_else(|| "stopped".into())))
+                return Err(SubmitError::Stopped(
+                    self.failure().unwrap_or_else(|| "stopped".into()),
+                ))
             }
             Phase::Ready => {}
         }
@@ -271,14 +278,21 @@ where
 {
     let shared = Arc::new(Shared {
         phase: AtomicU8::new(Phase::Loading as u8),
-        inbox: Mutex::new(Inbox { queue: VecDeque::new(), shutdown: None }),
+        inbox: Mutex::new(Inbox {
+            queue: VecDeque::new(),
+            shutdown: None,
+        }),
         wake: Condvar::new(),
         queue_capacity: Mutex::new(0),
         info: Mutex::new(None),
         failure: Mutex::new(None),
         metrics: Mutex::new(MetricsSnapshot::default()),
     });
-    let handle = SchedulerHandle { shared: shared.clone() };
-    let thread = std::thread::Builder::new().name("nextn-inference".into()).spawn(move || core::run(shared, load))?;
+    let handle = SchedulerHandle {
+        shared: shared.clone(),
+    };
+    let thread = std::thread::Builder::new()
+        .name("nextn-inference".into())
+        .spawn(move || core::run(shared, load))?;
     Ok((handle, thread))
 }

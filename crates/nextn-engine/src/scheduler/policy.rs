@@ -23,9 +23,6 @@ pub enum DraftPolicy {
 pub struct DraftCandidate {
     /// Most drafts allowed (n_max, context room and token budget).
     pub max_k: usize,
-    /// Head rows this slot owes (positions committed without a head entry yet) that a first
-    /// draft pass must run too.
-    pub lag_rows: usize,
     /// Estimated probability that draft position `j` is accepted given position `j−1` was.
     pub accept: Vec<f64>,
 }
@@ -37,8 +34,6 @@ pub struct StepShape {
     pub prefill_rows: usize,
     /// Prompt rows that need logits (last chunk of a prompt).
     pub prefill_logit_rows: usize,
-    /// Head rows run this step for slots that do not draft (catching up a long lag).
-    pub head_flush_rows: usize,
 }
 
 /// Raise the step's expected rate only by clearly better drafts: measurement noise must not tip
@@ -58,27 +53,32 @@ pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -
     }
     let mut rows = shape.prefill_rows + s;
     let mut head_rows = vec![0usize; max_depth];
-    head_rows[0] = shape.head_flush_rows;
     let mut tokens = s as f64;
     let mut ms = cost.target.pass_ms(s, s) + cost.per_slot_ms * s as f64;
     // Expected tokens of draft k[i]+1 given the slot's current depth.
-    let gain = |c: &DraftCandidate, depth: usize| -> f64 { c.accept.iter().take(depth + 1).product::<f64>() };
+    let gain = |c: &DraftCandidate, depth: usize| -> f64 {
+        c.accept.iter().take(depth + 1).product::<f64>()
+    };
     loop {
         let rate = if ms > 0.0 { tokens / ms } else { f64::INFINITY };
         // (value per ms, gain, cost, members)
         let mut best: Option<(f64, f64, f64, Vec<usize>)> = None;
-        let consider = |members: Vec<usize>, g: f64, dt: f64, best: &mut Option<(f64, f64, f64, Vec<usize>)>| {
+        let consider = |members: Vec<usize>,
+                        g: f64,
+                        dt: f64,
+                        best: &mut Option<(f64, f64, f64, Vec<usize>)>| {
             if members.is_empty() || g <= 0.0 {
                 return;
             }
             let v = if dt > 0.0 { g / dt } else { f64::INFINITY };
-            if best.as_ref().map_or(true, |b| v > b.0) {
+            if best.as_ref().is_none_or(|b| v > b.0) {
                 *best = Some((v, g, dt, members));
             }
         };
         let price = |n: usize, depth: usize, head_extra: usize| -> f64 {
             let mut dt = cost.target.marginal_ms(rows, n) + cost.target.logit_row_ms * n as f64;
-            dt += cost.head.marginal_ms(head_rows[depth], head_extra) + cost.head.logit_row_ms * n as f64;
+            dt += cost.head.marginal_ms(head_rows[depth], head_extra)
+                + cost.head.logit_row_ms * n as f64;
             if depth == 0 {
                 dt += cost.commit_ms * n as f64;
             }
@@ -89,27 +89,33 @@ pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -
             if d >= c.max_k {
                 continue;
             }
-            let extra = if d == 0 { c.lag_rows + 1 } else { 1 };
+            let extra = 1;
             consider(vec![i], gain(c, d), price(1, d, extra), &mut best);
         }
         // Whole depth levels at once: a new head pass may pay only when several slots share it.
         for depth in 0..max_depth {
-            let members: Vec<usize> = (0..s).filter(|&i| k[i] == depth && cands[i].max_k > depth).collect();
+            let members: Vec<usize> = (0..s)
+                .filter(|&i| k[i] == depth && cands[i].max_k > depth)
+                .collect();
             if members.len() < 2 {
                 continue;
             }
             let g: f64 = members.iter().map(|&i| gain(&cands[i], depth)).sum();
-            let extra: usize = members.iter().map(|&i| if depth == 0 { cands[i].lag_rows + 1 } else { 1 }).sum();
+            let extra: usize = members
+                .iter()
+                .count();
             let dt = price(members.len(), depth, extra);
             consider(members, g, dt, &mut best);
         }
-        let Some((value, g, dt, members)) = best else { break };
+        let Some((value, g, dt, members)) = best else {
+            break;
+        };
         if value <= rate * (1.0 + MARGIN) {
             break;
         }
         for &i in &members {
             let d = k[i];
-            head_rows[d] += if d == 0 { cands[i].lag_rows + 1 } else { 1 };
+            head_rows[d] += 1;
             k[i] += 1;
             rows += 1;
         }
@@ -129,7 +135,10 @@ pub struct AcceptanceCounts {
 
 impl AcceptanceCounts {
     pub fn new(n: usize) -> Self {
-        AcceptanceCounts { reached: vec![0.0; n], accepted: vec![0.0; n] }
+        AcceptanceCounts {
+            reached: vec![0.0; n],
+            accepted: vec![0.0; n],
+        }
     }
 
     /// Record one verify step: `drafted` tokens offered, the first `accepted` of them kept.
@@ -171,16 +180,27 @@ mod tests {
 
     /// A pass costs `base` plus `per_row` per row; logits cost `logit` per row.
     fn linear(base: f64, per_row: f64, logit: f64) -> RowCost {
-        let pts: Vec<(usize, f64)> = [1usize, 2, 4, 8, 16, 32, 64, 128, 256].iter().map(|&r| (r, base + per_row * r as f64)).collect();
+        let pts: Vec<(usize, f64)> = [1usize, 2, 4, 8, 16, 32, 64, 128, 256]
+            .iter()
+            .map(|&r| (r, base + per_row * r as f64))
+            .collect();
         RowCost::from_points(&pts, logit)
     }
 
     fn model(base: f64, per_row: f64, head_base: f64, head_row: f64) -> CostModel {
-        CostModel { target: linear(base, per_row, 0.0), head: linear(head_base, head_row, 0.0), per_slot_ms: 0.0, commit_ms: 0.0 }
+        CostModel {
+            target: linear(base, per_row, 0.0),
+            head: linear(head_base, head_row, 0.0),
+            per_slot_ms: 0.0,
+            commit_ms: 0.0,
+        }
     }
 
     fn cand(max_k: usize, a: f64) -> DraftCandidate {
-        DraftCandidate { max_k, lag_rows: 0, accept: vec![a; max_k] }
+        DraftCandidate {
+            max_k,
+            accept: vec![a; max_k],
+        }
     }
 
     /// The expected rate of a plan under the same linear costs, for checking optimality.
@@ -226,10 +246,19 @@ mod tests {
             let m = model(base, per_row, hb, hr);
             let cands: Vec<_> = (0..s).map(|_| cand(4, a)).collect();
             let k = plan_auto(&m, StepShape::default(), &cands);
-            assert!(k.iter().all(|&x| x == k[0]), "identical slots get identical depths: {k:?}");
+            assert!(
+                k.iter().all(|&x| x == k[0]),
+                "identical slots get identical depths: {k:?}"
+            );
             let chosen = rate(base, per_row, hb, hr, a, s, k[0]);
-            let best = (0..=4).map(|d| rate(base, per_row, hb, hr, a, s, d)).fold(0.0, f64::max);
-            assert!(chosen >= best * 0.97, "case {base},{per_row},{hb},{hr},{a},{s}: depth {} rate {chosen} < best {best}", k[0]);
+            let best = (0..=4)
+                .map(|d| rate(base, per_row, hb, hr, a, s, d))
+                .fold(0.0, f64::max);
+            assert!(
+                chosen >= best * 0.97,
+                "case {base},{per_row},{hb},{hr},{a},{s}: depth {} rate {chosen} < best {best}",
+                k[0]
+            );
         }
     }
 
@@ -245,7 +274,10 @@ mod tests {
         assert!((est[0] - 2.0 / 3.0).abs() < 1e-12);
         assert!((est[1] - 0.5).abs() < 1e-12);
         // With no measurements, the prior; with some, pulled toward it by its weight.
-        assert_eq!(AcceptanceCounts::new(2).estimate(&[0.3, 0.6], 4.0), vec![0.3, 0.6]);
+        assert_eq!(
+            AcceptanceCounts::new(2).estimate(&[0.3, 0.6], 4.0),
+            vec![0.3, 0.6]
+        );
         assert!((c.estimate(&[0.0; 3], 1.0)[2] - 0.5).abs() < 1e-12);
         c.decay_to(1.5);
         assert!((c.reached[0] - 1.5).abs() < 1e-12 && (c.accepted[0] - 1.0).abs() < 1e-12);

@@ -30,13 +30,17 @@ pub struct HeadSide {
     pub lag_hidden: Vec<f32>,
     /// Target hidden state at `n_past − 1`, which pairs with `id_last` at `n_past`.
     pub pending_hidden: Vec<f32>,
+    /// Decode steps since this slot last drafted.
+    pub idle_steps: usize,
 }
 
 impl HeadSide {
-    pub fn clear_lag(&mut self) {
-        self.pos += self.lag_tokens.len();
-        self.lag_tokens.clear();
-        self.lag_hidden.clear();
+    /// The first `rows` lag rows now have head entries.
+    pub fn consume_lag(&mut self, rows: usize, n_embd: usize) {
+        let rows = rows.min(self.lag_tokens.len());
+        self.pos += rows;
+        self.lag_tokens.drain(..rows);
+        self.lag_hidden.drain(..rows * n_embd);
     }
 }
 
@@ -54,7 +58,12 @@ pub struct TextOut<'t> {
 }
 
 impl<'t> TextOut<'t> {
-    pub fn new(tokenizer: &'t Tokenizer, stop: &[String], n_predict: Option<usize>, ignore_eos: bool) -> Self {
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        stop: &[String],
+        n_predict: Option<usize>,
+        ignore_eos: bool,
+    ) -> Self {
         TextOut {
             tokenizer,
             decoder: StreamDecoder::new(tokenizer),
@@ -82,7 +91,9 @@ impl<'t> TextOut<'t> {
         if hit {
             self.hit_stop = true;
             self.finished = Some(FinishReason::Stop);
-        } else if self.n_predict.is_some_and(|n| self.n_tokens >= n) || n_ctx.saturating_sub(pos) == 0 {
+        } else if self.n_predict.is_some_and(|n| self.n_tokens >= n)
+            || n_ctx.saturating_sub(pos) == 0
+        {
             self.finished = Some(FinishReason::Length);
         }
         (piece, self.finished)
@@ -90,7 +101,9 @@ impl<'t> TextOut<'t> {
 
     /// Tokens the budget still allows (`usize::MAX` when unbounded).
     pub fn budget_left(&self) -> usize {
-        self.n_predict.map(|n| n.saturating_sub(self.n_tokens)).unwrap_or(usize::MAX)
+        self.n_predict
+            .map(|n| n.saturating_sub(self.n_tokens))
+            .unwrap_or(usize::MAX)
     }
 
     /// Text still held back (an unfinished character, a possible stop-string prefix).
@@ -147,7 +160,14 @@ impl<'t> Slot<'t> {
         n_max: usize,
         seq_no: u64,
     ) -> Self {
-        let Request { prompt, n_predict, stop, ignore_eos, sink, .. } = request;
+        let Request {
+            prompt,
+            n_predict,
+            stop,
+            ignore_eos,
+            sink,
+            ..
+        } = request;
         let seed = sampler.config().seed;
         Slot {
             prompt,
@@ -159,7 +179,10 @@ impl<'t> Slot<'t> {
             head,
             stage: Stage::Prefill { next: 0 },
             out: TextOut::new(tokenizer, &stop, n_predict, ignore_eos),
-            stats: DraftStats { counts: AcceptanceCounts::new(n_max), ..Default::default() },
+            stats: DraftStats {
+                counts: AcceptanceCounts::new(n_max),
+                ..Default::default()
+            },
             t_start: Instant::now(),
             t_first_token: None,
             prompt_ms: 0.0,

@@ -7,26 +7,43 @@ use nextn_model::{BatchItem, LogitRows, ModelError, NextnHead};
 
 use super::core::Core;
 use super::head_batch::{head_forward_batch, HeadItem};
+use super::lock;
 use super::policy::{plan_auto, DraftCandidate, DraftPolicy, StepShape};
 use super::slot::{HeadSide, Slot, Stage};
-use super::lock;
 use crate::generate::ms_since;
 use crate::sampler::{argmax, TokenProb};
 use crate::speculative::{accept_or_resample, draw};
 
-/// A slot's head lag is run in a pass of its own once it reaches this many rows, even while the
-/// slot does not draft, so the lag (and the hidden states it keeps) stays bounded.
+/// With a fixed throttle, a slot's head lag is run in a pass of its own once it reaches this many
+/// rows while the slot does not draft, so the lag (and the hidden states it keeps) stays bounded
+/// and drafting can resume at once when load drops.
 pub(super) const LAG_FLUSH: usize = 256;
+/// With `auto`, a slot that has not drafted for this many steps and owes the head this many rows
+/// stops tracking the head for the rest of its request: under sustained load keeping the head
+/// current would cost every token a head row for drafts that never come.
+pub(super) const ABANDON_IDLE_STEPS: usize = 8;
+pub(super) const ABANDON_LAG: usize = 64;
+/// Every this many steps `auto` runs one step without drafts, and one where one more slot
+/// drafts fully.
+const EXPLORE_PERIOD: u64 = 32;
 
 /// What one slot contributes to this step's target pass.
 enum Work {
-    Prefill { start: usize, end: usize },
+    Prefill {
+        start: usize,
+        end: usize,
+    },
     /// `dists[j]`: the distribution draft `j` was drawn from (sampled drafts only).
-    Decode { n_past: usize, rows: Vec<u32>, dists: Vec<Vec<TokenProb>> },
+    Decode {
+        n_past: usize,
+        rows: Vec<u32>,
+        dists: Vec<Vec<TokenProb>>,
+    },
 }
 
 impl<'e> Core<'e> {
     pub(super) fn step(&mut self) -> Result<(), ModelError> {
+        self.step_no += 1;
         let n_slots = self.slots.len();
         let mut work: Vec<Option<Work>> = (0..n_slots).map(|_| None).collect();
 
@@ -35,14 +52,22 @@ impl<'e> Core<'e> {
             .slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.as_ref().filter(|s| matches!(s.stage, Stage::Prefill { .. })).map(|s| (s.seq_no, i)))
+            .filter_map(|(i, s)| {
+                s.as_ref()
+                    .filter(|s| matches!(s.stage, Stage::Prefill { .. }))
+                    .map(|s| (s.seq_no, i))
+            })
             .collect();
         prefilling.sort_unstable();
         let mut budget = self.cfg.n_batch;
         let mut shape = StepShape::default();
         for &(_, i) in &prefilling {
-            let Some(slot) = self.slots[i].as_ref() else { continue };
-            let Stage::Prefill { next } = slot.stage else { continue };
+            let Some(slot) = self.slots[i].as_ref() else {
+                continue;
+            };
+            let Stage::Prefill { next } = slot.stage else {
+                continue;
+            };
             if budget == 0 {
                 break;
             }
@@ -56,23 +81,24 @@ impl<'e> Core<'e> {
         }
 
         let decoding: Vec<usize> = (0..n_slots)
-            .filter(|&i| self.slots[i].as_ref().is_some_and(|s| matches!(s.stage, Stage::Decode { .. })))
+            .filter(|&i| {
+                self.slots[i]
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.stage, Stage::Decode { .. }))
+            })
             .collect();
-        shape.head_flush_rows = self
-            .slots
-            .iter()
-            .flatten()
-            .filter_map(|s| s.head.as_ref())
-            .map(|h| h.lag_tokens.len())
-            .filter(|&n| n >= LAG_FLUSH)
-            .sum();
         let depths = self.plan_drafts(&decoding, shape);
+        self.track_idle_heads(&decoding, &depths);
         let (drafts, mut dists) = self.draft(&decoding, &depths)?;
         let mut n_drafting = 0;
         let mut n_draft_tokens = 0;
         for (d, &i) in decoding.iter().enumerate() {
-            let Some(slot) = self.slots[i].as_ref() else { continue };
-            let Stage::Decode { id_last } = slot.stage else { continue };
+            let Some(slot) = self.slots[i].as_ref() else {
+                continue;
+            };
+            let Stage::Decode { id_last } = slot.stage else {
+                continue;
+            };
             let mut rows = Vec::with_capacity(1 + drafts[d].len());
             rows.push(id_last);
             rows.extend_from_slice(&drafts[d]);
@@ -80,7 +106,11 @@ impl<'e> Core<'e> {
                 n_drafting += 1;
                 n_draft_tokens += drafts[d].len();
             }
-            work[i] = Some(Work::Decode { n_past: slot.state.n_past, rows, dists: std::mem::take(&mut dists[d]) });
+            work[i] = Some(Work::Decode {
+                n_past: slot.state.n_past,
+                rows,
+                dists: std::mem::take(&mut dists[d]),
+            });
         }
 
         // One target pass over every slot's rows.
@@ -91,19 +121,33 @@ impl<'e> Core<'e> {
         let outs = {
             let mut items = Vec::new();
             for (i, (slot, w)) in self.slots.iter_mut().zip(&work).enumerate() {
-                let (Some(slot), Some(w)) = (slot.as_mut(), w.as_ref()) else { continue };
+                let (Some(slot), Some(w)) = (slot.as_mut(), w.as_ref()) else {
+                    continue;
+                };
                 let Slot { prompt, state, .. } = slot;
                 let item = match w {
                     Work::Prefill { start, end } => BatchItem {
                         tokens: &prompt[*start..*end],
                         state,
-                        logits: if *end == prompt.len() { LogitRows::Last } else { LogitRows::None },
+                        logits: if *end == prompt.len() {
+                            LogitRows::Last
+                        } else {
+                            LogitRows::None
+                        },
                         verify: false,
                     },
-                    Work::Decode { rows, .. } if rows.len() > 1 => {
-                        BatchItem { tokens: rows, state, logits: LogitRows::All, verify: true }
-                    }
-                    Work::Decode { rows, .. } => BatchItem { tokens: rows, state, logits: LogitRows::Last, verify: false },
+                    Work::Decode { rows, .. } if rows.len() > 1 => BatchItem {
+                        tokens: rows,
+                        state,
+                        logits: LogitRows::All,
+                        verify: true,
+                    },
+                    Work::Decode { rows, .. } => BatchItem {
+                        tokens: rows,
+                        state,
+                        logits: LogitRows::Last,
+                        verify: false,
+                    },
                 };
                 n_rows += item.tokens.len();
                 n_logit_rows += match item.logits {
@@ -114,7 +158,9 @@ impl<'e> Core<'e> {
                 items.push(item);
                 order.push(i);
             }
-            self.engine.model.forward_batch(&mut items, &self.engine.pool)?
+            self.engine
+                .model
+                .forward_batch(&mut items, &self.engine.pool)?
         };
         let target_ms = ms_since(t_target);
         self.cost.target.observe(n_rows, n_logit_rows, target_ms);
@@ -135,7 +181,11 @@ impl<'e> Core<'e> {
         for (out, i) in outs.into_iter().zip(order) {
             match work[i].take() {
                 Some(Work::Prefill { start, end }) => self.after_prefill(i, start, end, &out)?,
-                Some(Work::Decode { n_past, rows, dists }) => {
+                Some(Work::Decode {
+                    n_past,
+                    rows,
+                    dists,
+                }) => {
                     if rows.len() > 1 {
                         n_verify += 1;
                     }
@@ -148,18 +198,21 @@ impl<'e> Core<'e> {
             self.cost.observe_commit(n_verify, commit_ms);
         }
         if !decoding.is_empty() {
-            self.cost.observe_per_slot(decoding.len(), ms_since(t_post) - commit_ms);
+            self.cost
+                .observe_per_slot(decoding.len(), ms_since(t_post) - commit_ms);
         }
         Ok(())
     }
 
     /// Draft depth per decoding slot (aligned with `decoding`).
     fn plan_drafts(&self, decoding: &[usize], shape: StepShape) -> Vec<usize> {
-        let Some(spec) = &self.spec else { return vec![0; decoding.len()] };
+        let Some(spec) = &self.spec else {
+            return vec![0; decoding.len()];
+        };
         let max_k: Vec<usize> = decoding
             .iter()
             .map(|&i| match self.slots[i].as_ref() {
-                Some(s) => {
+                Some(s) if s.head.is_some() => {
                     // Room for [id_last, drafts] in the context and in the token budget (the bonus token counts).
                     let room = s.state.remaining().saturating_sub(1);
                     let budget = s.out.budget_left().saturating_sub(1);
@@ -170,7 +223,7 @@ impl<'e> Core<'e> {
                         k
                     }
                 }
-                None => 0,
+                _ => 0,
             })
             .collect();
         match spec.policy {
@@ -181,9 +234,15 @@ impl<'e> Core<'e> {
                     vec![0; decoding.len()]
                 }
             }
+            // The cost curves are only learned at the row counts steps actually use: now and then
+            // a step without drafts, and a step where one more slot drafts fully, keep both sides
+            // of the plan measured, so a wrong curve cannot hold the plan at one end for good.
+            DraftPolicy::Auto if self.step_no % EXPLORE_PERIOD == 0 => vec![0; decoding.len()],
             DraftPolicy::Auto => {
                 let prior = vec![super::core::PRIOR_ACCEPTANCE; spec.n_max];
-                let global = self.global_acc.estimate(&prior, super::core::GLOBAL_PRIOR_WEIGHT);
+                let global = self
+                    .global_acc
+                    .estimate(&prior, super::core::GLOBAL_PRIOR_WEIGHT);
                 let cands: Vec<DraftCandidate> = decoding
                     .iter()
                     .zip(&max_k)
@@ -191,15 +250,33 @@ impl<'e> Core<'e> {
                         let s = self.slots[i].as_ref()?;
                         Some(DraftCandidate {
                             max_k: k,
-                            lag_rows: s.head.as_ref().map_or(0, |h| h.lag_tokens.len()),
-                            accept: s.stats.counts.estimate(&global, super::core::SLOT_PRIOR_WEIGHT),
+                            accept: s
+                                .stats
+                                .counts
+                                .estimate(&global, super::core::SLOT_PRIOR_WEIGHT),
                         })
                     })
                     .collect();
                 if cands.len() != decoding.len() {
                     return vec![0; decoding.len()];
                 }
-                plan_auto(&self.cost, shape, &cands)
+                let mut depths = plan_auto(&self.cost, shape, &cands);
+                if self.step_no % EXPLORE_PERIOD == EXPLORE_PERIOD / 2 {
+                    // The slot that owes the head least explores, at the least cost.
+                    let pick = (0..decoding.len())
+                        .filter(|&d| depths[d] < max_k[d])
+                        .min_by_key(|&d| {
+                            let lag = self.slots[decoding[d]]
+                                .as_ref()
+                                .and_then(|s| s.head.as_ref())
+                                .map_or(usize::MAX, |h| h.lag_tokens.len());
+                            (lag, (d as u64 + self.step_no) % decoding.len() as u64)
+                        });
+                    if let Some(d) = pick {
+                        depths[d] = max_k[d];
+                    }
+                }
+                depths
             }
         }
     }
@@ -208,10 +285,16 @@ impl<'e> Core<'e> {
     /// (and the lag of slots whose lag is long), then one pass per further draft depth.
     /// Returns the drafts of each decoding slot, and for sampled drafts their distributions.
     #[allow(clippy::type_complexity)]
-    fn draft(&mut self, decoding: &[usize], depths: &[usize]) -> Result<(Vec<Vec<u32>>, Vec<Vec<Vec<TokenProb>>>), ModelError> {
+    fn draft(
+        &mut self,
+        decoding: &[usize],
+        depths: &[usize],
+    ) -> Result<(Vec<Vec<u32>>, Vec<Vec<Vec<TokenProb>>>), ModelError> {
         let mut drafts: Vec<Vec<u32>> = vec![Vec::new(); decoding.len()];
         let mut dists: Vec<Vec<Vec<TokenProb>>> = vec![Vec::new(); decoding.len()];
-        let (Some(head), Some(spec)) = (self.engine.head.as_ref(), self.spec.clone()) else { return Ok((drafts, dists)) };
+        let (Some(head), Some(spec)) = (self.engine.head.as_ref(), self.spec.clone()) else {
+            return Ok((drafts, dists));
+        };
         let eps = self.engine.model.config.rms_eps;
         let pool = &self.engine.pool;
         let e = self.engine.model.config.n_embd;
@@ -223,43 +306,70 @@ impl<'e> Core<'e> {
         }
         let mut chain: Vec<Vec<f32>> = vec![Vec::new(); decoding.len()];
 
-        // Depth 0: lag rows + id_last for drafting slots; long lags of the others.
+        // Depth 0: lag rows + id_last for drafting slots; long lags of the others (fixed
+        // throttle only). A lag longer than the prompt budget is run in budget-sized pieces
+        // first, and the slot drafts once it is caught up.
+        let flush_idle = matches!(spec.policy, DraftPolicy::MaxSlots(_));
+        let max_rows = self.cfg.n_batch;
         let t0 = Instant::now();
-        let mut members = Vec::new();
+        // (slot, decoding index when drafting, rows run)
+        let mut members: Vec<(usize, Option<usize>, usize)> = Vec::new();
         let outs = {
             let mut items = Vec::new();
             for (i, slot) in self.slots.iter_mut().enumerate() {
                 let Some(slot) = slot.as_mut() else { continue };
-                let Some(h) = slot.head.as_mut() else { continue };
-                let d = drafting_of_slot[i];
-                if d.is_some() {
-                    let Stage::Decode { id_last } = slot.stage else { continue };
-                    h.lag_tokens.push(id_last);
-                    h.lag_hidden.extend_from_slice(&h.pending_hidden);
-                } else if h.lag_tokens.len() < LAG_FLUSH {
+                let Stage::Decode { id_last } = slot.stage else {
+                    continue;
+                };
+                let Some(h) = slot.head.as_mut() else {
+                    continue;
+                };
+                let lag = h.lag_tokens.len();
+                let mut d = drafting_of_slot[i];
+                if d.is_some() && lag + 1 > max_rows {
+                    d = None;
+                } else if d.is_none() && !(flush_idle && lag >= LAG_FLUSH) {
                     continue;
                 }
-                let HeadSide { cache, lag_tokens, lag_hidden, pos, .. } = h;
+                if d.is_some() {
+                    h.lag_tokens.push(id_last);
+                    h.lag_hidden.extend_from_slice(&h.pending_hidden);
+                }
+                let rows = h.lag_tokens.len().min(max_rows);
+                let HeadSide {
+                    cache,
+                    lag_tokens,
+                    lag_hidden,
+                    pos,
+                    ..
+                } = h;
                 items.push(HeadItem {
-                    tokens: lag_tokens,
-                    hidden_prev: lag_hidden,
+                    tokens: &lag_tokens[..rows],
+                    hidden_prev: &lag_hidden[..rows * e],
                     start_pos: *pos,
                     cache,
-                    logits: if d.is_some() { LogitRows::Last } else { LogitRows::None },
+                    logits: if d.is_some() {
+                        LogitRows::Last
+                    } else {
+                        LogitRows::None
+                    },
                 });
-                members.push((i, d));
+                members.push((i, d, rows));
             }
             if items.is_empty() {
                 return Ok((drafts, dists));
             }
             head_forward_batch(head, eps, &mut items, pool)?
         };
-        let rows: usize = members.iter().filter_map(|&(i, _)| self.slots[i].as_ref()?.head.as_ref().map(|h| h.lag_tokens.len())).sum();
-        self.cost.head.observe(rows, members.iter().filter(|m| m.1.is_some()).count(), ms_since(t0));
-        for (out, &(i, d)) in outs.iter().zip(&members) {
-            let Some(slot) = self.slots[i].as_mut() else { continue };
+        let rows: usize = members.iter().map(|m| m.2).sum();
+        let n_logits = members.iter().filter(|m| m.1.is_some()).count();
+        self.cost.head.observe(rows, n_logits, ms_since(t0));
+        for (out, &(i, d, rows)) in outs.iter().zip(&members) {
+            let Some(slot) = self.slots[i].as_mut() else {
+                continue;
+            };
             if let Some(h) = slot.head.as_mut() {
-                h.clear_lag();
+                h.consume_lag(rows, e);
             }
             if let Some(d) = d {
                 if let Some((pick, q)) = pick_draft(slot, out.logits_row(0), spec.p_min) {
@@ -270,13 +380,18 @@ impl<'e> Core<'e> {
                 }
             }
         }
+        // Slots that were to draft but are still catching up do not draft this step.
+        let caught_up: Vec<bool> = decoding
+            .iter()
+            .map(|&i| members.iter().any(|m| m.0 == i && m.1.is_some()))
+            .collect();
 
         // Further depths: one row per slot still drafting, on the head's own hidden state.
         let max_depth = depths.iter().copied().max().unwrap_or(0);
         for depth in 1..max_depth {
             let t = Instant::now();
             let inputs: Vec<(usize, [u32; 1], Vec<f32>)> = (0..decoding.len())
-                .filter(|&d| depths[d] > depth && drafts[d].len() == depth)
+                .filter(|&d| caught_up[d] && depths[d] > depth && drafts[d].len() == depth)
                 .map(|d| (d, [drafts[d][depth - 1]], std::mem::take(&mut chain[d])))
                 .collect();
             if inputs.is_empty() {
@@ -292,9 +407,20 @@ impl<'e> Core<'e> {
                     let Some(k) = by_slot[i] else { continue };
                     let Some(slot) = slot.as_mut() else { continue };
                     let n_past = slot.state.n_past;
-                    let Some(h) = slot.head.as_mut() else { continue };
+                    let Some(h) = slot.head.as_mut() else {
+                        continue;
+                    };
                     let (_, token, hidden) = &inputs[k];
-                    items.push((k, HeadItem { tokens: token, hidden_prev: hidden, start_pos: n_past + depth, cache: &mut h.cache, logits: LogitRows::Last }));
+                    items.push((
+                        k,
+                        HeadItem {
+                            tokens: token,
+                            hidden_prev: hidden,
+                            start_pos: n_past + depth,
+                            cache: &mut h.cache,
+                            logits: LogitRows::Last,
+                        },
+                    ));
                 }
                 let (ks, mut items): (Vec<usize>, Vec<HeadItem>) = items.into_iter().unzip();
                 let outs = head_forward_batch(head, eps, &mut items, pool)?;
@@ -303,7 +429,9 @@ impl<'e> Core<'e> {
             self.cost.head.observe(outs.len(), outs.len(), ms_since(t));
             for (k, out) in outs {
                 let d = inputs[k].0;
-                let Some(slot) = self.slots[decoding[d]].as_mut() else { continue };
+                let Some(slot) = self.slots[decoding[d]].as_mut() else {
+                    continue;
+                };
                 if let Some((pick, q)) = pick_draft(slot, out.logits_row(0), spec.p_min) {
                     drafts[d].push(pick);
                     dists[d].extend(q);
@@ -314,10 +442,12 @@ impl<'e> Core<'e> {
 
         // The chain's own entries go; the entry for id_last (from the target's hidden) stays.
         for (d, &i) in decoding.iter().enumerate() {
-            if depths[d] == 0 {
+            if !caught_up[d] {
                 continue;
             }
-            let Some(slot) = self.slots[i].as_mut() else { continue };
+            let Some(slot) = self.slots[i].as_mut() else {
+                continue;
+            };
             let n_past = slot.state.n_past;
             if let Some(h) = slot.head.as_mut() {
                 NextnHead::truncate(&mut h.cache, n_past + 1);
@@ -331,9 +461,42 @@ impl<'e> Core<'e> {
         Ok((drafts, dists))
     }
 
-    fn after_prefill(&mut self, i: usize, start: usize, end: usize, out: &nextn_model::ForwardOutput) -> Result<(), ModelError> {
+    /// Count the steps each slot went without drafting; with `auto`, drop the head of a slot
+    /// that keeps not drafting while its lag grows (it decodes plainly from then on).
+    fn track_idle_heads(&mut self, decoding: &[usize], depths: &[usize]) {
+        let auto = self
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.policy == DraftPolicy::Auto);
+        for (&i, &k) in decoding.iter().zip(depths) {
+            let Some(slot) = self.slots[i].as_mut() else {
+                continue;
+            };
+            let Some(h) = slot.head.as_mut() else {
+                continue;
+            };
+            if k > 0 {
+                h.idle_steps = 0;
+                continue;
+            }
+            h.idle_steps += 1;
+            if auto && h.idle_steps >= ABANDON_IDLE_STEPS && h.lag_tokens.len() >= ABANDON_LAG {
+                slot.head = None;
+            }
+        }
+    }
+
+    fn after_prefill(
+        &mut self,
+        i: usize,
+        start: usize,
+        end: usize,
+        out: &nextn_model::ForwardOutput,
+    ) -> Result<(), ModelError> {
         let e = self.engine.model.config.n_embd;
-        let Some(slot) = self.slots[i].as_mut() else { return Ok(()) };
+        let Some(slot) = self.slots[i].as_mut() else {
+            return Ok(());
+        };
         let len = end - start;
         if let Some(h) = slot.head.as_mut() {
             h.lag_tokens.extend_from_slice(&slot.prompt[start..end]);
@@ -352,6 +515,11 @@ impl<'e> Core<'e> {
         m.prompt_seconds_total += slot.prompt_ms / 1000.0;
         drop(m);
         slot.t_first_token = Some(Instant::now());
+        if slot.out.budget_left() == 0 {
+            // max_tokens 0: the prompt only.
+            self.finish(i, crate::generate::FinishReason::Length);
+            return Ok(());
+        }
         let token = slot.sampler.sample(out.logits_row(0));
         slot.sampler.accept(token);
         let n_past = slot.state.n_past;
@@ -373,13 +541,16 @@ impl<'e> Core<'e> {
         out: &nextn_model::ForwardOutput,
     ) -> Result<f64, ModelError> {
         let e = self.engine.model.config.n_embd;
-        let Some(slot) = self.slots[i].as_mut() else { return Ok(0.0) };
-        let drafts = &rows[1..];
-        let (accepted, next) = if slot.sample_drafts && !drafts.is_empty() && dists.len() == drafts.len() {
-            accept_sampled(slot, drafts, dists, out)
-        } else {
-            accept_exact(slot, drafts, out)
+        let Some(slot) = self.slots[i].as_mut() else {
+            return Ok(0.0);
         };
+        let drafts = &rows[1..];
+        let (accepted, next) =
+            if slot.sample_drafts && !drafts.is_empty() && dists.len() == drafts.len() {
+                accept_sampled(slot, drafts, dists, out)
+            } else {
+                accept_exact(slot, drafts, out)
+            };
         let mut commit_ms = 0.0;
         if !drafts.is_empty() {
             let t = Instant::now();
@@ -428,14 +599,19 @@ impl<'e> Core<'e> {
     fn emit(&mut self, i: usize, tokens: &[u32], pos0: usize) -> bool {
         let n_ctx = self.cfg.n_ctx_slot;
         for (k, &t) in tokens.iter().enumerate() {
-            let Some(slot) = self.slots[i].as_mut() else { return false };
+            let Some(slot) = self.slots[i].as_mut() else {
+                return false;
+            };
             let before = slot.out.n_tokens;
             let (piece, finish) = slot.out.push(t, pos0 + k, n_ctx);
             let counted = (slot.out.n_tokens - before) as u64;
             lock(&self.shared.metrics).tokens_predicted_total += counted;
             if !slot.send_text(piece) {
                 self.slots[i] = None;
-                lock(&self.shared.metrics).requests_cancelled_total += 1;
+                let busy = self.busy();
+                let mut m = lock(&self.shared.metrics);
+                m.requests_cancelled_total += 1;
+                m.requests_processing = busy;
                 return false;
             }
             if let Some(f) = finish {
@@ -480,7 +656,12 @@ fn accept_exact(slot: &mut Slot, drafts: &[u32], out: &nextn_model::ForwardOutpu
 /// Speculative sampling: draft j (drawn from q_j) is kept with probability min(1, p_j/q_j) under
 /// the target's distribution p_j after the accepted prefix; the first rejection is replaced by a
 /// draw from the residual; with every draft kept, the bonus token is drawn from the next row.
-fn accept_sampled(slot: &mut Slot, drafts: &[u32], dists: &[Vec<TokenProb>], out: &nextn_model::ForwardOutput) -> (usize, u32) {
+fn accept_sampled(
+    slot: &mut Slot,
+    drafts: &[u32],
+    dists: &[Vec<TokenProb>],
+    out: &nextn_model::ForwardOutput,
+) -> (usize, u32) {
     let mut accepted = 0;
     let mut replacement = None;
     while accepted < drafts.len() {

@@ -25,7 +25,12 @@ fn engine(with_head: bool) -> Engine {
     let model = Model::load(file.clone()).expect("load model");
     let head = with_head.then(|| NextnHead::load(&model).expect("load head"));
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).expect("tokenizer"));
-    Engine { model, head, tokenizer, pool: ThreadPool::new(2) }
+    Engine {
+        model,
+        head,
+        tokenizer,
+        pool: ThreadPool::new(2),
+    }
 }
 
 fn config(n_slots: usize, policy: Option<DraftPolicy>) -> SchedulerConfig {
@@ -36,7 +41,13 @@ fn config(n_slots: usize, policy: Option<DraftPolicy>) -> SchedulerConfig {
         v_type: KvType::F16,
         n_batch: 64,
         queue_capacity: 64,
-        spec: policy.map(|policy| SpecConfig { n_max: 3, n_min: 0, p_min: 0.0, draft_sampling: DraftSampling::Greedy, policy }),
+        spec: policy.map(|policy| SpecConfig {
+            n_max: 3,
+            n_min: 0,
+            p_min: 0.0,
+            draft_sampling: DraftSampling::Greedy,
+            policy,
+        }),
         calibrate: true,
     }
 }
@@ -63,8 +74,18 @@ struct Pending {
 fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Request, Pending) {
     let (tx, rx) = mpsc::channel();
     let closed = Arc::new(AtomicBool::new(false));
-    let sink = TestSink { tx, closed: closed.clone() };
-    let r = Request { prompt, sampler, n_predict: Some(n_predict), stop: Vec::new(), ignore_eos: true, sink: Box::new(sink) };
+    let sink = TestSink {
+        tx,
+        closed: closed.clone(),
+    };
+    let r = Request {
+        prompt,
+        sampler,
+        n_predict: Some(n_predict),
+        stop: Vec::new(),
+        ignore_eos: true,
+        sink: Box::new(sink),
+    };
     (r, Pending { rx, closed })
 }
 
@@ -72,7 +93,11 @@ fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Reque
 fn wait(p: &Pending) -> Result<(String, Completion), (FailKind, String)> {
     let mut text = String::new();
     loop {
-        match p.rx.recv_timeout(Duration::from_secs(300)).expect("the scheduler answers") {
+        match p
+            .rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("the scheduler answers")
+        {
             Event::Started { .. } => {}
             Event::Text(t) => text.push_str(&t),
             Event::Done(c) => return Ok((text, c)),
@@ -93,9 +118,24 @@ fn start(engine: Engine, cfg: SchedulerConfig) -> (SchedulerHandle, std::thread:
 fn reference_text(prompt: &[u32], sampler: SamplerConfig, n: usize) -> String {
     let e = engine(false);
     let mut state = e.model.new_sequence(512, KvType::F16, KvType::F16);
-    let params = GenerateParams { n_predict: Some(n), ignore_eos: true, ..Default::default() };
+    let params = GenerateParams {
+        n_predict: Some(n),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let mut s = Sampler::new(sampler).unwrap();
-    generate(&e.model, &e.tokenizer, &e.pool, &mut state, prompt, &params, &mut s, |_| true).unwrap().text
+    generate(
+        &e.model,
+        &e.tokenizer,
+        &e.pool,
+        &mut state,
+        prompt,
+        &params,
+        &mut s,
+        |_| true,
+    )
+    .unwrap()
+    .text
 }
 
 const PROMPTS: [&str; 4] = [
@@ -116,24 +156,54 @@ fn head_batch_equals_one_sequence_at_a_time() {
         .enumerate()
         .map(|(k, &n)| {
             let tokens: Vec<u32> = (0..n).map(|i| ((i * 31 + k * 97) % 8000) as u32).collect();
-            let hidden: Vec<f32> = (0..n * n_embd).map(|i| ((i * 7 + k) % 13) as f32 / 13.0 - 0.5).collect();
+            let hidden: Vec<f32> = (0..n * n_embd)
+                .map(|i| ((i * 7 + k) % 13) as f32 / 13.0 - 0.5)
+                .collect();
             (tokens, hidden)
         })
         .collect();
     let mut alone = Vec::new();
     for (t, h) in &seqs {
         let mut cache = head.new_cache(KvType::F16, KvType::F16);
-        head.forward(&t[..1], &h[..n_embd], 0, &mut cache, LogitRows::Last, &e.pool).unwrap();
-        alone.push(head.forward(&t[1..], &h[n_embd..], 1, &mut cache, LogitRows::All, &e.pool).unwrap());
+        head.forward(
+            &t[..1],
+            &h[..n_embd],
+            0,
+            &mut cache,
+            LogitRows::Last,
+            &e.pool,
+        )
+        .unwrap();
+        alone.push(
+            head.forward(
+                &t[1..],
+                &h[n_embd..],
+                1,
+                &mut cache,
+                LogitRows::All,
+                &e.pool,
+            )
+            .unwrap(),
+        );
     }
-    let mut caches: Vec<_> = seqs.iter().map(|_| head.new_cache(KvType::F16, KvType::F16)).collect();
+    let mut caches: Vec<_> = seqs
+        .iter()
+        .map(|_| head.new_cache(KvType::F16, KvType::F16))
+        .collect();
     for ((t, h), c) in seqs.iter().zip(caches.iter_mut()) {
-        head.forward(&t[..1], &h[..n_embd], 0, c, LogitRows::Last, &e.pool).unwrap();
+        head.forward(&t[..1], &h[..n_embd], 0, c, LogitRows::Last, &e.pool)
+            .unwrap();
     }
     let mut items: Vec<HeadItem> = seqs
         .iter()
         .zip(caches.iter_mut())
-        .map(|((t, h), cache)| HeadItem { tokens: &t[1..], hidden_prev: &h[n_embd..], start_pos: 1, cache, logits: LogitRows::All })
+        .map(|((t, h), cache)| HeadItem {
+            tokens: &t[1..],
+            hidden_prev: &h[n_embd..],
+            start_pos: 1,
+            cache,
+            logits: LogitRows::All,
+        })
         .collect();
     let batched = head_forward_batch(head, eps, &mut items, &e.pool).unwrap();
     for (a, b) in alone.iter().zip(&batched) {
@@ -146,7 +216,11 @@ fn head_batch_equals_one_sequence_at_a_time() {
 fn one_request_gives_what_generate_gives_in_every_mode() {
     let prompt = engine(false).tokenizer.encode(PROMPTS[0], true);
     let want = reference_text(&prompt, SamplerConfig::greedy(), 48);
-    for (with_head, policy) in [(false, None), (true, Some(DraftPolicy::Auto)), (true, Some(DraftPolicy::MaxSlots(4)))] {
+    for (with_head, policy) in [
+        (false, None),
+        (true, Some(DraftPolicy::Auto)),
+        (true, Some(DraftPolicy::MaxSlots(4))),
+    ] {
         let (h, t) = start(engine(with_head), config(2, policy));
         let (r, p) = request(prompt.clone(), SamplerConfig::greedy(), 48);
         h.submit(r).unwrap();
@@ -172,13 +246,40 @@ fn one_request_gives_what_generate_gives_in_every_mode() {
 fn sampled_drafts_give_what_generate_speculative_gives() {
     let e = engine(true);
     let prompt = e.tokenizer.encode(PROMPTS[3], true);
-    let cfg = SamplerConfig { temperature: 0.8, seed: 77, ..SamplerConfig::default() };
-    let spec = crate::speculative::SpecParams { n_max: 3, draft_sampling: DraftSampling::Sample, ..Default::default() };
-    let mut seq = crate::speculative::SpecSequence::new(&e.model, e.head.as_ref().unwrap(), 512, KvType::F16, KvType::F16);
-    let params = GenerateParams { n_predict: Some(40), ignore_eos: true, ..Default::default() };
+    let cfg = SamplerConfig {
+        temperature: 0.8,
+        seed: 77,
+        ..SamplerConfig::default()
+    };
+    let spec = crate::speculative::SpecParams {
+        n_max: 3,
+        draft_sampling: DraftSampling::Sample,
+        ..Default::default()
+    };
+    let mut seq = crate::speculative::SpecSequence::new(
+        &e.model,
+        e.head.as_ref().unwrap(),
+        512,
+        KvType::F16,
+        KvType::F16,
+    );
+    let params = GenerateParams {
+        n_predict: Some(40),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let mut s = Sampler::new(cfg.clone()).unwrap();
     let (want, stats) = crate::speculative::generate_speculative(
-        &e.model, e.head.as_ref().unwrap(), &e.tokenizer, &e.pool, &mut seq, &prompt, &params, &spec, &mut s, |_| true,
+        &e.model,
+        e.head.as_ref().unwrap(),
+        &e.tokenizer,
+        &e.pool,
+        &mut seq,
+        &prompt,
+        &params,
+        &spec,
+        &mut s,
+        |_| true,
     )
     .unwrap();
     let mut c = config(2, Some(DraftPolicy::MaxSlots(2)));
@@ -190,7 +291,10 @@ fn sampled_drafts_give_what_generate_speculative_gives() {
     h.submit(r).unwrap();
     let (text, done) = wait(&p).unwrap();
     assert_eq!(text, want.text);
-    assert_eq!((done.draft_n, done.draft_n_accepted), (stats.draft_n, stats.draft_n_accepted));
+    assert_eq!(
+        (done.draft_n, done.draft_n_accepted),
+        (stats.draft_n, stats.draft_n_accepted)
+    );
     h.shutdown(Duration::ZERO);
     t.join().unwrap();
 }
@@ -199,10 +303,18 @@ fn sampled_drafts_give_what_generate_speculative_gives() {
 fn output_does_not_depend_on_what_else_runs() {
     let tok = engine(false).tokenizer.clone();
     let target = tok.encode(PROMPTS[1], true);
-    let seeded = SamplerConfig { temperature: 0.9, seed: 1234, ..SamplerConfig::default() };
+    let seeded = SamplerConfig {
+        temperature: 0.9,
+        seed: 1234,
+        ..SamplerConfig::default()
+    };
     let alone_greedy = reference_text(&target, SamplerConfig::greedy(), 40);
     let alone_seeded = reference_text(&target, seeded.clone(), 40);
-    for policy in [Some(DraftPolicy::Auto), Some(DraftPolicy::MaxSlots(16)), None] {
+    for policy in [
+        Some(DraftPolicy::Auto),
+        Some(DraftPolicy::MaxSlots(16)),
+        None,
+    ] {
         let mut cfg = config(16, policy);
         // Small prompt chunks: prefill of some slots interleaves with decoding of others.
         cfg.n_batch = 7;
@@ -212,7 +324,10 @@ fn output_does_not_depend_on_what_else_runs() {
             let (prompt, sampler) = match i {
                 5 => (target.clone(), SamplerConfig::greedy()),
                 11 => (target.clone(), seeded.clone()),
-                _ => (tok.encode(&format!("{}{}", PROMPTS[i % 4], "x = 1\n".repeat(i)), true), SamplerConfig::greedy()),
+                _ => (
+                    tok.encode(&format!("{}{}", PROMPTS[i % 4], "x = 1\n".repeat(i)), true),
+                    SamplerConfig::greedy(),
+                ),
             };
             let n = if i == 5 || i == 11 { 40 } else { 30 + i };
             let (r, p) = request(prompt, sampler, n);
@@ -223,12 +338,18 @@ fn output_does_not_depend_on_what_else_runs() {
         assert_eq!(results[5].0, alone_greedy, "greedy, policy {policy:?}");
         assert_eq!(results[11].0, alone_seeded, "seeded, policy {policy:?}");
         for (i, (_, c)) in results.iter().enumerate() {
-            assert_eq!(c.completion_tokens, if i == 5 || i == 11 { 40 } else { 30 + i });
+            assert_eq!(
+                c.completion_tokens,
+                if i == 5 || i == 11 { 40 } else { 30 + i }
+            );
         }
         let m = h.metrics();
         let total: usize = results.iter().map(|r| r.1.completion_tokens).sum();
         assert_eq!(m.tokens_predicted_total, total as u64);
-        assert_eq!(m.spec_draft_tokens_total, results.iter().map(|r| r.1.draft_n).sum::<u64>());
+        assert_eq!(
+            m.spec_draft_tokens_total,
+            results.iter().map(|r| r.1.draft_n).sum::<u64>()
+        );
         h.shutdown(Duration::ZERO);
         t.join().unwrap();
     }
@@ -285,18 +406,28 @@ fn invalid_requests_fail_and_shutdown_cancels() {
     let (r, p) = request(vec![1, 2, 3], SamplerConfig::greedy(), 100);
     h.submit(r).unwrap();
     let (_, c) = wait(&p).unwrap();
-    assert_eq!((c.finish, c.completion_tokens), (crate::generate::FinishReason::Length, 14));
+    assert_eq!(
+        (c.finish, c.completion_tokens),
+        (crate::generate::FinishReason::Length, 14)
+    );
     h.shutdown(Duration::ZERO);
     t.join().unwrap();
     let (r, _p) = request(vec![1], SamplerConfig::greedy(), 4);
-    assert!(matches!(h.submit(r), Err(SubmitError::Stopped(_) | SubmitError::ShuttingDown)));
+    assert!(matches!(
+        h.submit(r),
+        Err(SubmitError::Stopped(_) | SubmitError::ShuttingDown)
+    ));
 }
 
 #[test]
 fn shutdown_cancels_running_work_after_the_grace_period() {
     let (h, t) = start(engine(true), config(2, Some(DraftPolicy::Auto)));
     let tok = engine(false).tokenizer.clone();
-    let (r, p) = request(tok.encode(PROMPTS[3], true), SamplerConfig::greedy(), 100_000);
+    let (r, p) = request(
+        tok.encode(PROMPTS[3], true),
+        SamplerConfig::greedy(),
+        100_000,
+    );
     h.submit(r).unwrap();
     loop {
         if let Event::Text(_) = p.rx.recv_timeout(Duration::from_secs(60)).unwrap() {
@@ -309,6 +440,97 @@ fn shutdown_cancels_running_work_after_the_grace_period() {
     while let Ok(ev) = p.rx.try_recv() {
         last = Some(ev);
     }
-    assert!(matches!(last, Some(Event::Failed { kind: FailKind::Shutdown, .. })), "{last:?}");
+    assert!(
+        matches!(
+            last,
+            Some(Event::Failed {
+                kind: FailKind::Shutdown,
+                ..
+            })
+        ),
+        "{last:?}"
+    );
     assert_eq!(h.phase(), Phase::Stopped);
+}
+
+#[test]
+fn lagging_heads_catch_up_in_pieces_and_drafting_resumes() {
+    let tok = engine(false).tokenizer.clone();
+    // A long prompt (more rows than one step's budget) and a long answer.
+    let long_prompt = tok.encode(&PROMPTS[0].repeat(8), true);
+    assert!(long_prompt.len() > 32);
+    let short_prompt = tok.encode(PROMPTS[2], true);
+    let want_a = reference_text(&long_prompt, SamplerConfig::greedy(), 300);
+    let want_b = reference_text(&short_prompt, SamplerConfig::greedy(), 280);
+    // Drafting only while one slot is busy: A drafts alone, stops while B runs (its head lag
+    // passes the flush size), and drafts again once B is done.
+    let mut cfg = config(2, Some(DraftPolicy::MaxSlots(1)));
+    cfg.n_batch = 16;
+    let (h, t) = start(engine(true), cfg);
+    let (a, pa) = request(long_prompt, SamplerConfig::greedy(), 300);
+    h.submit(a).unwrap();
+    let mut got_a = String::new();
+    // Let A run alone for a while before B arrives.
+    while got_a.len() < 40 {
+        match pa.rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Text(x) => got_a.push_str(&x),
+            Event::Started { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let (b, pb) = request(short_prompt, SamplerConfig::greedy(), 280);
+    h.submit(b).unwrap();
+    let (rest_a, ca) = wait(&pa).unwrap();
+    got_a.push_str(&rest_a);
+    let (got_b, cb) = wait(&pb).unwrap();
+    assert_eq!(got_a, want_a);
+    assert_eq!(got_b, want_b);
+    assert!(ca.draft_n > 0, "A drafted: {ca:?}");
+    assert!(cb.completion_tokens == 280 && ca.completion_tokens == 300);
+    h.shutdown(Duration::ZERO);
+    t.join().unwrap();
+}
+
+#[test]
+fn auto_retires_the_head_of_a_slot_that_never_drafts() {
+    use super::core::Core;
+    use super::cost::{CostModel, RowCost};
+    let e = engine(true);
+    let tok = e.tokenizer.clone();
+    let prompt = tok.encode(PROMPTS[1], true);
+    let want = reference_text(&prompt, SamplerConfig::greedy(), 120);
+    let shared = Arc::new(Shared {
+        phase: std::sync::atomic::AtomicU8::new(Phase::Ready as u8),
+        inbox: std::sync::Mutex::new(Inbox { queue: Default::default(), shutdown: None }),
+        wake: std::sync::Condvar::new(),
+        queue_capacity: std::sync::Mutex::new(4),
+        info: std::sync::Mutex::new(None),
+        failure: std::sync::Mutex::new(None),
+        metrics: std::sync::Mutex::new(MetricsSnapshot::default()),
+    });
+    let mut core = Core::new(&e, &tok, config(2, Some(DraftPolicy::Auto)), shared);
+    // Rows cost in proportion and head passes are dear: drafting never pays.
+    let adverse = CostModel {
+        target: RowCost::from_points(&[(1, 1.0), (64, 64.0)], 1.0),
+        head: RowCost::from_points(&[(1, 5.0), (64, 100.0)], 1.0),
+        per_slot_ms: 0.0,
+        commit_ms: 0.2,
+    };
+    let (r1, p1) = request(prompt.clone(), SamplerConfig::greedy(), 120);
+    let (r2, p2) = request(prompt, SamplerConfig::greedy(), 120);
+    core.admit(r1);
+    core.admit(r2);
+    let mut retired = false;
+    while core.busy() > 0 {
+        // Steps also learn the real costs; keep pricing with the adverse ones.
+        core.cost = adverse.clone();
+        core.step().unwrap();
+        retired |= core.slots.iter().flatten().all(|s| s.head.is_none());
+    }
+    assert!(retired, "the heads of non-drafting slots were retired");
+    for p in [p1, p2] {
+        let (text, c) = wait(&p).unwrap();
+        assert_eq!(text, want);
+        assert_eq!(c.draft_n, 0);
+    }
 }

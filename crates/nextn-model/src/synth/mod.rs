@@ -36,7 +36,10 @@ pub enum SynthError {
     #[error("tensor '{tensor}': a worker thread panicked")]
     Worker { tensor: String },
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Gguf(#[from] GgufError),
 }
@@ -64,14 +67,22 @@ pub fn synthesize(
     if vocab.tokens.len() != spec.n_vocab {
         return Err(SynthError::BadSpec {
             field: "vocab",
-            why: format!("the tokenizer has {} tokens, the embedding {} rows", vocab.tokens.len(), spec.n_vocab),
+            why: format!(
+                "the tokenizer has {} tokens, the embedding {} rows",
+                vocab.tokens.len(),
+                spec.n_vocab
+            ),
         });
     }
     let tensors = plan(spec, ftype);
     let kvs = spec.metadata(ftype, vocab, seed);
     let file_bytes = write::write_gguf(path, &kvs, &tensors, seed, threads.max(1), progress)?;
     let n_params = tensors.iter().map(|t| t.dims.iter().product::<u64>()).sum();
-    Ok(Summary { tensors, file_bytes, n_params })
+    Ok(Summary {
+        tensors,
+        file_bytes,
+        n_params,
+    })
 }
 
 /// Bytes the file will take (header excluded: it is small next to the tensors).

@@ -57,7 +57,9 @@ impl FileType {
 
     /// Case-insensitive, as llama-quantize spells the types.
     pub fn parse(s: &str) -> Option<FileType> {
-        FileType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s))
+        FileType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 
     /// `general.file_type` (llama.h `llama_ftype`).
@@ -133,10 +135,15 @@ impl PlannedTensor {
 
 /// Scale of a weight with fan-in `cols` so that, given inputs of RMS 1, outputs have RMS `gain`.
 fn fan_in(cols: usize, gain: f32) -> Init {
-    Init::Normal { std: gain / (cols as f32).sqrt() }
+    Init::Normal {
+        std: gain / (cols as f32).sqrt(),
+    }
 }
 
-const NORM: Init = Init::AroundOne { center: 1.0, spread: 0.1 };
+const NORM: Init = Init::AroundOne {
+    center: 1.0,
+    spread: 0.1,
+};
 
 fn layer_tensors(s: &SynthSpec, il: usize, out: &mut Vec<TensorShape>) {
     let e = s.n_embd;
@@ -164,7 +171,13 @@ fn layer_tensors(s: &SynthSpec, il: usize, out: &mut Vec<TensorShape>) {
         push("ssm_beta.weight", &[e, hv], fan_in(e, 1.0));
         push("ssm_alpha.weight", &[e, hv], fan_in(e, 1.0));
         // Kc taps of std 1/sqrt(Kc) keep the conv output at about the input's scale.
-        push("ssm_conv1d.weight", &[s.conv_kernel, cd], Init::Normal { std: 1.0 / (s.conv_kernel as f32).sqrt() });
+        push(
+            "ssm_conv1d.weight",
+            &[s.conv_kernel, cd],
+            Init::Normal {
+                std: 1.0 / (s.conv_kernel as f32).sqrt(),
+            },
+        );
         push("ssm_dt.bias", &[hv], Init::Normal { std: 1.0 });
         // A = −exp(A_log) with a mix of fast and slow decays.
         push("ssm_a", &[hv], Init::NegExpUniform { lo: -2.0, hi: 1.0 });
@@ -207,13 +220,31 @@ pub fn tensor_shapes(s: &SynthSpec) -> Vec<TensorShape> {
     let (e, v) = (s.n_embd as u64, s.n_vocab as u64);
     // Logits of std ~3 from a unit-RMS hidden state: peaked enough to be far from uniform, wide
     // enough that sampling still has choices. With a tied head the embedding rows serve both ends.
-    let head = Init::Normal { std: 3.0 / (s.n_embd as f32).sqrt() };
+    let head = Init::Normal {
+        std: 3.0 / (s.n_embd as f32).sqrt(),
+    };
     let mut global = vec![
-        TensorShape { name: "output_norm.weight".into(), dims: vec![e], init: NORM },
-        TensorShape { name: "token_embd.weight".into(), dims: vec![e, v], init: if s.tied { head } else { Init::Normal { std: 1.0 } } },
+        TensorShape {
+            name: "output_norm.weight".into(),
+            dims: vec![e],
+            init: NORM,
+        },
+        TensorShape {
+            name: "token_embd.weight".into(),
+            dims: vec![e, v],
+            init: if s.tied {
+                head
+            } else {
+                Init::Normal { std: 1.0 }
+            },
+        },
     ];
     if !s.tied {
-        global.push(TensorShape { name: "output.weight".into(), dims: vec![e, v], init: head });
+        global.push(TensorShape {
+            name: "output.weight".into(),
+            dims: vec![e, v],
+            init: head,
+        });
     }
     global.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = global;
@@ -264,7 +295,9 @@ fn layer_of(name: &str) -> Option<usize> {
 /// llama-quantize's layer rule for the K-quant mixes: first and last eighth, and every third layer
 /// in between, get more bits.
 fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
-    i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer as i64 - (n_layers / 8) as i64).rem_euclid(3) == 2
+    i_layer < n_layers / 8
+        || i_layer >= 7 * n_layers / 8
+        || (i_layer as i64 - (n_layers / 8) as i64).rem_euclid(3) == 2
 }
 
 /// The type of every tensor, following llama-quantize's `llama_tensor_get_type` for the mixes we
@@ -316,12 +349,20 @@ pub fn plan(s: &SynthSpec, ftype: FileType) -> Vec<PlannedTensor> {
                     if k_mix && use_more_bits(layer_of(name).unwrap_or(0), n_layer_all) {
                         ty = GgmlType::Q6_K;
                     }
-                } else if name.contains("attn_output.weight") && eight_experts && ftype == FileType::Q4_K_M {
+                } else if name.contains("attn_output.weight")
+                    && eight_experts
+                    && ftype == FileType::Q4_K_M
+                {
                     ty = GgmlType::Q5_K;
                 }
                 fallback(ty, ne0)
             };
-            PlannedTensor { name: t.name, dims: t.dims, ty, init: t.init }
+            PlannedTensor {
+                name: t.name,
+                dims: t.dims,
+                ty,
+                init: t.init,
+            }
         })
         .collect()
 }
@@ -342,13 +383,30 @@ mod tests {
     fn q4_k_m_mix_on_the_real_0_8b_shape() {
         let s = SynthSpec::preset("0.8b").unwrap();
         let p = plan(&s, FileType::Q4_K_M);
-        let ty = |n: &str| p.iter().find(|t| t.name == n).unwrap_or_else(|| panic!("{n}")).ty;
-        assert_eq!(ty("token_embd.weight"), GgmlType::Q6_K, "tied embedding is quantized like the head");
+        let ty = |n: &str| {
+            p.iter()
+                .find(|t| t.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+                .ty
+        };
+        assert_eq!(
+            ty("token_embd.weight"),
+            GgmlType::Q6_K,
+            "tied embedding is quantized like the head"
+        );
         assert_eq!(ty("output_norm.weight"), GgmlType::F32);
         assert_eq!(ty("blk.0.attn_qkv.weight"), GgmlType::Q6_K, "first eighth");
         assert_eq!(ty("blk.4.attn_qkv.weight"), GgmlType::Q4_K);
-        assert_eq!(ty("blk.5.attn_qkv.weight"), GgmlType::Q6_K, "(5 - 3) % 3 == 2");
-        assert_eq!(ty("blk.24.attn_v.weight"), GgmlType::Q6_K, "last eighth (MTP block)");
+        assert_eq!(
+            ty("blk.5.attn_qkv.weight"),
+            GgmlType::Q6_K,
+            "(5 - 3) % 3 == 2"
+        );
+        assert_eq!(
+            ty("blk.24.attn_v.weight"),
+            GgmlType::Q6_K,
+            "last eighth (MTP block)"
+        );
         assert_eq!(ty("blk.4.ffn_down.weight"), GgmlType::Q4_K);
         assert_eq!(ty("blk.2.ffn_down.weight"), GgmlType::Q6_K);
         assert_eq!(ty("blk.4.ffn_gate.weight"), GgmlType::Q4_K);
@@ -384,7 +442,9 @@ mod tests {
     fn float_files_keep_the_converter_f32_list() {
         let s = SynthSpec::preset("tiny-moe").unwrap();
         for t in plan(&s, FileType::F16) {
-            let want_f32 = t.dims.len() == 1 || t.name.contains("ssm_conv1d") || t.name.contains("ffn_gate_inp.weight");
+            let want_f32 = t.dims.len() == 1
+                || t.name.contains("ssm_conv1d")
+                || t.name.contains("ffn_gate_inp.weight");
             assert_eq!(t.ty == GgmlType::F32, want_f32, "{}", t.name);
         }
     }

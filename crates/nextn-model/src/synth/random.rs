@@ -30,12 +30,16 @@ pub fn splitmix64(x: u64) -> u64 {
 
 /// FNV-1a of a tensor name, so each tensor's stream depends on what it is, not where it sits.
 pub fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3))
+    name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+    })
 }
 
 /// The seed of one row of one tensor.
 pub fn row_seed(file_seed: u64, tensor: u64, row: u64) -> u64 {
-    splitmix64(splitmix64(file_seed ^ tensor.rotate_left(17)) ^ row.wrapping_mul(0xD1B5_4A32_D192_ED03))
+    splitmix64(
+        splitmix64(file_seed ^ tensor.rotate_left(17)) ^ row.wrapping_mul(0xD1B5_4A32_D192_ED03),
+    )
 }
 
 impl Rng {
@@ -84,8 +88,12 @@ impl Init {
     pub fn fill(&self, rng: &mut Rng, out: &mut [f32]) {
         match *self {
             Init::Normal { std } => out.iter_mut().for_each(|x| *x = std * rng.gaussian()),
-            Init::AroundOne { center, spread } => out.iter_mut().for_each(|x| *x = center + spread * rng.gaussian()),
-            Init::NegExpUniform { lo, hi } => out.iter_mut().for_each(|x| *x = -(lo + (hi - lo) * rng.uniform()).exp()),
+            Init::AroundOne { center, spread } => out
+                .iter_mut()
+                .for_each(|x| *x = center + spread * rng.gaussian()),
+            Init::NegExpUniform { lo, hi } => out
+                .iter_mut()
+                .for_each(|x| *x = -(lo + (hi - lo) * rng.uniform()).exp()),
         }
     }
 }
@@ -96,18 +104,22 @@ mod tests {
 
     #[test]
     fn generator_is_deterministic_and_seed_dependent() {
-        let a: Vec<u64> = (0..4).map({
-            let mut r = Rng::new(7);
-            move |_| r.next_u64()
-        })
-        .collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
         let mut r = Rng::new(7);
         assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
         let mut r = Rng::new(8);
         assert_ne!(a[0], r.next_u64());
         assert_ne!(row_seed(1, 2, 3), row_seed(1, 2, 4));
         assert_ne!(row_seed(1, 2, 3), row_seed(2, 2, 3));
-        assert_ne!(name_hash("blk.0.attn_q.weight"), name_hash("blk.0.attn_k.weight"));
+        assert_ne!(
+            name_hash("blk.0.attn_q.weight"),
+            name_hash("blk.0.attn_k.weight")
+        );
     }
 
     #[test]
@@ -130,8 +142,14 @@ mod tests {
         let mut r = Rng::new(1);
         let mut row = vec![0f32; 1000];
         Init::NegExpUniform { lo: -2.0, hi: 1.0 }.fill(&mut r, &mut row);
-        assert!(row.iter().all(|&x| x < 0.0 && x > -(1f32.exp()) - 1e-6 && x <= -(-2f32).exp() + 1e-6));
-        Init::AroundOne { center: 1.0, spread: 0.1 }.fill(&mut r, &mut row);
+        assert!(row
+            .iter()
+            .all(|&x| x < 0.0 && x > -(1f32.exp()) - 1e-6 && x <= -(-2f32).exp() + 1e-6));
+        Init::AroundOne {
+            center: 1.0,
+            spread: 0.1,
+        }
+        .fill(&mut r, &mut row);
         assert!(row.iter().all(|&x| (0.6..1.4).contains(&x)));
         Init::Normal { std: 0.5 }.fill(&mut r, &mut row);
         let rms = (row.iter().map(|x| x * x).sum::<f32>() / 1000.0).sqrt();

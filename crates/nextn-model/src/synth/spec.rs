@@ -49,7 +49,14 @@ pub struct SynthSpec {
 pub const QWEN35_N_VOCAB: usize = 248_320;
 
 /// Names accepted by [`SynthSpec::preset`].
-pub const PRESETS: &[&str] = &["0.8b", "27b", "35b-a3b", "35b-a3b-small", "tiny", "tiny-moe"];
+pub const PRESETS: &[&str] = &[
+    "0.8b",
+    "27b",
+    "35b-a3b",
+    "35b-a3b-small",
+    "tiny",
+    "tiny-moe",
+];
 
 fn dense(name: &str) -> SynthSpec {
     SynthSpec {
@@ -235,31 +242,60 @@ impl SynthSpec {
             }
         }
         if self.n_nextn > 1 {
-            return bad("mtp", format!("{} NextN layers: llama.cpp's qwen35 graph supports exactly one", self.n_nextn));
+            return bad(
+                "mtp",
+                format!(
+                    "{} NextN layers: llama.cpp's qwen35 graph supports exactly one",
+                    self.n_nextn
+                ),
+            );
         }
         if self.n_head % self.n_head_kv != 0 {
-            return bad("kv-heads", format!("{} query heads are not a multiple of {} kv heads", self.n_head, self.n_head_kv));
+            return bad(
+                "kv-heads",
+                format!(
+                    "{} query heads are not a multiple of {} kv heads",
+                    self.n_head, self.n_head_kv
+                ),
+            );
         }
         if self.ssm_v_heads % self.ssm_k_heads != 0 {
             return bad(
                 "ssm-v-heads",
-                format!("{} v heads are not a multiple of {} k heads", self.ssm_v_heads, self.ssm_k_heads),
+                format!(
+                    "{} v heads are not a multiple of {} k heads",
+                    self.ssm_v_heads, self.ssm_k_heads
+                ),
             );
         }
         if self.n_rot == 0 || self.n_rot % 2 != 0 || self.n_rot > self.head_dim {
-            return bad("rope-dim", format!("{} must be even, positive and at most head-dim {}", self.n_rot, self.head_dim));
+            return bad(
+                "rope-dim",
+                format!(
+                    "{} must be even, positive and at most head-dim {}",
+                    self.n_rot, self.head_dim
+                ),
+            );
         }
         if self.full_attention_interval == 0 {
             return bad("full-attention-interval", "must be positive".into());
         }
         match self.arch {
-            Arch::Dense if self.n_ff == 0 => return bad("ff", "a dense model needs a positive FFN width".into()),
+            Arch::Dense if self.n_ff == 0 => {
+                return bad("ff", "a dense model needs a positive FFN width".into())
+            }
             Arch::Moe => {
                 if self.n_expert == 0 || self.n_ff_exp == 0 {
-                    return bad("experts", "an MoE model needs experts and a positive expert-ff".into());
+                    return bad(
+                        "experts",
+                        "an MoE model needs experts and a positive expert-ff".into(),
+                    );
                 }
                 if self.n_expert_used == 0 || self.n_expert_used > self.n_expert {
-                    return bad("experts-used", format!("{} of {} experts", self.n_expert_used, self.n_expert));
+                    return bad(
+                        "experts-used",
+                        format!("{} of {} experts", self.n_expert_used, self.n_expert),
+                    );
                 }
             }
             Arch::Dense => {}
@@ -267,7 +303,11 @@ impl SynthSpec {
         if self.n_vocab < super::vocab::MIN_N_VOCAB {
             return bad(
                 "vocab",
-                format!("{} tokens: at least {} (256 bytes + 3 control tokens)", self.n_vocab, super::vocab::MIN_N_VOCAB),
+                format!(
+                    "{} tokens: at least {} (256 bytes + 3 control tokens)",
+                    self.n_vocab,
+                    super::vocab::MIN_N_VOCAB
+                ),
             );
         }
         if self.n_ctx_train == 0 {
@@ -278,11 +318,19 @@ impl SynthSpec {
 
     /// Total parameter count (what the plan will write), for size estimates.
     pub fn n_params(&self) -> u64 {
-        super::plan::tensor_shapes(self).iter().map(|t| t.dims.iter().product::<u64>()).sum()
+        super::plan::tensor_shapes(self)
+            .iter()
+            .map(|t| t.dims.iter().product::<u64>())
+            .sum()
     }
 
     /// The GGUF metadata of the synthesized file, in the order llama.cpp's converter writes it.
-    pub fn metadata(&self, ftype: FileType, vocab: &Vocab, seed: u64) -> Vec<(String, MetadataValue)> {
+    pub fn metadata(
+        &self,
+        ftype: FileType,
+        vocab: &Vocab,
+        seed: u64,
+    ) -> Vec<(String, MetadataValue)> {
         let a = self.arch.name();
         let mut kv: Vec<(String, MetadataValue)> = Vec::new();
         let mut put = |k: String, v: MetadataValue| kv.push((k, v));
@@ -306,23 +354,41 @@ impl SynthSpec {
         put(format!("{a}.attention.head_count_kv"), u(self.n_head_kv));
         put(format!("{a}.attention.key_length"), u(self.head_dim));
         put(format!("{a}.attention.value_length"), u(self.head_dim));
-        put(format!("{a}.attention.layer_norm_rms_epsilon"), MetadataValue::F32(self.rms_eps));
+        put(
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            MetadataValue::F32(self.rms_eps),
+        );
         put(format!("{a}.rope.dimension_count"), u(self.n_rot));
-        put(format!("{a}.rope.dimension_sections"), MetadataArray::I32(self.rope_sections().to_vec()).into());
-        put(format!("{a}.rope.freq_base"), MetadataValue::F32(self.rope_freq_base));
+        put(
+            format!("{a}.rope.dimension_sections"),
+            MetadataArray::I32(self.rope_sections().to_vec()).into(),
+        );
+        put(
+            format!("{a}.rope.freq_base"),
+            MetadataValue::F32(self.rope_freq_base),
+        );
         put(format!("{a}.ssm.conv_kernel"), u(self.conv_kernel));
         put(format!("{a}.ssm.state_size"), u(self.ssm_head_dim));
         put(format!("{a}.ssm.group_count"), u(self.ssm_k_heads));
         put(format!("{a}.ssm.time_step_rank"), u(self.ssm_v_heads));
         put(format!("{a}.ssm.inner_size"), u(self.value_dim()));
-        put(format!("{a}.full_attention_interval"), u(self.full_attention_interval));
+        put(
+            format!("{a}.full_attention_interval"),
+            u(self.full_attention_interval),
+        );
         if self.arch == Arch::Moe {
             put(format!("{a}.expert_count"), u(self.n_expert));
             put(format!("{a}.expert_used_count"), u(self.n_expert_used));
             put(format!("{a}.expert_feed_forward_length"), u(self.n_ff_exp));
-            put(format!("{a}.expert_shared_feed_forward_length"), u(self.n_ff_shexp));
+            put(
+                format!("{a}.expert_shared_feed_forward_length"),
+                u(self.n_ff_shexp),
+            );
         }
-        put("general.file_type".into(), MetadataValue::U32(ftype.llama_ftype()));
+        put(
+            "general.file_type".into(),
+            MetadataValue::U32(ftype.llama_ftype()),
+        );
         if ftype.is_quantized() {
             put("general.quantization_version".into(), MetadataValue::U32(2));
         }
@@ -348,13 +414,19 @@ mod tests {
     #[test]
     fn real_shapes() {
         let s = SynthSpec::preset("0.8b").unwrap();
-        assert_eq!((s.n_embd, s.n_layer_all(), s.conv_dim(), s.value_dim()), (1024, 25, 6144, 2048));
+        assert_eq!(
+            (s.n_embd, s.n_layer_all(), s.conv_dim(), s.value_dim()),
+            (1024, 25, 6144, 2048)
+        );
         assert_eq!(s.rope_sections(), [11, 11, 10, 0]);
         assert!(s.tied);
         let s = SynthSpec::preset("27b").unwrap();
         assert_eq!((s.conv_dim(), s.value_dim(), s.tied), (10240, 6144, false));
         let s = SynthSpec::preset("35b-a3b").unwrap();
-        assert_eq!((s.conv_dim(), s.value_dim(), s.n_layer_all()), (8192, 4096, 41));
+        assert_eq!(
+            (s.conv_dim(), s.value_dim(), s.n_layer_all()),
+            (8192, 4096, 41)
+        );
         // 27B: ~27e9 parameters incl. the MTP block and both vocab matrices.
         let p = SynthSpec::preset("27b").unwrap().n_params();
         assert!((26_000_000_000..29_000_000_000).contains(&p), "{p}");
@@ -365,9 +437,17 @@ mod tests {
     #[test]
     fn rope_sections_cover_the_rotated_pairs() {
         for n_rot in [2usize, 8, 16, 32, 64, 128] {
-            let s = SynthSpec { n_rot, head_dim: 256, ..SynthSpec::preset("0.8b").unwrap() };
+            let s = SynthSpec {
+                n_rot,
+                head_dim: 256,
+                ..SynthSpec::preset("0.8b").unwrap()
+            };
             let sec = s.rope_sections();
-            assert_eq!(sec.iter().sum::<i32>() as usize, n_rot / 2, "{n_rot}: {sec:?}");
+            assert_eq!(
+                sec.iter().sum::<i32>() as usize,
+                n_rot / 2,
+                "{n_rot}: {sec:?}"
+            );
             assert!(sec.iter().all(|&x| x >= 0));
         }
     }
@@ -376,12 +456,27 @@ mod tests {
     fn validate_names_the_field() {
         let mut s = SynthSpec::preset("tiny").unwrap();
         s.n_head_kv = 3;
-        assert!(matches!(s.validate(), Err(SynthError::BadSpec { field: "kv-heads", .. })));
+        assert!(matches!(
+            s.validate(),
+            Err(SynthError::BadSpec {
+                field: "kv-heads",
+                ..
+            })
+        ));
         let mut s = SynthSpec::preset("tiny-moe").unwrap();
         s.n_expert_used = 9;
-        assert!(matches!(s.validate(), Err(SynthError::BadSpec { field: "experts-used", .. })));
+        assert!(matches!(
+            s.validate(),
+            Err(SynthError::BadSpec {
+                field: "experts-used",
+                ..
+            })
+        ));
         let mut s = SynthSpec::preset("tiny").unwrap();
         s.n_vocab = 100;
-        assert!(matches!(s.validate(), Err(SynthError::BadSpec { field: "vocab", .. })));
+        assert!(matches!(
+            s.validate(),
+            Err(SynthError::BadSpec { field: "vocab", .. })
+        ));
     }
 }

@@ -44,10 +44,17 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], SynthError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or_else(|| SynthError::Vocab {
-            offset: self.pos as u64,
-            why: format!("truncated: {what} needs {n} bytes, {} left", self.data.len() - self.pos),
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or_else(|| SynthError::Vocab {
+                offset: self.pos as u64,
+                why: format!(
+                    "truncated: {what} needs {n} bytes, {} left",
+                    self.data.len() - self.pos
+                ),
+            })?;
         let s = &self.data[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -64,12 +71,18 @@ impl RawVocab {
     pub fn parse(data: &[u8]) -> Result<RawVocab, SynthError> {
         let mut c = Cursor { data, pos: 0 };
         if c.take(8, "magic")? != MAGIC {
-            return Err(SynthError::Vocab { offset: 0, why: "not a vocabulary file (bad magic)".into() });
+            return Err(SynthError::Vocab {
+                offset: 0,
+                why: "not a vocabulary file (bad magic)".into(),
+            });
         }
         let at = c.pos as u64;
         let version = c.u32("version")?;
         if version != 1 {
-            return Err(SynthError::Vocab { offset: at, why: format!("version {version}, expected 1") });
+            return Err(SynthError::Vocab {
+                offset: at,
+                why: format!("version {version}, expected 1"),
+            });
         }
         let n_bpe = c.u32("token count")? as usize;
         let n_special = c.u32("special count")? as usize;
@@ -77,7 +90,10 @@ impl RawVocab {
         if n_bpe.saturating_add(n_special) > data.len() {
             return Err(SynthError::Vocab {
                 offset: 12,
-                why: format!("{n_bpe} + {n_special} tokens cannot fit in {} bytes", data.len()),
+                why: format!(
+                    "{n_bpe} + {n_special} tokens cannot fit in {} bytes",
+                    data.len()
+                ),
             });
         }
         let mut bpe = Vec::with_capacity(n_bpe);
@@ -86,7 +102,10 @@ impl RawVocab {
             let at = c.pos as u64;
             let bytes = c.take(len, "token bytes")?;
             if bytes.is_empty() {
-                return Err(SynthError::Vocab { offset: at, why: format!("token {i} is empty") });
+                return Err(SynthError::Vocab {
+                    offset: at,
+                    why: format!("token {i} is empty"),
+                });
             }
             bpe.push(bytes.to_vec());
         }
@@ -96,18 +115,27 @@ impl RawVocab {
             let id = c.u32("special id")?;
             let ty = c.u32("special type")? as i32;
             let len = c.take(1, "special length")?[0] as usize;
-            let text = std::str::from_utf8(c.take(len, "special text")?)
-                .map_err(|_| SynthError::Vocab { offset: at, why: format!("special token {id} is not UTF-8") })?;
+            let text = std::str::from_utf8(c.take(len, "special text")?).map_err(|_| {
+                SynthError::Vocab {
+                    offset: at,
+                    why: format!("special token {id} is not UTF-8"),
+                }
+            })?;
             if id as usize != n_bpe + specials.len() {
                 return Err(SynthError::Vocab {
                     offset: at,
-                    why: format!("special token ids must follow the BPE tokens in order; found {id}"),
+                    why: format!(
+                        "special token ids must follow the BPE tokens in order; found {id}"
+                    ),
                 });
             }
             specials.push((id, ty, text.to_owned()));
         }
         if c.pos != data.len() {
-            return Err(SynthError::Vocab { offset: c.pos as u64, why: "trailing bytes".into() });
+            return Err(SynthError::Vocab {
+                offset: c.pos as u64,
+                why: "trailing bytes".into(),
+            });
         }
         let raw = RawVocab { bpe, specials };
         raw.check_bytes()?;
@@ -123,7 +151,10 @@ impl RawVocab {
             }
         }
         match seen.iter().position(|s| !s) {
-            Some(b) => Err(SynthError::Vocab { offset: 0, why: format!("byte {b:#04x} is not among the first 256 tokens") }),
+            Some(b) => Err(SynthError::Vocab {
+                offset: 0,
+                why: format!("byte {b:#04x} is not among the first 256 tokens"),
+            }),
             None => Ok(()),
         }
     }
@@ -138,7 +169,8 @@ pub fn byte_to_unicode() -> [char; 256] {
     let mut map = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
-        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let printable =
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         let c = if printable {
             b
         } else {
@@ -195,10 +227,20 @@ fn merge_split(rank: u32, bytes: &[u8], ranks: &HashMap<&[u8], u32>) -> Option<u
 /// Left-part lengths for every token of `bpe` (index = rank); `None` for single bytes and for
 /// tokens no merge can form.
 pub fn merge_splits(bpe: &[Vec<u8>]) -> Vec<Option<usize>> {
-    let ranks: HashMap<&[u8], u32> = bpe.iter().enumerate().map(|(r, t)| (t.as_slice(), r as u32)).collect();
+    let ranks: HashMap<&[u8], u32> = bpe
+        .iter()
+        .enumerate()
+        .map(|(r, t)| (t.as_slice(), r as u32))
+        .collect();
     bpe.iter()
         .enumerate()
-        .map(|(r, t)| if t.len() < 2 { None } else { merge_split(r as u32, t, &ranks) })
+        .map(|(r, t)| {
+            if t.len() < 2 {
+                None
+            } else {
+                merge_split(r as u32, t, &ranks)
+            }
+        })
         .collect()
 }
 
@@ -227,13 +269,23 @@ impl Vocab {
         let chat = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
         for c in chat {
             if raw.special_id(c).is_none() {
-                return Err(SynthError::Vocab { offset: 0, why: format!("the vocabulary lacks {c}") });
+                return Err(SynthError::Vocab {
+                    offset: 0,
+                    why: format!("the vocabulary lacks {c}"),
+                });
             }
         }
         if n_vocab < MIN_N_VOCAB {
-            return Err(SynthError::BadSpec { field: "vocab", why: format!("{n_vocab} tokens: at least {MIN_N_VOCAB}") });
+            return Err(SynthError::BadSpec {
+                field: "vocab",
+                why: format!("{n_vocab} tokens: at least {MIN_N_VOCAB}"),
+            });
         }
-        let n_bpe = if n_vocab >= full { raw.bpe.len() } else { n_vocab - chat.len() };
+        let n_bpe = if n_vocab >= full {
+            raw.bpe.len()
+        } else {
+            n_vocab - chat.len()
+        };
         let bpe = &raw.bpe[..n_bpe];
         let mut tokens: Vec<String> = bpe.iter().map(|t| spell(&map, t)).collect();
         let mut token_types = vec![TOKEN_NORMAL; n_bpe];
@@ -242,7 +294,9 @@ impl Vocab {
         let merges: Vec<String> = bpe
             .iter()
             .zip(merge_splits(bpe))
-            .filter_map(|(t, split)| split.map(|k| format!("{} {}", spell(&map, &t[..k]), spell(&map, &t[k..]))))
+            .filter_map(|(t, split)| {
+                split.map(|k| format!("{} {}", spell(&map, &t[..k]), spell(&map, &t[k..])))
+            })
             .collect();
         if n_vocab >= full {
             for (_, ty, text) in &raw.specials {
@@ -264,7 +318,10 @@ impl Vocab {
                 .iter()
                 .rposition(|t| t == text)
                 .map(|i| i as u32)
-                .ok_or_else(|| SynthError::Vocab { offset: 0, why: format!("{text} missing") })
+                .ok_or_else(|| SynthError::Vocab {
+                    offset: 0,
+                    why: format!("{text} missing"),
+                })
         };
         let endoftext = find("<|endoftext|>")?;
         let im_end = find("<|im_end|>")?;
@@ -284,14 +341,38 @@ impl Vocab {
         vec![
             ("tokenizer.ggml.model".into(), "gpt2".into()),
             ("tokenizer.ggml.pre".into(), "qwen35".into()),
-            ("tokenizer.ggml.tokens".into(), MetadataArray::String(self.tokens.clone()).into()),
-            ("tokenizer.ggml.token_type".into(), MetadataArray::I32(self.token_types.clone()).into()),
-            ("tokenizer.ggml.merges".into(), MetadataArray::String(self.merges.clone()).into()),
-            ("tokenizer.ggml.eos_token_id".into(), MetadataValue::U32(self.eos)),
-            ("tokenizer.ggml.padding_token_id".into(), MetadataValue::U32(self.pad)),
-            ("tokenizer.ggml.bos_token_id".into(), MetadataValue::U32(self.bos)),
-            ("tokenizer.ggml.add_bos_token".into(), MetadataValue::Bool(false)),
-            ("tokenizer.chat_template".into(), self.chat_template.as_str().into()),
+            (
+                "tokenizer.ggml.tokens".into(),
+                MetadataArray::String(self.tokens.clone()).into(),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                MetadataArray::I32(self.token_types.clone()).into(),
+            ),
+            (
+                "tokenizer.ggml.merges".into(),
+                MetadataArray::String(self.merges.clone()).into(),
+            ),
+            (
+                "tokenizer.ggml.eos_token_id".into(),
+                MetadataValue::U32(self.eos),
+            ),
+            (
+                "tokenizer.ggml.padding_token_id".into(),
+                MetadataValue::U32(self.pad),
+            ),
+            (
+                "tokenizer.ggml.bos_token_id".into(),
+                MetadataValue::U32(self.bos),
+            ),
+            (
+                "tokenizer.ggml.add_bos_token".into(),
+                MetadataValue::Bool(false),
+            ),
+            (
+                "tokenizer.chat_template".into(),
+                self.chat_template.as_str().into(),
+            ),
         ]
     }
 }
@@ -349,7 +430,11 @@ mod tests {
         let s = merge_splits(&raw.bpe);
         assert_eq!(s[256], Some(1), "ab = a + b");
         assert_eq!(s[257], Some(2), "abc = ab + c");
-        assert_eq!(s[259], Some(3), "abcd = abc + d: BPE forms ab, then abc, before cd");
+        assert_eq!(
+            s[259],
+            Some(3),
+            "abcd = abc + d: BPE forms ab, then abc, before cd"
+        );
         assert_eq!(s[260], None, "xyz: no split into two tokens");
         assert_eq!(s[97], None);
     }
@@ -361,7 +446,10 @@ mod tests {
         let back = RawVocab::parse(&bytes).unwrap();
         assert_eq!(back.bpe, raw.bpe);
         assert_eq!(back.specials, raw.specials);
-        assert!(matches!(RawVocab::parse(&bytes[..bytes.len() - 1]), Err(SynthError::Vocab { .. })));
+        assert!(matches!(
+            RawVocab::parse(&bytes[..bytes.len() - 1]),
+            Err(SynthError::Vocab { .. })
+        ));
         let mut bad = bytes.clone();
         bad[0] = b'X';
         assert!(RawVocab::parse(&bad).is_err());
@@ -383,7 +471,10 @@ mod tests {
 
         let small = Vocab::qwen(&raw, 260).unwrap();
         assert_eq!(small.tokens.len(), 260);
-        assert_eq!(&small.tokens[257..], ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]);
+        assert_eq!(
+            &small.tokens[257..],
+            ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        );
         assert_eq!(small.merges, vec!["a b"]);
         assert_eq!(small.eos, 259);
         assert!(Vocab::qwen(&raw, 100).is_err());

@@ -30,7 +30,10 @@ pub struct Progress<'a> {
 
 /// Header bytes: magic, counts and KVs (encoded by [`GgufWriter`]), then the tensor infos with
 /// their aligned offsets, padded to the alignment. Returns the header and the data-section size.
-fn encode_header(kvs: &[(String, MetadataValue)], tensors: &[PlannedTensor]) -> Result<(Vec<u8>, u64), SynthError> {
+fn encode_header(
+    kvs: &[(String, MetadataValue)],
+    tensors: &[PlannedTensor],
+) -> Result<(Vec<u8>, u64), SynthError> {
     let mut w = GgufWriter::new();
     for (k, v) in kvs {
         w.add_kv(k.clone(), v.clone());
@@ -56,21 +59,37 @@ fn encode_header(kvs: &[(String, MetadataValue)], tensors: &[PlannedTensor]) -> 
 }
 
 /// Generates rows `rows` of `t` into `out` (exactly those rows' bytes).
-fn fill_rows(t: &PlannedTensor, seed: u64, tensor_key: u64, rows: std::ops::Range<u64>, out: &mut [u8]) -> Result<(), SynthError> {
+fn fill_rows(
+    t: &PlannedTensor,
+    seed: u64,
+    tensor_key: u64,
+    rows: std::ops::Range<u64>,
+    out: &mut [u8],
+) -> Result<(), SynthError> {
     let ne0 = t.dims[0] as usize;
     let rb = t.row_bytes() as usize;
     let mut row = vec![0f32; ne0];
     for (i, r) in rows.enumerate() {
         let mut rng = Rng::new(row_seed(seed, tensor_key, r));
         t.init.fill(&mut rng, &mut row);
-        formats::quantize(t.ty, &row, &mut out[i * rb..(i + 1) * rb])
-            .map_err(|source| SynthError::Quantize { tensor: t.name.clone(), source })?;
+        formats::quantize(t.ty, &row, &mut out[i * rb..(i + 1) * rb]).map_err(|source| {
+            SynthError::Quantize {
+                tensor: t.name.clone(),
+                source,
+            }
+        })?;
     }
     Ok(())
 }
 
 /// Writes one tensor's data, slab by slab, each slab's rows split over `threads` workers.
-fn write_tensor<W: Write>(t: &PlannedTensor, seed: u64, threads: usize, out: &mut W, path: &Path) -> Result<(), SynthError> {
+fn write_tensor<W: Write>(
+    t: &PlannedTensor,
+    seed: u64,
+    threads: usize,
+    out: &mut W,
+    path: &Path,
+) -> Result<(), SynthError> {
     let rb = t.row_bytes();
     let n_rows = t.n_rows();
     let key = name_hash(&t.name);
@@ -96,16 +115,25 @@ fn write_tensor<W: Write>(t: &PlannedTensor, seed: u64, threads: usize, out: &mu
                     })
                     .collect();
                 for h in handles {
-                    h.join().map_err(|_| SynthError::Worker { tensor: t.name.clone() })??;
+                    h.join().map_err(|_| SynthError::Worker {
+                        tensor: t.name.clone(),
+                    })??;
                 }
                 Ok(())
             })?;
         }
-        out.write_all(slab).map_err(|source| SynthError::Io { path: path.to_owned(), source })?;
+        out.write_all(slab).map_err(|source| SynthError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
         start += n;
     }
     let pad = t.n_bytes().next_multiple_of(DEFAULT_ALIGNMENT) - t.n_bytes();
-    out.write_all(&vec![0u8; pad as usize]).map_err(|source| SynthError::Io { path: path.to_owned(), source })?;
+    out.write_all(&vec![0u8; pad as usize])
+        .map_err(|source| SynthError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
     Ok(())
 }
 
@@ -120,8 +148,14 @@ pub fn write_gguf(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<u64, SynthError> {
     for t in tensors {
-        if t.dims.is_empty() || t.dims[0] % t.ty.block_size() as u64 != 0 || !formats::can_quantize(t.ty) {
-            return Err(SynthError::Plan { tensor: t.name.clone(), why: format!("type {} cannot hold dims {:?}", t.ty, t.dims) });
+        if t.dims.is_empty()
+            || t.dims[0] % t.ty.block_size() as u64 != 0
+            || !formats::can_quantize(t.ty)
+        {
+            return Err(SynthError::Plan {
+                tensor: t.name.clone(),
+                why: format!("type {} cannot hold dims {:?}", t.ty, t.dims),
+            });
         }
     }
     let (header, data_len) = encode_header(kvs, tensors)?;
@@ -152,7 +186,10 @@ pub fn write_gguf(
             });
         }
         out.flush().map_err(io(&part))?;
-        out.into_inner().map_err(|e| io(&part)(e.into_error()))?.sync_all().map_err(io(&part))?;
+        out.into_inner()
+            .map_err(|e| io(&part)(e.into_error()))?
+            .sync_all()
+            .map_err(io(&part))?;
         Ok::<(), SynthError>(())
     })();
     if let Err(e) = result {
@@ -167,12 +204,23 @@ pub fn write_gguf(
 /// The written file parses and lists exactly the planned tensors (names, dims, types).
 fn check_written(path: &Path, tensors: &[PlannedTensor], size: u64) -> Result<(), SynthError> {
     let f = GgufFile::open(path)?;
-    let listed: Vec<(&str, &[u64], GgmlType)> = f.tensors().iter().map(|t| (t.name.as_str(), &t.dims[..], t.ty)).collect();
-    let planned: Vec<(&str, &[u64], GgmlType)> = tensors.iter().map(|t| (t.name.as_str(), &t.dims[..], t.ty)).collect();
+    let listed: Vec<(&str, &[u64], GgmlType)> = f
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), &t.dims[..], t.ty))
+        .collect();
+    let planned: Vec<(&str, &[u64], GgmlType)> = tensors
+        .iter()
+        .map(|t| (t.name.as_str(), &t.dims[..], t.ty))
+        .collect();
     if listed != planned || f.file_size() != size {
         return Err(SynthError::Plan {
             tensor: String::new(),
-            why: format!("{} does not read back as written ({} bytes, expected {size})", path.display(), f.file_size()),
+            why: format!(
+                "{} does not read back as written ({} bytes, expected {size})",
+                path.display(),
+                f.file_size()
+            ),
         });
     }
     Ok(())
@@ -184,7 +232,12 @@ mod tests {
     use crate::synth::random::Init;
 
     fn t(name: &str, dims: Vec<u64>, ty: GgmlType) -> PlannedTensor {
-        PlannedTensor { name: name.into(), dims, ty, init: Init::Normal { std: 0.1 } }
+        PlannedTensor {
+            name: name.into(),
+            dims,
+            ty,
+            init: Init::Normal { std: 0.1 },
+        }
     }
 
     #[test]
@@ -210,9 +263,19 @@ mod tests {
         let mut w = GgufWriter::new();
         w.add_kv("general.architecture", "x");
         for x in f.tensors() {
-            w.add_tensor(x.name.clone(), x.dims.clone(), x.ty, f.tensor_data(x).to_vec()).unwrap();
+            w.add_tensor(
+                x.name.clone(),
+                x.dims.clone(),
+                x.ty,
+                f.tensor_data(x).to_vec(),
+            )
+            .unwrap();
         }
-        assert_eq!(w.to_bytes().unwrap(), bytes, "same layout as the reference writer");
+        assert_eq!(
+            w.to_bytes().unwrap(),
+            bytes,
+            "same layout as the reference writer"
+        );
         assert!(f.tensor_data_by_name("c").unwrap().iter().any(|&b| b != 0));
         write_gguf(&path, &kvs, &tensors, 10, 1, &mut |_| {}).unwrap();
         assert_ne!(bytes, std::fs::read(&path).unwrap(), "the seed matters");
@@ -222,7 +285,15 @@ mod tests {
     #[test]
     fn refuses_types_that_do_not_fit() {
         let path = std::env::temp_dir().join("nextn-synth-never-written.gguf");
-        let err = write_gguf(&path, &[], &[t("x", vec![100, 2], GgmlType::Q4_K)], 0, 1, &mut |_| {}).unwrap_err();
+        let err = write_gguf(
+            &path,
+            &[],
+            &[t("x", vec![100, 2], GgmlType::Q4_K)],
+            0,
+            1,
+            &mut |_| {},
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("x"), "{err}");
         assert!(!path.exists());
     }

@@ -28,7 +28,12 @@ pub struct Args {
     #[arg(long = "type", value_name = "TYPE")]
     pub file_type: String,
     /// Output GGUF file
-    #[arg(short = 'o', long = "output", value_name = "FILE", required_unless_present = "dry_run")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FILE",
+        required_unless_present = "dry_run"
+    )]
     pub output: Option<PathBuf>,
     /// Random seed (same seed, same file)
     #[arg(long, default_value_t = 0)]
@@ -130,7 +135,11 @@ pub fn build_spec(a: &Args) -> Result<SynthSpec> {
     };
     if let Some(arch) = arch {
         if arch != s.arch {
-            bail!("--arch {} does not match preset {base} ({})", arch.name(), s.arch.name());
+            bail!(
+                "--arch {} does not match preset {base} ({})",
+                arch.name(),
+                s.arch.name()
+            );
         }
     }
     let set = |field: &mut usize, v: Option<usize>| {
@@ -199,10 +208,17 @@ fn describe(s: &SynthSpec) -> String {
     match s.arch {
         Arch::Dense => d += &format!("FFN {}", s.n_ff),
         Arch::Moe => {
-            d += &format!("{} experts top-{} x {}, shared {}", s.n_expert, s.n_expert_used, s.n_ff_exp, s.n_ff_shexp)
+            d += &format!(
+                "{} experts top-{} x {}, shared {}",
+                s.n_expert, s.n_expert_used, s.n_ff_exp, s.n_ff_shexp
+            )
         }
     }
-    d += &format!(", vocab {}, {} head", s.n_vocab, if s.tied { "tied" } else { "untied" });
+    d += &format!(
+        ", vocab {}, {} head",
+        s.n_vocab,
+        if s.tied { "tied" } else { "untied" }
+    );
     d
 }
 
@@ -213,7 +229,11 @@ fn type_summary(tensors: &[synth::PlannedTensor]) -> String {
         e.0 += 1;
         e.1 += t.n_bytes();
     }
-    by_type.iter().map(|(ty, (n, b))| format!("{ty} x{n} ({:.2} GiB)", gib(*b))).collect::<Vec<_>>().join(", ")
+    by_type
+        .iter()
+        .map(|(ty, (n, b))| format!("{ty} x{n} ({:.2} GiB)", gib(*b)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The written file is what the loader expects: configuration and full tensor inventory.
@@ -226,7 +246,10 @@ fn check_inventory(path: &std::path::Path) -> Result<usize> {
     let problems = inventory::check(&f, &expected);
     if !problems.is_empty() {
         let list: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        bail!("the written file does not match the model inventory: {}", list.join("; "));
+        bail!(
+            "the written file does not match the model inventory: {}",
+            list.join("; ")
+        );
     }
     Ok(expected.len())
 }
@@ -234,7 +257,11 @@ fn check_inventory(path: &std::path::Path) -> Result<usize> {
 pub fn run(args: Args) -> Result<ExitCode> {
     let Some(ftype) = FileType::parse(&args.file_type) else {
         let names: Vec<&str> = FileType::ALL.iter().map(|t| t.name()).collect();
-        bail!("--type {}: expected one of {}", args.file_type, names.join(" "));
+        bail!(
+            "--type {}: expected one of {}",
+            args.file_type,
+            names.join(" ")
+        );
     };
     let spec = build_spec(&args)?;
     let tensors = synth::plan(&spec, ftype);
@@ -250,15 +277,25 @@ pub fn run(args: Args) -> Result<ExitCode> {
     );
     if args.dry_run {
         for t in &tensors {
-            println!("{:<44} {:<8} {:>14} {:?}", t.name, t.ty.name(), t.n_bytes(), t.dims);
+            println!(
+                "{:<44} {:<8} {:>14} {:?}",
+                t.name,
+                t.ty.name(),
+                t.n_bytes(),
+                t.dims
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let Some(output) = args.output.as_ref() else { bail!("-o FILE is required") };
+    let Some(output) = args.output.as_ref() else {
+        bail!("-o FILE is required")
+    };
     let threads = match args.threads {
         Some(0) => bail!("-t 0: at least one thread is needed"),
         Some(t) => t,
-        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
     };
     let raw = RawVocab::parse(QWEN35_VOCAB).context("embedded vocabulary")?;
     let vocab = Vocab::qwen(&raw, spec.n_vocab)?;
@@ -289,10 +326,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     };
-    let summary = synth::synthesize(output, &spec, ftype, &vocab, args.seed, threads, &mut progress)
-        .with_context(|| format!("writing {}", output.display()))?;
+    let summary = synth::synthesize(
+        output,
+        &spec,
+        ftype,
+        &vocab,
+        args.seed,
+        threads,
+        &mut progress,
+    )
+    .with_context(|| format!("writing {}", output.display()))?;
     let secs = t0.elapsed().as_secs_f64();
-    let checked = check_inventory(output).with_context(|| format!("checking {}", output.display()))?;
+    let checked =
+        check_inventory(output).with_context(|| format!("checking {}", output.display()))?;
     println!(
         "wrote {}: {} {}, {} tensors ({} checked against the model inventory), {} bytes ({:.2} GiB), {:.3}e9 parameters, seed {}, {:.1} s with {} threads",
         output.display(),

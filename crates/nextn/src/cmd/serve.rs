@@ -1,0 +1,220 @@
+//! `nextn serve`: the OpenAI-compatible server (llama-server's flags where they exist).
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use nextn_engine::scheduler::{DraftPolicy, DraftSampling, Engine, SchedulerConfig, SpecConfig};
+use nextn_model::config::LayerKind;
+use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
+
+use super::common::{self, ModelArgs};
+use super::run::SpecArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Address to listen on (loopback by default; use 0.0.0.0 to listen on every interface)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start-up)
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Parallel sequences (slots); -c is shared equally among them
+    #[arg(long = "parallel", default_value_t = 4)]
+    pub parallel: usize,
+    /// Most prompt tokens processed per step over all slots (a long prompt is split so that decoding
+    /// slots keep moving)
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Draft only while at most N slots are busy, or `auto`: decide per step and slot from measured
+    /// step costs and acceptance
+    #[arg(long = "spec-max-drafting-slots", default_value = "auto")]
+    pub max_drafting_slots: String,
+    /// Require `Authorization: Bearer KEY` (repeatable for several keys)
+    #[arg(long = "api-key")]
+    pub api_key: Vec<String>,
+    /// Model name reported by /v1/models and accepted in requests (default: the file name)
+    #[arg(short = 'a', long = "alias")]
+    pub alias: Option<String>,
+    /// Where <think> blocks go: deepseek (reasoning_content; `auto` is the same) or none (left in content)
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
+    pub reasoning_format: String,
+    /// Requests that may wait for a free slot; more are answered 503
+    #[arg(long = "max-queue", default_value_t = 256)]
+    pub max_queue: usize,
+    /// Largest request body in bytes (413 above)
+    #[arg(long = "max-body-size", default_value_t = 16 << 20)]
+    pub max_body_size: usize,
+    /// Seconds running requests may take to finish after SIGTERM before they are cancelled
+    #[arg(long = "shutdown-grace", default_value_t = 10.0)]
+    pub shutdown_grace: f64,
+    /// Do not log each finished request
+    #[arg(long = "log-disable")]
+    pub log_disable: bool,
+}
+
+fn parse_policy(s: &str) -> Result<DraftPolicy> {
+    if s == "auto" {
+        return Ok(DraftPolicy::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) => Ok(DraftPolicy::MaxSlots(n)),
+        Err(_) => bail!("--spec-max-drafting-slots {s}: expected a number of slots or `auto`"),
+    }
+}
+
+fn model_names(path: &Path, alias: &Option<String>) -> (String, Vec<String>) {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let id = alias.clone().unwrap_or_else(|| file.clone());
+    let mut names = vec![file, stem, path.display().to_string()];
+    names.retain(|n| !n.is_empty() && *n != id);
+    (id, names)
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    if args.parallel == 0 {
+        bail!("--parallel 0: at least one slot is needed");
+    }
+    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
+        bail!("--shutdown-grace must be a number of seconds >= 0");
+    }
+    let policy = parse_policy(&args.max_drafting_slots)?;
+    let spec_params = args.spec.params()?;
+    let draft_sampling =
+        DraftSampling::parse(&args.spec.draft_sampling).unwrap_or(DraftSampling::Greedy);
+    let path = common::resolve_model_path(args.model.model.as_ref())?;
+    let (model_id, model_aliases) = model_names(&path, &args.alias);
+    let reasoning = if args.reasoning_format == "none" {
+        ReasoningFormat::None
+    } else {
+        ReasoningFormat::Deepseek
+    };
+    let cfg = ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        api_keys: args.api_key.clone(),
+        model_id,
+        model_aliases,
+        reasoning,
+        max_body_bytes: args.max_body_size,
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        log_requests: !args.log_disable,
+    };
+    let mut model_args = args.model.clone();
+    model_args.model = Some(path);
+    let n_slots = args.parallel;
+    let spec_args = args.spec.clone();
+    let n_batch = args.batch_size.max(1);
+    let queue_capacity = args.max_queue;
+    let ctx_given = model_args.ctx_size.filter(|&c| c > 0);
+    let load = move || -> Result<Loaded, String> {
+        let loaded = common::load(&model_args).map_err(|e| format!("{e:#}"))?;
+        let head = if spec_args.enabled() {
+            Some(spec_args.load_head(&loaded).map_err(|e| format!("{e:#}"))?)
+        } else {
+            None
+        };
+        let cfg = &loaded.model.config;
+        let kv_per_token: usize = cfg
+            .layer_kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k == LayerKind::FullAttention)
+            .map(|(il, _)| {
+                cfg.n_head_kv[il] * cfg.head_dim * (loaded.k_type.bytes() + loaded.v_type.bytes())
+            })
+            .sum();
+        // -c is shared among the slots (llama-server without --kv-unified); without it, each slot
+        // gets the context load() chose for one sequence, shrunk so that every slot fits.
+        let n_ctx_slot = match ctx_given {
+            Some(c) => c / n_slots,
+            None => loaded
+                .n_ctx
+                .min((loaded.n_ctx * 2 / n_slots).max(1))
+                .min(cfg.n_ctx_train.max(1)),
+        };
+        if n_ctx_slot < 2 {
+            return Err(format!("a context of {} tokens shared by {n_slots} slots leaves {n_ctx_slot} per slot; give a larger -c", loaded.n_ctx));
+        }
+        let recurrent_bytes = loaded
+            .model
+            .new_sequence(1, loaded.k_type, loaded.v_type)
+            .bytes();
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        let description = format!(
+            "loaded {}: {} {} layers, n_embd {}, vocab {}, {:.1} MiB file mapped, {}\n\
+             slots: {n_slots} x {n_ctx_slot} tokens; per slot up to {:.1} MiB KV ({} bytes/token) + {:.2} MiB recurrent state; all slots up to {:.1} MiB",
+            loaded.path.display(),
+            cfg.arch.name(),
+            cfg.n_layer,
+            cfg.n_embd,
+            loaded.model.n_vocab,
+            mib(loaded.model.file.file_size() as usize),
+            match &head {
+                Some(_) => format!("NextN head for drafting (n_max {}, drafting slots {})", spec_args.n_max, describe_policy(policy)),
+                None => "no speculative decoding".to_string(),
+            },
+            mib(kv_per_token * n_ctx_slot),
+            kv_per_token,
+            mib(recurrent_bytes),
+            mib((kv_per_token * n_ctx_slot + recurrent_bytes) * n_slots),
+        );
+        let spec = head.as_ref().map(|_| SpecConfig {
+            n_max: spec_params.n_max,
+            n_min: spec_params.n_min,
+            p_min: spec_params.p_min,
+            draft_sampling,
+            policy,
+        });
+        let scheduler = SchedulerConfig {
+            n_slots,
+            n_ctx_slot,
+            k_type: loaded.k_type,
+            v_type: loaded.v_type,
+            n_batch,
+            queue_capacity,
+            spec,
+            calibrate: true,
+        };
+        let template = loaded.template;
+        let engine = Engine {
+            model: loaded.model,
+            head,
+            tokenizer: Arc::new(loaded.tokenizer),
+            pool: loaded.pool,
+        };
+        Ok(Loaded {
+            engine,
+            scheduler,
+            template,
+            description,
+        })
+    };
+    match nextn_server::run(cfg, load) {
+        Ok(()) => {
+            eprintln!("server stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => bail!("{e}"),
+    }
+}
+
+fn describe_policy(p: DraftPolicy) -> String {
+    match p {
+        DraftPolicy::Auto => "auto".into(),
+        DraftPolicy::MaxSlots(n) => format!("at most {n}"),
+    }
+}

@@ -1,0 +1,374 @@
+//! The real `nextn serve` binary on a loopback port, and a small HTTP/1.1 client that can also
+//! misbehave (malformed bodies, dropped connections) the way hostile clients do.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn bundled() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+}
+
+pub struct Server {
+    /// `None` for a client-only handle on a server started elsewhere.
+    pub child: Option<Child>,
+    pub port: u16,
+    pub log: Arc<Mutex<Vec<String>>>,
+    /// /health status seen by the first poll after the port was announced.
+    pub first_health: u16,
+}
+
+impl Server {
+    /// Start `nextn serve` on a free port with extra flags and wait until /health says ready.
+    pub fn start(args: &[&str]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nextn"));
+        cmd.arg("serve").arg("--port").arg("0").arg("-t").arg("2");
+        if !args.contains(&"-m") {
+            cmd.arg("-m").arg(bundled());
+        }
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start nextn serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let port = rest
+                        .split_whitespace()
+                        .next()
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| p.parse::<u16>().ok());
+                    if let Some(p) = port {
+                        let _ = tx.send(p);
+                    }
+                }
+                l.lock().unwrap().push(line);
+            }
+        });
+        let port = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(p) => p,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the server did not announce its port; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        let mut s = Server {
+            child: Some(child),
+            port,
+            log,
+            first_health: 0,
+        };
+        s.first_health = s.get("/health").status;
+        let t0 = Instant::now();
+        while s.get("/health").status != 200 {
+            if t0.elapsed() > Duration::from_secs(120) {
+                panic!("the server never became ready; log:\n{}", s.log_text());
+            }
+            if let Some(Ok(Some(status))) = s.child.as_mut().map(|c| c.try_wait()) {
+                panic!("the server exited with {status}; log:\n{}", s.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    /// A client-only handle on the server listening on `port`.
+    pub fn attach(port: u16) -> Server {
+        Server {
+            child: None,
+            port,
+            log: Arc::new(Mutex::new(Vec::new())),
+            first_health: 0,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[], b"")
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Response {
+        self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    }
+
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let mut s = self.connect();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+        for (k, v) in headers {
+            head += &format!("{k}: {v}\r\n");
+        }
+        head += "\r\n";
+        s.write_all(head.as_bytes()).unwrap();
+        // The server may answer (413) before reading a large body; a reset while writing is fine.
+        let _ = s.write_all(body);
+        read_response(&mut BufReader::new(s))
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        s
+    }
+
+    /// Start a streaming request and return the reader positioned at the body.
+    pub fn open_stream(&self, path: &str, body: &Value) -> (u16, SseReader) {
+        let mut s = self.connect();
+        let b = body.to_string();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            b.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(b.as_bytes()).unwrap();
+        let mut r = BufReader::new(s);
+        let (status, _) = read_head(&mut r);
+        (
+            status,
+            SseReader {
+                r,
+                pending: String::new(),
+            },
+        )
+    }
+
+    /// A whole SSE stream: the JSON of every `data:` chunk, and whether it ended with `[DONE]`.
+    pub fn stream(&self, path: &str, body: &Value) -> (u16, Vec<Value>, bool) {
+        let (status, mut r) = self.open_stream(path, body);
+        let mut chunks = Vec::new();
+        let mut done = false;
+        while let Some(data) = r.next_event() {
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            chunks.push(
+                serde_json::from_str(&data)
+                    .unwrap_or_else(|e| panic!("chunk {data:?} is not JSON: {e}")),
+            );
+        }
+        (status, chunks, done)
+    }
+
+    pub fn metrics(&self) -> String {
+        let r = self.get("/metrics");
+        assert_eq!(r.status, 200);
+        r.text()
+    }
+
+    pub fn metric(&self, name: &str) -> f64 {
+        metric(&self.metrics(), name)
+    }
+
+    /// Send SIGTERM and wait for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("a server this handle started");
+        let ok = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(ok.success());
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return st;
+            }
+            if t0.elapsed() > within {
+                let _ = child.kill();
+                panic!(
+                    "the server did not exit within {within:?} of SIGTERM; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("metric {name} missing in\n{text}"))
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn read_head(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
+    let mut line = String::new();
+    r.read_line(&mut line).expect("status line");
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).expect("header");
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    (status, headers)
+}
+
+pub fn read_response(r: &mut impl BufRead) -> Response {
+    let (status, headers) = read_head(r);
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        while let Some(c) = read_chunk(r) {
+            body.extend_from_slice(&c);
+        }
+    } else {
+        let _ = r.read_to_end(&mut body);
+    }
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// One chunk of a chunked body; `None` at the end.
+fn read_chunk(r: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut size = String::new();
+    if r.read_line(&mut size).ok()? == 0 {
+        return None;
+    }
+    let n = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
+    if n == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; n + 2];
+    r.read_exact(&mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+/// A chunked SSE body read event by event.
+pub struct SseReader {
+    pub r: BufReader<TcpStream>,
+    pending: String,
+}
+
+impl SseReader {
+    /// The next event's `data:` payload; `None` at the end of the body.
+    pub fn next_event(&mut self) -> Option<String> {
+        loop {
+            if let Some(at) = self.pending.find("\n\n") {
+                let ev: String = self.pending[..at].to_string();
+                self.pending.drain(..at + 2);
+                let data: Vec<&str> = ev
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .collect();
+                if !data.is_empty() {
+                    return Some(data.join("\n"));
+                }
+                continue;
+            }
+            let c = read_chunk(&mut self.r)?;
+            self.pending.push_str(&String::from_utf8_lossy(&c));
+        }
+    }
+}
+
+/// The text a stream carried (content deltas of chat chunks, text of completion chunks).
+pub fn stream_text(chunks: &[Value], field: &str) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .filter_map(|ch| {
+            ch["delta"][field].as_str().or_else(|| {
+                if field == "content" {
+                    ch["text"].as_str()
+                } else {
+                    None
+                }
+            })
+        })
+        .collect()
+}
+
+pub fn chat(content: &str, extra: Value) -> Value {
+    let mut v = serde_json::json!({"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 24});
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        for (k, x) in e {
+            m.insert(k, x);
+        }
+    }
+    v
+}
