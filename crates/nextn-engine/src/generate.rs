@@ -92,7 +92,12 @@ pub struct GenerateParams {
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { n_predict: None, n_batch: 512, ignore_eos: false, stop: Vec::new() }
+        GenerateParams {
+            n_predict: None,
+            n_batch: 512,
+            ignore_eos: false,
+            stop: Vec::new(),
+        }
     }
 }
 
@@ -113,13 +118,21 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: &[String]) -> Self {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new() }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            pending: String::new(),
+        }
     }
 
     /// Add text; returns (text safe to emit, whether a stop string was hit).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -156,7 +169,11 @@ pub fn prefill_with_hidden(
     last: bool,
     pool: &ThreadPool,
 ) -> Result<ForwardOutput, EngineError> {
-    let rows = if last { LogitRows::Last } else { LogitRows::None };
+    let rows = if last {
+        LogitRows::Last
+    } else {
+        LogitRows::None
+    };
     Ok(model.forward(chunk, state, rows, pool)?)
 }
 
@@ -172,12 +189,19 @@ pub fn prefill(
         return Err(EngineError::EmptyPrompt);
     }
     if state.n_past + prompt.len() >= state.n_ctx {
-        return Err(EngineError::PromptTooLong { n_prompt: state.n_past + prompt.len(), n_ctx: state.n_ctx });
+        return Err(EngineError::PromptTooLong {
+            n_prompt: state.n_past + prompt.len(),
+            n_ctx: state.n_ctx,
+        });
     }
     let chunks: Vec<&[u32]> = prompt.chunks(n_batch.max(1)).collect();
     let mut logits = Vec::new();
     for (i, chunk) in chunks.iter().enumerate() {
-        let rows = if i + 1 == chunks.len() { LogitRows::Last } else { LogitRows::None };
+        let rows = if i + 1 == chunks.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
         logits = model.forward(chunk, state, rows, pool)?.logits;
     }
     Ok(logits)
@@ -235,7 +259,12 @@ impl<'a, F: FnMut(&str) -> bool> Emitter<'a, F> {
         if hit {
             self.hit_stop = true;
             self.finished = Some(FinishReason::Stop);
-        } else if self.params.n_predict.is_some_and(|n| self.tokens.len() >= n) || context_left == 0 {
+        } else if self
+            .params
+            .n_predict
+            .is_some_and(|n| self.tokens.len() >= n)
+            || context_left == 0
+        {
             self.finished = Some(FinishReason::Length);
         }
         self.finished
@@ -243,7 +272,10 @@ impl<'a, F: FnMut(&str) -> bool> Emitter<'a, F> {
 
     /// Tokens still allowed by the budget (`usize::MAX` when unbounded).
     pub fn budget_left(&self) -> usize {
-        self.params.n_predict.map(|n| n.saturating_sub(self.tokens.len())).unwrap_or(usize::MAX)
+        self.params
+            .n_predict
+            .map(|n| n.saturating_sub(self.tokens.len()))
+            .unwrap_or(usize::MAX)
     }
 
     /// Flush held-back text and return (text, tokens, finish reason).
@@ -259,7 +291,11 @@ impl<'a, F: FnMut(&str) -> bool> Emitter<'a, F> {
                 (self.on_text)(&rest);
             }
         }
-        (self.text, self.tokens, self.finished.unwrap_or(FinishReason::Length))
+        (
+            self.text,
+            self.tokens,
+            self.finished.unwrap_or(FinishReason::Length),
+        )
     }
 }
 
@@ -281,7 +317,11 @@ pub fn generate(
         sampler.accept(t);
     }
     let mut logits = prefill(model, state, prompt, params.n_batch, pool)?;
-    let mut timings = Timings { prompt_n: prompt.len(), prompt_ms: ms_since(t0), ..Default::default() };
+    let mut timings = Timings {
+        prompt_n: prompt.len(),
+        prompt_ms: ms_since(t0),
+        ..Default::default()
+    };
 
     let t1 = Instant::now();
     let mut emitter = Emitter::new(tokenizer, params, on_text);
@@ -291,12 +331,19 @@ pub fn generate(
         if emitter.push(token, state.remaining()).is_some() {
             break;
         }
-        logits = model.forward(&[token], state, LogitRows::Last, pool)?.logits;
+        logits = model
+            .forward(&[token], state, LogitRows::Last, pool)?
+            .logits;
     }
     let (text, tokens, finish) = emitter.finish();
     timings.predicted_n = tokens.len();
     timings.predicted_ms = ms_since(t1);
-    Ok(Generation { tokens, text, finish, timings })
+    Ok(Generation {
+        tokens,
+        text,
+        finish,
+        timings,
+    })
 }
 
 pub(crate) fn ms_since(t: Instant) -> f64 {

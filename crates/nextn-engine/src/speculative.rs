@@ -16,7 +16,9 @@ use std::time::Instant;
 use nextn_model::{KvType, LayerCache, LogitRows, Model, NextnHead, SequenceState};
 use nextn_quant::kernels::ThreadPool;
 
-use crate::generate::{ms_since, prefill_with_hidden, EngineError, Emitter, GenerateParams, Generation, Timings};
+use crate::generate::{
+    ms_since, prefill_with_hidden, Emitter, EngineError, GenerateParams, Generation, Timings,
+};
 use crate::sampler::{argmax, Sampler, TokenProb, Xoshiro256StarStar};
 use crate::tokenizer::Tokenizer;
 
@@ -37,7 +39,13 @@ pub struct SpecParams {
 
 impl Default for SpecParams {
     fn default() -> Self {
-        SpecParams { n_max: 3, n_min: 0, p_min: 0.0, draft_sampling: DraftSampling::Greedy, trace: false }
+        SpecParams {
+            n_max: 3,
+            n_min: 0,
+            p_min: 0.0,
+            draft_sampling: DraftSampling::Greedy,
+            trace: false,
+        }
     }
 }
 
@@ -113,7 +121,10 @@ impl SpecStats {
         self.draft_n += other.draft_n;
         self.draft_n_accepted += other.draft_n_accepted;
         self.steps += other.steps;
-        for (dst, src) in [(&mut self.accepted_per_pos, &other.accepted_per_pos), (&mut self.drafted_per_pos, &other.drafted_per_pos)] {
+        for (dst, src) in [
+            (&mut self.accepted_per_pos, &other.accepted_per_pos),
+            (&mut self.drafted_per_pos, &other.drafted_per_pos),
+        ] {
             if dst.len() < src.len() {
                 dst.resize(src.len(), 0);
             }
@@ -124,7 +135,13 @@ impl SpecStats {
     }
 
     pub fn to_json(&self, predicted_n: usize) -> serde_json::Value {
-        let per_token = |x: u64| if predicted_n > 0 { x as f64 / predicted_n as f64 } else { 0.0 };
+        let per_token = |x: u64| {
+            if predicted_n > 0 {
+                x as f64 / predicted_n as f64
+            } else {
+                0.0
+            }
+        };
         let rate_per_pos: Vec<f64> = self
             .accepted_per_pos
             .iter()
@@ -153,7 +170,13 @@ impl SpecStats {
             .accepted_per_pos
             .iter()
             .zip(&self.drafted_per_pos)
-            .map(|(&a, &d)| if d > 0 { format!("{:.2}", a as f64 / d as f64) } else { "-".into() })
+            .map(|(&a, &d)| {
+                if d > 0 {
+                    format!("{:.2}", a as f64 / d as f64)
+                } else {
+                    "-".into()
+                }
+            })
             .collect();
         format!(
             "draft acceptance = {:.5} ({} accepted / {} drafted), {} steps, mean len = {:.3}, per position [{}], draft {:.1} ms, verify {:.1} ms",
@@ -185,7 +208,13 @@ pub struct SpecSequence {
 }
 
 impl SpecSequence {
-    pub fn new(model: &Model, head: &NextnHead, n_ctx: usize, k_type: KvType, v_type: KvType) -> Self {
+    pub fn new(
+        model: &Model,
+        head: &NextnHead,
+        n_ctx: usize,
+        k_type: KvType,
+        v_type: KvType,
+    ) -> Self {
         SpecSequence {
             state: model.new_sequence(n_ctx, k_type, v_type),
             head_cache: head.new_cache(k_type, v_type),
@@ -226,7 +255,14 @@ fn draft_chain_with(
     let mut token = id_last;
     let mut hidden = seq.pending_hidden.clone();
     for i in 0..n_draft {
-        let out = head.forward(&[token], &hidden, n_past + i, &mut seq.head_cache, LogitRows::Last, pool)?;
+        let out = head.forward(
+            &[token],
+            &hidden,
+            n_past + i,
+            &mut seq.head_cache,
+            LogitRows::Last,
+            pool,
+        )?;
         let row = out.logits_row(0);
         let top = argmax(row);
         if p_min > 0.0 && top1_probability(row, top) < p_min {
@@ -235,7 +271,9 @@ fn draft_chain_with(
         let pick = match sampling.as_mut() {
             Some((sampler, rng)) => {
                 let q = sampler.distribution(row).to_vec();
-                let Some(d) = draw(&q, rng.next_f64()) else { break };
+                let Some(d) = draw(&q, rng.next_f64()) else {
+                    break;
+                };
                 dists.push(q);
                 d
             }
@@ -267,13 +305,21 @@ pub(crate) fn draw(dist: &[TokenProb], u: f64) -> Option<u32> {
 }
 
 fn prob_of(dist: &[TokenProb], id: u32) -> f64 {
-    dist.iter().find(|t| t.id == id).map(|t| t.p as f64).unwrap_or(0.0)
+    dist.iter()
+        .find(|t| t.id == id)
+        .map(|t| t.p as f64)
+        .unwrap_or(0.0)
 }
 
 /// Speculative sampling acceptance of draft `d` drawn from `q` against the target's `p`:
 /// accept with probability min(1, p(d)/q(d)); otherwise draw from max(0, p − q) normalised.
 /// Returns `Ok(())` to accept, `Err(token)` with the replacement on rejection.
-pub(crate) fn accept_or_resample(p: &[TokenProb], q: &[TokenProb], d: u32, rng: &mut Xoshiro256StarStar) -> Result<(), u32> {
+pub(crate) fn accept_or_resample(
+    p: &[TokenProb],
+    q: &[TokenProb],
+    d: u32,
+    rng: &mut Xoshiro256StarStar,
+) -> Result<(), u32> {
     let (pd, qd) = (prob_of(p, d), prob_of(q, d));
     let u = rng.next_f64();
     if qd > 0.0 && u * qd < pd {
@@ -281,7 +327,10 @@ pub(crate) fn accept_or_resample(p: &[TokenProb], q: &[TokenProb], d: u32, rng: 
     }
     let residual: Vec<TokenProb> = p
         .iter()
-        .map(|t| TokenProb { id: t.id, p: (t.p as f64 - prob_of(q, t.id)).max(0.0) as f32 })
+        .map(|t| TokenProb {
+            id: t.id,
+            p: (t.p as f64 - prob_of(q, t.id)).max(0.0) as f32,
+        })
         .filter(|t| t.p > 0.0)
         .collect();
     let u = rng.next_f64();
@@ -301,7 +350,14 @@ fn catch_up_head(
 ) -> Result<(), EngineError> {
     if !tokens.is_empty() {
         NextnHead::truncate(&mut seq.head_cache, from);
-        head.forward(tokens, hidden_prev, from, &mut seq.head_cache, LogitRows::None, pool)?;
+        head.forward(
+            tokens,
+            hidden_prev,
+            from,
+            &mut seq.head_cache,
+            LogitRows::None,
+            pool,
+        )?;
     }
     Ok(())
 }
@@ -350,7 +406,10 @@ pub fn generate_speculative(
         return Err(EngineError::EmptyPrompt);
     }
     if seq.state.n_past + prompt.len() >= seq.state.n_ctx {
-        return Err(EngineError::PromptTooLong { n_prompt: seq.state.n_past + prompt.len(), n_ctx: seq.state.n_ctx });
+        return Err(EngineError::PromptTooLong {
+            n_prompt: seq.state.n_past + prompt.len(),
+            n_ctx: seq.state.n_ctx,
+        });
     }
     let e = model.config.n_embd;
     let t0 = Instant::now();
@@ -358,7 +417,11 @@ pub fn generate_speculative(
         sampler.accept(t);
     }
     let logits = prefill_speculative(model, head, seq, prompt, params.n_batch, pool)?;
-    let mut timings = Timings { prompt_n: prompt.len(), prompt_ms: ms_since(t0), ..Default::default() };
+    let mut timings = Timings {
+        prompt_n: prompt.len(),
+        prompt_ms: ms_since(t0),
+        ..Default::default()
+    };
 
     let t1 = Instant::now();
     let mut stats = SpecStats {
@@ -367,7 +430,8 @@ pub fn generate_speculative(
         ..Default::default()
     };
     let mut emitter = Emitter::new(tokenizer, params, on_text);
-    let sample_drafts = spec.draft_sampling == DraftSampling::Sample && !sampler.config().is_greedy();
+    let sample_drafts =
+        spec.draft_sampling == DraftSampling::Sample && !sampler.config().is_greedy();
     // Draft draws and acceptance coins use their own stream, derived from the request's seed.
     let mut spec_rng = Xoshiro256StarStar::from_seed(sampler.config().seed ^ 0x9E37_79B9_7F4A_7C15);
     // The first token comes from the prompt's last row, as in llama-server.
@@ -383,7 +447,11 @@ pub fn generate_speculative(
 
         let td = Instant::now();
         let (mut drafts, draft_dists) = if n_draft > 0 {
-            let sampling = if sample_drafts { Some((&mut *sampler, &mut spec_rng)) } else { None };
+            let sampling = if sample_drafts {
+                Some((&mut *sampler, &mut spec_rng))
+            } else {
+                None
+            };
             draft_chain_with(head, seq, id_last, n_draft, spec.p_min, sampling, pool)?
         } else {
             (Vec::new(), Vec::new())
@@ -393,7 +461,14 @@ pub fn generate_speculative(
         }
         if n_draft == 0 {
             // No draft step ran, so the head still needs its entry for id_last.
-            catch_up_head(head, seq, &[id_last], &seq.pending_hidden.clone(), n_past, pool)?;
+            catch_up_head(
+                head,
+                seq,
+                &[id_last],
+                &seq.pending_hidden.clone(),
+                n_past,
+                pool,
+            )?;
         }
         stats.draft_ms += ms_since(td);
 
@@ -408,7 +483,12 @@ pub fn generate_speculative(
             let mut replacement = None;
             while accepted < drafts.len() {
                 let p = sampler.distribution(out.logits_row(accepted)).to_vec();
-                match accept_or_resample(&p, &draft_dists[accepted], drafts[accepted], &mut spec_rng) {
+                match accept_or_resample(
+                    &p,
+                    &draft_dists[accepted],
+                    drafts[accepted],
+                    &mut spec_rng,
+                ) {
                     Ok(()) => {
                         sampler.accept(drafts[accepted]);
                         accepted += 1;
@@ -452,17 +532,33 @@ pub fn generate_speculative(
         }
 
         if spec.trace {
-            stats.trace.push(StepTrace { n_past, id_last, drafts: drafts.clone(), accepted });
+            stats.trace.push(StepTrace {
+                n_past,
+                id_last,
+                drafts: drafts.clone(),
+                accepted,
+            });
         }
 
         // Head entries for the accepted drafts, now from the target's hidden states.
         let td = Instant::now();
-        catch_up_head(head, seq, &drafts[..accepted], &out.hidden[..accepted * e], n_past + 1, pool)?;
+        catch_up_head(
+            head,
+            seq,
+            &drafts[..accepted],
+            &out.hidden[..accepted * e],
+            n_past + 1,
+            pool,
+        )?;
         seq.pending_hidden = out.hidden[accepted * e..(accepted + 1) * e].to_vec();
         stats.draft_ms += ms_since(td);
 
         // Emit the accepted drafts and the bonus token, stopping where plain decoding would.
-        let emitted: Vec<u32> = drafts[..accepted].iter().copied().chain(std::iter::once(next)).collect();
+        let emitted: Vec<u32> = drafts[..accepted]
+            .iter()
+            .copied()
+            .chain(std::iter::once(next))
+            .collect();
         for (i, &t) in emitted.iter().enumerate() {
             // Positions plain decoding would have left when it sampled this token.
             let left = seq.state.n_ctx.saturating_sub(n_past + 1 + i);
@@ -476,5 +572,13 @@ pub fn generate_speculative(
     let (text, tokens, finish) = emitter.finish();
     timings.predicted_n = tokens.len();
     timings.predicted_ms = ms_since(t1);
-    Ok((Generation { tokens, text, finish, timings }, stats))
+    Ok((
+        Generation {
+            tokens,
+            text,
+            finish,
+            timings,
+        },
+        stats,
+    ))
 }

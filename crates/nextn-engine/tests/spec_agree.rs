@@ -32,11 +32,33 @@ fn bundled() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
 }
 
-fn plain(l: &Loaded, pool: &ThreadPool, prompt: &[u32], n: usize, cfg: &SamplerConfig, kv: KvType) -> Vec<u32> {
+fn plain(
+    l: &Loaded,
+    pool: &ThreadPool,
+    prompt: &[u32],
+    n: usize,
+    cfg: &SamplerConfig,
+    kv: KvType,
+) -> Vec<u32> {
     let mut st = l.model.new_sequence(512, kv, kv);
-    let params = GenerateParams { n_predict: Some(n), ignore_eos: true, ..Default::default() };
+    let params = GenerateParams {
+        n_predict: Some(n),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let mut s = Sampler::new(cfg.clone()).unwrap();
-    generate(&l.model, &l.tok, pool, &mut st, prompt, &params, &mut s, |_| true).unwrap().tokens
+    generate(
+        &l.model,
+        &l.tok,
+        pool,
+        &mut st,
+        prompt,
+        &params,
+        &mut s,
+        |_| true,
+    )
+    .unwrap()
+    .tokens
 }
 
 fn speculative(
@@ -49,10 +71,25 @@ fn speculative(
     kv: KvType,
 ) -> (Vec<u32>, nextn_engine::speculative::SpecStats) {
     let mut seq = SpecSequence::new(&l.model, &l.head, 512, kv, kv);
-    let params = GenerateParams { n_predict: Some(n), ignore_eos: true, ..Default::default() };
+    let params = GenerateParams {
+        n_predict: Some(n),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let mut s = Sampler::new(cfg.clone()).unwrap();
-    let (g, stats) =
-        generate_speculative(&l.model, &l.head, &l.tok, pool, &mut seq, prompt, &params, spec, &mut s, |_| true).unwrap();
+    let (g, stats) = generate_speculative(
+        &l.model,
+        &l.head,
+        &l.tok,
+        pool,
+        &mut seq,
+        prompt,
+        &params,
+        spec,
+        &mut s,
+        |_| true,
+    )
+    .unwrap();
     (g.tokens, stats)
 }
 
@@ -60,14 +97,39 @@ fn speculative(
 fn greedy_speculative_equals_plain_on_bundled_model() {
     let l = load(&bundled());
     let pool = ThreadPool::new(2);
-    let prompts = ["import os\nimport sys\n\n\ndef main():\n", "class Stack:\n    def __init__(self):\n", "x"];
+    let prompts = [
+        "import os\nimport sys\n\n\ndef main():\n",
+        "class Stack:\n    def __init__(self):\n",
+        "x",
+    ];
     for p in prompts {
         let prompt = l.tok.encode(p, true);
-        let want = plain(&l, &pool, &prompt, 40, &SamplerConfig::greedy(), KvType::F16);
+        let want = plain(
+            &l,
+            &pool,
+            &prompt,
+            40,
+            &SamplerConfig::greedy(),
+            KvType::F16,
+        );
         for n_max in 0..=5 {
-            let spec = SpecParams { n_max, ..Default::default() };
-            let (got, stats) = speculative(&l, &pool, &prompt, 40, &SamplerConfig::greedy(), &spec, KvType::F16);
-            assert_eq!(got, want, "prompt {p:?} n_max {n_max}: speculative output differs from plain decoding");
+            let spec = SpecParams {
+                n_max,
+                ..Default::default()
+            };
+            let (got, stats) = speculative(
+                &l,
+                &pool,
+                &prompt,
+                40,
+                &SamplerConfig::greedy(),
+                &spec,
+                KvType::F16,
+            );
+            assert_eq!(
+                got, want,
+                "prompt {p:?} n_max {n_max}: speculative output differs from plain decoding"
+            );
             if n_max > 0 {
                 assert!(stats.draft_n > 0 && stats.draft_n_accepted <= stats.draft_n);
             }
@@ -81,10 +143,17 @@ fn seeded_sampling_speculative_equals_plain() {
     let pool = ThreadPool::new(2);
     let prompt = l.tok.encode("def factorial(n):\n", true);
     for seed in [1u64, 7, 1234] {
-        let cfg = SamplerConfig { temperature: 0.9, seed, ..Default::default() };
+        let cfg = SamplerConfig {
+            temperature: 0.9,
+            seed,
+            ..Default::default()
+        };
         let want = plain(&l, &pool, &prompt, 32, &cfg, KvType::F32);
         for n_max in [1, 3] {
-            let spec = SpecParams { n_max, ..Default::default() };
+            let spec = SpecParams {
+                n_max,
+                ..Default::default()
+            };
             let (got, _) = speculative(&l, &pool, &prompt, 32, &cfg, &spec, KvType::F32);
             assert_eq!(got, want, "seed {seed} n_max {n_max}");
         }
@@ -97,14 +166,46 @@ fn budget_and_p_min_are_respected() {
     let pool = ThreadPool::new(1);
     let prompt = l.tok.encode("import os\n", true);
     for n in [1usize, 2, 5] {
-        let (got, _) = speculative(&l, &pool, &prompt, n, &SamplerConfig::greedy(), &SpecParams::default(), KvType::F16);
+        let (got, _) = speculative(
+            &l,
+            &pool,
+            &prompt,
+            n,
+            &SamplerConfig::greedy(),
+            &SpecParams::default(),
+            KvType::F16,
+        );
         assert_eq!(got.len(), n);
     }
-    let strict = SpecParams { n_max: 4, p_min: 1.01, ..Default::default() };
-    let (_, stats) = speculative(&l, &pool, &prompt, 10, &SamplerConfig::greedy(), &strict, KvType::F16);
+    let strict = SpecParams {
+        n_max: 4,
+        p_min: 1.01,
+        ..Default::default()
+    };
+    let (_, stats) = speculative(
+        &l,
+        &pool,
+        &prompt,
+        10,
+        &SamplerConfig::greedy(),
+        &strict,
+        KvType::F16,
+    );
     assert_eq!(stats.draft_n, 0, "p_min above 1 must stop every draft");
-    let min3 = SpecParams { n_max: 2, n_min: 3, ..Default::default() };
-    let (_, stats) = speculative(&l, &pool, &prompt, 10, &SamplerConfig::greedy(), &min3, KvType::F16);
+    let min3 = SpecParams {
+        n_max: 2,
+        n_min: 3,
+        ..Default::default()
+    };
+    let (_, stats) = speculative(
+        &l,
+        &pool,
+        &prompt,
+        10,
+        &SamplerConfig::greedy(),
+        &min3,
+        KvType::F16,
+    );
     assert_eq!(stats.draft_n, 0, "drafts shorter than n_min are discarded");
 }
 
@@ -119,7 +220,11 @@ fn shared() -> Option<PathBuf> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// Step-by-step drafts and acceptance equal llama-server's loop (golden `speculative_simulated`,
@@ -129,8 +234,10 @@ fn drafts_match_llamacpp_server_loop() {
     let Some(dir) = shared() else { return };
     let pool = ThreadPool::new(2);
     for fixture in ["q35-dense-a", "q35moe-a", "q35moe-b"] {
-        let golden: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join(fixture).join("golden.json")).unwrap()).unwrap();
+        let golden: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(fixture).join("golden.json")).unwrap(),
+        )
+        .unwrap();
         let v = &golden["variants"]["F32"];
         let l = load(&dir.join(fixture).join(v["model"].as_str().unwrap()));
         for seq in v["sequences"].as_array().unwrap() {
@@ -140,21 +247,59 @@ fn drafts_match_llamacpp_server_loop() {
                 continue;
             }
             let prompt = ids(&seq["tokens"]);
-            let spec = SpecParams { n_max: 3, trace: true, ..Default::default() };
+            let spec = SpecParams {
+                n_max: 3,
+                trace: true,
+                ..Default::default()
+            };
             let mut s = SpecSequence::new(&l.model, &l.head, 512, KvType::F32, KvType::F32);
-            let params = GenerateParams { n_predict: Some(24), ignore_eos: false, ..Default::default() };
+            let params = GenerateParams {
+                n_predict: Some(24),
+                ignore_eos: false,
+                ..Default::default()
+            };
             let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
             let (g, stats) = generate_speculative(
-                &l.model, &l.head, &l.tok, &pool, &mut s, &prompt, &params, &spec, &mut sampler, |_| true,
+                &l.model,
+                &l.head,
+                &l.tok,
+                &pool,
+                &mut s,
+                &prompt,
+                &params,
+                &spec,
+                &mut sampler,
+                |_| true,
             )
             .unwrap();
             let greedy = ids(&seq["greedy"]["tokens"]);
             let n = g.tokens.len().min(greedy.len());
-            assert_eq!(g.tokens[..n], greedy[..n], "{fixture} {name}: tokens differ from llama.cpp greedy");
-            for (i, (ours, theirs)) in stats.trace.iter().zip(sim["steps"].as_array().unwrap()).enumerate() {
-                assert_eq!(ours.n_past as u64, theirs["n_past"].as_u64().unwrap(), "{fixture} {name} step {i} n_past");
-                assert_eq!(ours.drafts, ids(&theirs["drafts"]), "{fixture} {name} step {i} drafts");
-                assert_eq!(ours.accepted as u64, theirs["accepted"].as_u64().unwrap(), "{fixture} {name} step {i} accepted");
+            assert_eq!(
+                g.tokens[..n],
+                greedy[..n],
+                "{fixture} {name}: tokens differ from llama.cpp greedy"
+            );
+            for (i, (ours, theirs)) in stats
+                .trace
+                .iter()
+                .zip(sim["steps"].as_array().unwrap())
+                .enumerate()
+            {
+                assert_eq!(
+                    ours.n_past as u64,
+                    theirs["n_past"].as_u64().unwrap(),
+                    "{fixture} {name} step {i} n_past"
+                );
+                assert_eq!(
+                    ours.drafts,
+                    ids(&theirs["drafts"]),
+                    "{fixture} {name} step {i} drafts"
+                );
+                assert_eq!(
+                    ours.accepted as u64,
+                    theirs["accepted"].as_u64().unwrap(),
+                    "{fixture} {name} step {i} accepted"
+                );
             }
         }
     }
@@ -182,20 +327,55 @@ fn greedy_speculative_equals_plain_on_fixtures() {
         .unwrap();
         for seq in golden["sequences"].as_array().unwrap() {
             let prompt = ids(&seq["tokens"]);
-            for (n_predict, n_ctx, n_batch) in [(30, 512, 4), (7, 512, 512), (64, prompt.len() + 9, 8)] {
-                let params = GenerateParams { n_predict: Some(n_predict), n_batch, ignore_eos: true, ..Default::default() };
+            for (n_predict, n_ctx, n_batch) in
+                [(30, 512, 4), (7, 512, 512), (64, prompt.len() + 9, 8)]
+            {
+                let params = GenerateParams {
+                    n_predict: Some(n_predict),
+                    n_batch,
+                    ignore_eos: true,
+                    ..Default::default()
+                };
                 let mut st = l.model.new_sequence(n_ctx, KvType::F16, KvType::F16);
                 let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
-                let want = generate(&l.model, &l.tok, &pool, &mut st, &prompt, &params, &mut s, |_| true).unwrap();
+                let want = generate(
+                    &l.model,
+                    &l.tok,
+                    &pool,
+                    &mut st,
+                    &prompt,
+                    &params,
+                    &mut s,
+                    |_| true,
+                )
+                .unwrap();
                 for n_max in 1..=4 {
-                    let spec = SpecParams { n_max, trace: true, ..Default::default() };
-                    let mut sq = SpecSequence::new(&l.model, &l.head, n_ctx, KvType::F16, KvType::F16);
+                    let spec = SpecParams {
+                        n_max,
+                        trace: true,
+                        ..Default::default()
+                    };
+                    let mut sq =
+                        SpecSequence::new(&l.model, &l.head, n_ctx, KvType::F16, KvType::F16);
                     let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
                     let (got, stats) = generate_speculative(
-                        &l.model, &l.head, &l.tok, &pool, &mut sq, &prompt, &params, &spec, &mut s, |_| true,
+                        &l.model,
+                        &l.head,
+                        &l.tok,
+                        &pool,
+                        &mut sq,
+                        &prompt,
+                        &params,
+                        &spec,
+                        &mut s,
+                        |_| true,
                     )
                     .unwrap();
-                    assert_eq!(got.tokens, want.tokens, "{file} {} n_max {n_max} n_ctx {n_ctx}", seq["name"]);
+                    assert_eq!(
+                        got.tokens, want.tokens,
+                        "{file} {} n_max {n_max} n_ctx {n_ctx}",
+                        seq["name"]
+                    );
                     assert_eq!(got.finish, want.finish);
                     for st in &stats.trace {
                         if st.accepted < st.drafts.len() {
@@ -206,7 +386,10 @@ fn greedy_speculative_equals_plain_on_fixtures() {
             }
         }
     }
-    assert!(rejected_at.iter().all(|&r| r), "rejections not seen at every draft position: {rejected_at:?}");
+    assert!(
+        rejected_at.iter().all(|&r| r),
+        "rejections not seen at every draft position: {rejected_at:?}"
+    );
 }
 
 /// The 3-token draft chains llama.cpp drafts at every position of the F32 fixtures' greedy paths
@@ -217,9 +400,15 @@ fn draft_chains_match_llamacpp_at_every_position() {
     let Some(dir) = shared() else { return };
     let pool = ThreadPool::new(2);
     for fixture in ["q35-dense-a", "q35moe-a", "q35moe-b", "q35-dense-qwenvocab"] {
-        let golden: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join(fixture).join("golden.json")).unwrap()).unwrap();
-        let variant = if fixture == "q35-dense-qwenvocab" { "F32-embQ8_0" } else { "F32" };
+        let golden: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(fixture).join("golden.json")).unwrap(),
+        )
+        .unwrap();
+        let variant = if fixture == "q35-dense-qwenvocab" {
+            "F32-embQ8_0"
+        } else {
+            "F32"
+        };
         let v = &golden["variants"][variant];
         let l = load(&dir.join(fixture).join(v["model"].as_str().unwrap()));
         let mut checked = 0;
@@ -246,7 +435,11 @@ fn draft_chains_match_llamacpp_at_every_position() {
                     if margins.get(i).copied().unwrap_or(0.0) < 1e-3 {
                         break;
                     }
-                    assert_eq!(drafts[i], want[i], "{fixture} {} chain at {p}, draft {i}", seq["name"]);
+                    assert_eq!(
+                        drafts[i], want[i],
+                        "{fixture} {} chain at {p}, draft {i}",
+                        seq["name"]
+                    );
                     checked += 1;
                 }
             }

@@ -17,7 +17,11 @@ use nextn_quant::kernels::ThreadPool;
 type Joint = HashMap<(u32, u32), f64>;
 
 fn config(seed: u64) -> SamplerConfig {
-    SamplerConfig { temperature: 0.8, seed, ..Default::default() }
+    SamplerConfig {
+        temperature: 0.8,
+        seed,
+        ..Default::default()
+    }
 }
 
 /// Exact P(t1, t2) under plain sampling, and the biased B(t1, t2) = p1(t1)·q(t2 | t1) that taking
@@ -25,23 +29,37 @@ fn config(seed: u64) -> SamplerConfig {
 fn exact(model: &Model, head: &NextnHead, prompt: &[u32], pool: &ThreadPool) -> (Joint, Joint) {
     let e = model.config.n_embd;
     let mut st = model.new_sequence(64, KvType::F32, KvType::F32);
-    let out = model.forward(prompt, &mut st, LogitRows::Last, pool).unwrap();
+    let out = model
+        .forward(prompt, &mut st, LogitRows::Last, pool)
+        .unwrap();
     let mut sampler = Sampler::new(config(0)).unwrap();
     let p1 = sampler.distribution(&out.logits).to_vec();
     let h_last = out.hidden[(prompt.len() - 1) * e..].to_vec();
     let mut head_cache = head.new_cache(KvType::F32, KvType::F32);
     let mut prev = vec![0.0f32; e];
     prev.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
-    head.forward(prompt, &prev, 0, &mut head_cache, LogitRows::None, pool).unwrap();
+    head.forward(prompt, &prev, 0, &mut head_cache, LogitRows::None, pool)
+        .unwrap();
     let (mut p, mut b) = (Joint::new(), Joint::new());
     for t1 in &p1 {
         let mut s2 = st.clone();
-        let row = model.forward(&[t1.id], &mut s2, LogitRows::Last, pool).unwrap();
+        let row = model
+            .forward(&[t1.id], &mut s2, LogitRows::Last, pool)
+            .unwrap();
         for t2 in sampler.distribution(&row.logits).to_vec() {
             *p.entry((t1.id, t2.id)).or_default() += t1.p as f64 * t2.p as f64;
         }
         let mut hc = head_cache.clone();
-        let q = head.forward(&[t1.id], &h_last, prompt.len(), &mut hc, LogitRows::Last, pool).unwrap();
+        let q = head
+            .forward(
+                &[t1.id],
+                &h_last,
+                prompt.len(),
+                &mut hc,
+                LogitRows::Last,
+                pool,
+            )
+            .unwrap();
         for t2 in sampler.distribution(&q.logits).to_vec() {
             *b.entry((t1.id, t2.id)).or_default() += t1.p as f64 * t2.p as f64;
         }
@@ -66,7 +84,11 @@ fn chi_square(counts: &HashMap<(u32, u32), usize>, expected: &Joint, n: usize) -
         }
     }
     // Draws outside the support count into the pool too.
-    let outside: usize = counts.iter().filter(|(k, _)| !expected.contains_key(k)).map(|(_, &c)| c).sum();
+    let outside: usize = counts
+        .iter()
+        .filter(|(k, _)| !expected.contains_key(k))
+        .map(|(_, &c)| c)
+        .sum();
     pooled_obs += outside as f64;
     if pooled_exp > 0.0 {
         stat += (pooled_obs - pooled_exp).powi(2) / pooled_exp.max(1.0);
@@ -112,8 +134,14 @@ fn mtp_sampling_preserves_the_target_distribution() {
         *biased_counts.entry(pick).or_insert(0usize) += 1;
     }
     let (stat, dof) = chi_square(&biased_counts, &p, n);
-    assert!(stat > critical(dof), "the test cannot tell the biased rule apart (chi2 {stat:.1}, dof {dof})");
-    eprintln!("biased rule: chi2 {stat:.1} on {dof} dof (critical {:.1}) — rejected as it must be", critical(dof));
+    assert!(
+        stat > critical(dof),
+        "the test cannot tell the biased rule apart (chi2 {stat:.1}, dof {dof})"
+    );
+    eprintln!(
+        "biased rule: chi2 {stat:.1} on {dof} dof (critical {:.1}) — rejected as it must be",
+        critical(dof)
+    );
 
     for mode in [DraftSampling::Greedy, DraftSampling::Sample] {
         let mut counts = HashMap::new();
@@ -121,17 +149,42 @@ fn mtp_sampling_preserves_the_target_distribution() {
         for seed in 0..n as u64 {
             let mut seq = SpecSequence::new(&model, &head, 64, KvType::F32, KvType::F32);
             // Three tokens, so that the second one is drafted and goes through verification.
-            let params = GenerateParams { n_predict: Some(3), ignore_eos: true, ..Default::default() };
-            let spec = SpecParams { n_max: 2, draft_sampling: mode, ..Default::default() };
+            let params = GenerateParams {
+                n_predict: Some(3),
+                ignore_eos: true,
+                ..Default::default()
+            };
+            let spec = SpecParams {
+                n_max: 2,
+                draft_sampling: mode,
+                ..Default::default()
+            };
             let mut sampler = Sampler::new(config(seed * 7919 + 13)).unwrap();
-            let (g, stats) =
-                generate_speculative(&model, &head, &tok, &pool, &mut seq, &prompt, &params, &spec, &mut sampler, |_| true).unwrap();
+            let (g, stats) = generate_speculative(
+                &model,
+                &head,
+                &tok,
+                &pool,
+                &mut seq,
+                &prompt,
+                &params,
+                &spec,
+                &mut sampler,
+                |_| true,
+            )
+            .unwrap();
             accepted += stats.draft_n_accepted;
             *counts.entry((g.tokens[0], g.tokens[1])).or_insert(0usize) += 1;
         }
         let (stat, dof) = chi_square(&counts, &p, n);
-        eprintln!("{mode:?}: chi2 {stat:.1} on {dof} dof (critical {:.1}), {accepted} drafts accepted", critical(dof));
+        eprintln!(
+            "{mode:?}: chi2 {stat:.1} on {dof} dof (critical {:.1}), {accepted} drafts accepted",
+            critical(dof)
+        );
         assert!(stat < critical(dof), "{mode:?}: MTP sampling departs from the target distribution (chi2 {stat:.1}, dof {dof})");
-        assert!(accepted > 0, "{mode:?}: no draft was ever accepted, so the verify path was not exercised");
+        assert!(
+            accepted > 0,
+            "{mode:?}: no draft was ever accepted, so the verify path was not exercised"
+        );
     }
 }

@@ -5,8 +5,8 @@
 use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{KvLayer, LayerCache};
-use crate::model::Segment;
 use crate::config::{Qwen35Config, RopeScaling};
+use crate::model::Segment;
 use crate::ops::{self, RopeTable};
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
@@ -33,7 +33,8 @@ impl GatedAttention {
     /// Bind `blk.{il}.attn_*` for a layer with the given head counts.
     pub fn load(w: &WeightLoader, il: usize, cfg: &Qwen35Config) -> Result<Self, ModelError> {
         let p = |n: &str| format!("blk.{il}.{n}");
-        let (n_head, n_head_kv, hd, e) = (cfg.n_head[il], cfg.n_head_kv[il], cfg.head_dim, cfg.n_embd);
+        let (n_head, n_head_kv, hd, e) =
+            (cfg.n_head[il], cfg.n_head_kv[il], cfg.head_dim, cfg.n_embd);
         Ok(GatedAttention {
             wq: w.linear(&p("attn_q.weight"), 2 * n_head * hd, e)?,
             wk: w.linear(&p("attn_k.weight"), n_head_kv * hd, e)?,
@@ -58,7 +59,14 @@ impl GatedAttention {
     /// Attend the rows of every segment (each one sequence's consecutive rows, at positions
     /// `start_pos..`), appending their keys and values to that sequence's cache. The projections
     /// run once over all `n` rows; attention runs per sequence. `x` and `out` are `n × n_embd`.
-    pub fn forward(&self, x: &[f32], n: usize, segments: &mut [Segment], out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        segments: &mut [Segment],
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let hd = self.head_dim;
         let (q_width, kv_width) = (2 * self.n_head * hd, self.n_head_kv * hd);
         let mut qg = vec![0.0f32; n * q_width];
@@ -71,7 +79,9 @@ impl GatedAttention {
         let mut attn = vec![0.0f32; n * self.n_head * hd];
         for seg in segments.iter_mut() {
             let LayerCache::Attention(kv) = &mut *seg.cache else {
-                return Err(ModelError::Rollback("attention layer given a recurrent cache".into()));
+                return Err(ModelError::Rollback(
+                    "attention layer given a recurrent cache".into(),
+                ));
             };
             let r = seg.rows.clone();
             self.attend(
@@ -87,7 +97,15 @@ impl GatedAttention {
     }
 
     /// One sequence's rows: q/k norms, RoPE, cache append, causal softmax attention, output gate.
-    fn attend(&self, qg: &[f32], k: &mut [f32], v: &[f32], start_pos: usize, kv: &mut KvLayer, attn: &mut [f32]) -> Result<(), ModelError> {
+    fn attend(
+        &self,
+        qg: &[f32],
+        k: &mut [f32],
+        v: &[f32],
+        start_pos: usize,
+        kv: &mut KvLayer,
+        attn: &mut [f32],
+    ) -> Result<(), ModelError> {
         if kv.len() != start_pos {
             return Err(ModelError::Rollback(format!(
                 "attention cache holds {} positions, the batch starts at {start_pos}",
@@ -101,7 +119,13 @@ impl GatedAttention {
         let mut q = vec![0.0f32; n * self.n_head * hd];
         let mut gate = vec![0.0f32; n * self.n_head * hd];
         for i in 0..n {
-            let rope = RopeTable::new(start_pos + i, self.n_rot, self.rope_base, self.rope_scale, self.rope_sections);
+            let rope = RopeTable::new(
+                start_pos + i,
+                self.n_rot,
+                self.rope_base,
+                self.rope_scale,
+                self.rope_sections,
+            );
             for h in 0..self.n_head {
                 let src = &qg[i * q_width + h * 2 * hd..];
                 let dst = (i * self.n_head + h) * hd;
@@ -138,7 +162,9 @@ impl GatedAttention {
                     let o = &mut attn[(i * self.n_head + h) * hd..][..hd];
                     o.fill(0.0);
                     for (p, &s) in scores[..len].iter().enumerate() {
-                        o.iter_mut().zip(&vals[p * hd..(p + 1) * hd]).for_each(|(a, &b)| *a += s * b);
+                        o.iter_mut()
+                            .zip(&vals[p * hd..(p + 1) * hd])
+                            .for_each(|(a, &b)| *a += s * b);
                     }
                 }
             }

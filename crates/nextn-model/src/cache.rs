@@ -83,7 +83,12 @@ pub struct KvLayer {
 
 impl KvLayer {
     pub fn new(k_type: KvType, v_type: KvType, width: usize) -> Self {
-        KvLayer { k: KvBuf::new(k_type), v: KvBuf::new(v_type), width, len: 0 }
+        KvLayer {
+            k: KvBuf::new(k_type),
+            v: KvBuf::new(v_type),
+            width,
+            len: 0,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -111,11 +116,21 @@ impl KvLayer {
 
     /// Copy `len` positions of the key (or value) vectors of one kv head, starting at position 0,
     /// into `out` as `[pos][head_dim]`.
-    pub fn read_head(&self, values: bool, head: usize, head_dim: usize, len: usize, out: &mut Vec<f32>) {
+    pub fn read_head(
+        &self,
+        values: bool,
+        head: usize,
+        head_dim: usize,
+        len: usize,
+        out: &mut Vec<f32>,
+    ) {
         out.resize(len * head_dim, 0.0);
         let buf = if values { &self.v } else { &self.k };
         for p in 0..len {
-            buf.read(p * self.width + head * head_dim, &mut out[p * head_dim..(p + 1) * head_dim]);
+            buf.read(
+                p * self.width + head * head_dim,
+                &mut out[p * head_dim..(p + 1) * head_dim],
+            );
         }
     }
 }
@@ -131,7 +146,10 @@ pub struct RecurrentState {
 
 impl RecurrentState {
     pub fn zeros(conv_len: usize, ssm_len: usize) -> Self {
-        RecurrentState { conv: vec![0.0; conv_len], ssm: vec![0.0; ssm_len] }
+        RecurrentState {
+            conv: vec![0.0; conv_len],
+            ssm: vec![0.0; ssm_len],
+        }
     }
 }
 
@@ -204,7 +222,11 @@ impl SequenceState {
 
     pub fn check_room(&self, n: usize) -> Result<(), ModelError> {
         if self.n_past + n > self.n_ctx {
-            return Err(ModelError::ContextFull { n_past: self.n_past, n_new: n, n_ctx: self.n_ctx });
+            return Err(ModelError::ContextFull {
+                n_past: self.n_past,
+                n_new: n,
+                n_ctx: self.n_ctx,
+            });
         }
         Ok(())
     }
@@ -226,7 +248,10 @@ impl SequenceState {
 
     /// Return to the position of `snap`: recurrent states restored, KV truncated.
     pub fn restore(&mut self, snap: &RecurrentSnapshot) -> Result<(), ModelError> {
-        if self.pending_rows > 0 || snap.n_past > self.n_past || snap.states.len() != self.layers.len() {
+        if self.pending_rows > 0
+            || snap.n_past > self.n_past
+            || snap.states.len() != self.layers.len()
+        {
             return Err(ModelError::Rollback(format!(
                 "snapshot at position {} cannot be restored onto a sequence at {}",
                 snap.n_past, self.n_past
@@ -269,7 +294,9 @@ impl SequenceState {
                     };
                     kb + vb
                 }
-                LayerCache::DeltaNet(c) => (c.state.conv.len() + c.state.ssm.len() + c.spare.len()) * 4,
+                LayerCache::DeltaNet(c) => {
+                    (c.state.conv.len() + c.state.ssm.len() + c.spare.len()) * 4
+                }
             })
             .sum()
     }

@@ -82,7 +82,10 @@ impl Qwen35Config {
     }
 
     pub fn n_full_attention(&self) -> usize {
-        self.layer_kinds.iter().filter(|k| **k == LayerKind::FullAttention).count()
+        self.layer_kinds
+            .iter()
+            .filter(|k| **k == LayerKind::FullAttention)
+            .count()
     }
 
     /// Index of the NextN block (`blk.N`), if the file declares one.
@@ -103,7 +106,9 @@ impl Qwen35Config {
         let key = |k: &str| format!("{a}.{k}");
         let req_u32 = |k: &str| -> Result<usize, ModelError> {
             let name = key(k);
-            f.get_u32(&name)?.map(|v| v as usize).ok_or(ModelError::MissingKey(name))
+            f.get_u32(&name)?
+                .map(|v| v as usize)
+                .ok_or(ModelError::MissingKey(name))
         };
         let opt_u32 = |k: &str| -> Result<Option<usize>, ModelError> {
             Ok(f.get_u32(&key(k))?.map(|v| v as usize))
@@ -131,12 +136,18 @@ impl Qwen35Config {
                 Some(MetadataValue::Array(arr)) => {
                     let vals = arr.as_u64_vec().ok_or_else(|| ModelError::BadValue {
                         key: name.clone(),
-                        why: format!("expected an integer array, found {}", arr.element_type_name()),
+                        why: format!(
+                            "expected an integer array, found {}",
+                            arr.element_type_name()
+                        ),
                     })?;
                     if vals.len() != n_layer_all {
                         return Err(ModelError::BadValue {
                             key: name,
-                            why: format!("array has {} entries, block_count is {n_layer_all}", vals.len()),
+                            why: format!(
+                                "array has {} entries, block_count is {n_layer_all}",
+                                vals.len()
+                            ),
                         });
                     }
                     Ok(vals.into_iter().map(|v| v as usize).collect())
@@ -155,7 +166,10 @@ impl Qwen35Config {
         };
         let n_head0 = n_head.first().copied().unwrap_or(0);
         if n_head0 == 0 {
-            return Err(ModelError::BadValue { key: key("attention.head_count"), why: "is 0".into() });
+            return Err(ModelError::BadValue {
+                key: key("attention.head_count"),
+                why: "is 0".into(),
+            });
         }
         let head_dim = opt_u32("attention.key_length")?.unwrap_or(n_embd / n_head0);
         let v_dim = opt_u32("attention.value_length")?.unwrap_or(n_embd / n_head0);
@@ -166,9 +180,11 @@ impl Qwen35Config {
             });
         }
         let n_ff = per_layer("feed_forward_length", Some(0))?;
-        let rms_eps = f
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .ok_or(ModelError::MissingKey(key("attention.layer_norm_rms_epsilon")))?;
+        let rms_eps =
+            f.get_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .ok_or(ModelError::MissingKey(key(
+                    "attention.layer_norm_rms_epsilon",
+                )))?;
         let n_rot = opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
         let sections_key = key("rope.dimension_sections");
         let sections = f
@@ -181,7 +197,12 @@ impl Qwen35Config {
                 why: format!("expected exactly 4 entries, found {}", sections.len()),
             });
         }
-        let rope_sections = [sections[0] as i32, sections[1] as i32, sections[2] as i32, sections[3] as i32];
+        let rope_sections = [
+            sections[0] as i32,
+            sections[1] as i32,
+            sections[2] as i32,
+            sections[3] as i32,
+        ];
         let rope_freq_base = f.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
         let rope_scaling = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("linear") => {
@@ -190,7 +211,9 @@ impl Qwen35Config {
                     None => f.get_f32(&key("rope.scale_linear"))?,
                 };
                 match factor {
-                    Some(x) if x > 0.0 && x != 1.0 => RopeScaling::Linear { freq_scale: 1.0 / x },
+                    Some(x) if x > 0.0 && x != 1.0 => RopeScaling::Linear {
+                        freq_scale: 1.0 / x,
+                    },
                     _ => RopeScaling::None,
                 }
             }
@@ -209,18 +232,25 @@ impl Qwen35Config {
         let ssm_v_heads = req_u32("ssm.time_step_rank")?;
         let ssm_inner = req_u32("ssm.inner_size")?;
         if conv_kernel < 1 || ssm_head_dim == 0 || ssm_k_heads == 0 || ssm_v_heads == 0 {
-            return Err(ModelError::BadValue { key: key("ssm.*"), why: "zero-sized delta-net dimension".into() });
+            return Err(ModelError::BadValue {
+                key: key("ssm.*"),
+                why: "zero-sized delta-net dimension".into(),
+            });
         }
         if ssm_inner != ssm_v_heads * ssm_head_dim {
             return Err(ModelError::BadValue {
                 key: key("ssm.inner_size"),
-                why: format!("{ssm_inner} is not time_step_rank {ssm_v_heads} × state_size {ssm_head_dim}"),
+                why: format!(
+                    "{ssm_inner} is not time_step_rank {ssm_v_heads} × state_size {ssm_head_dim}"
+                ),
             });
         }
         if ssm_v_heads % ssm_k_heads != 0 {
             return Err(ModelError::BadValue {
                 key: key("ssm.time_step_rank"),
-                why: format!("{ssm_v_heads} v heads is not a multiple of group_count {ssm_k_heads}"),
+                why: format!(
+                    "{ssm_v_heads} v heads is not a multiple of group_count {ssm_k_heads}"
+                ),
             });
         }
 
@@ -228,7 +258,10 @@ impl Qwen35Config {
             Some(MetadataValue::Array(arr)) => {
                 let flags = arr
                     .as_u64_vec()
-                    .or_else(|| arr.as_bools().map(|b| b.iter().map(|&x| x as u64).collect()))
+                    .or_else(|| {
+                        arr.as_bools()
+                            .map(|b| b.iter().map(|&x| x as u64).collect())
+                    })
                     .ok_or_else(|| ModelError::BadValue {
                         key: key("attention.recurrent_layers"),
                         why: "expected an array of flags".into(),
@@ -241,16 +274,31 @@ impl Qwen35Config {
                 }
                 flags[..n_layer]
                     .iter()
-                    .map(|&r| if r != 0 { LayerKind::DeltaNet } else { LayerKind::FullAttention })
+                    .map(|&r| {
+                        if r != 0 {
+                            LayerKind::DeltaNet
+                        } else {
+                            LayerKind::FullAttention
+                        }
+                    })
                     .collect()
             }
             _ => {
                 let interval = opt_u32("full_attention_interval")?.unwrap_or(4);
                 if interval == 0 {
-                    return Err(ModelError::BadValue { key: key("full_attention_interval"), why: "is 0".into() });
+                    return Err(ModelError::BadValue {
+                        key: key("full_attention_interval"),
+                        why: "is 0".into(),
+                    });
                 }
                 (0..n_layer)
-                    .map(|il| if (il + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::DeltaNet })
+                    .map(|il| {
+                        if (il + 1) % interval == 0 {
+                            LayerKind::FullAttention
+                        } else {
+                            LayerKind::DeltaNet
+                        }
+                    })
                     .collect()
             }
         };

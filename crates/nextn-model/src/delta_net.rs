@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{DeltaNetCache, LayerCache, RecurrentState, RowInputs};
-use crate::model::Segment;
 use crate::config::Qwen35Config;
+use crate::model::Segment;
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
@@ -45,7 +45,10 @@ impl GatedDeltaNet {
             w_gate: w.linear(&p("attn_gate.weight"), cfg.ssm_inner, e)?,
             w_beta: w.linear(&p("ssm_beta.weight"), hv, e)?,
             w_alpha: w.linear(&p("ssm_alpha.weight"), hv, e)?,
-            conv: w.vector(&p("ssm_conv1d.weight"), &[cfg.conv_kernel as u64, conv_dim as u64])?,
+            conv: w.vector(
+                &p("ssm_conv1d.weight"),
+                &[cfg.conv_kernel as u64, conv_dim as u64],
+            )?,
             dt_bias: w.vector(&p("ssm_dt.bias"), &[hv as u64])?,
             a: w.vector(&p("ssm_a"), &[hv as u64])?,
             norm: w.vector(&p("ssm_norm.weight"), &[dk as u64])?,
@@ -65,7 +68,10 @@ impl GatedDeltaNet {
     /// A zero state of the right size for this layer.
     pub fn new_cache(&self) -> DeltaNetCache {
         DeltaNetCache {
-            state: RecurrentState::zeros((self.kernel - 1) * self.conv_dim(), self.v_heads * self.head_dim * self.head_dim),
+            state: RecurrentState::zeros(
+                (self.kernel - 1) * self.conv_dim(),
+                self.v_heads * self.head_dim * self.head_dim,
+            ),
             spare: Vec::new(),
             pending: None,
         }
@@ -78,7 +84,14 @@ impl GatedDeltaNet {
     /// inputs to the recurrence are kept, so [`GatedDeltaNet::commit`] can keep any prefix of the
     /// rows: all of them by swapping buffers, fewer by replaying only the kept rows.
     /// `x` and `out` are `n × n_embd`.
-    pub fn forward(&self, x: &[f32], n: usize, segments: &mut [Segment], out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        segments: &mut [Segment],
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let hv = self.v_heads;
         let conv_dim = self.conv_dim();
         let value_dim = hv * self.head_dim;
@@ -93,7 +106,9 @@ impl GatedDeltaNet {
         let mut y = vec![0.0f32; n * value_dim];
         for seg in segments.iter_mut() {
             let LayerCache::DeltaNet(cache) = &mut *seg.cache else {
-                return Err(ModelError::Rollback("delta-net layer given an attention cache".into()));
+                return Err(ModelError::Rollback(
+                    "delta-net layer given an attention cache".into(),
+                ));
             };
             let r = seg.rows.clone();
             self.recur(
@@ -124,7 +139,9 @@ impl GatedDeltaNet {
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         if cache.pending.is_some() {
-            return Err(ModelError::Rollback("delta-net layer has uncommitted verify rows".into()));
+            return Err(ModelError::Rollback(
+                "delta-net layer has uncommitted verify rows".into(),
+            ));
         }
         let (hk, hv, d) = (self.k_heads, self.v_heads, self.head_dim);
         let conv_dim = self.conv_dim();
@@ -136,14 +153,20 @@ impl GatedDeltaNet {
         // Conv + SiLU over time on a copy of the window (the committed one stays put until commit).
         let mut window = cache.state.conv.clone();
         for t in 0..n {
-            let (raw, conv) = (&rows.raw[t * conv_dim..(t + 1) * conv_dim], &mut rows.conv[t * conv_dim..(t + 1) * conv_dim]);
+            let (raw, conv) = (
+                &rows.raw[t * conv_dim..(t + 1) * conv_dim],
+                &mut rows.conv[t * conv_dim..(t + 1) * conv_dim],
+            );
             self.conv_step(raw, &mut window, conv);
             let (q, k) = conv[..2 * key_dim].split_at_mut(key_dim);
-            q.chunks_exact_mut(d).for_each(|h| ops::l2_norm(h, self.eps));
-            k.chunks_exact_mut(d).for_each(|h| ops::l2_norm(h, self.eps));
+            q.chunks_exact_mut(d)
+                .for_each(|h| ops::l2_norm(h, self.eps));
+            k.chunks_exact_mut(d)
+                .for_each(|h| ops::l2_norm(h, self.eps));
             for m in 0..hv {
                 rows.beta[t * hv + m] = ops::sigmoid(b[t * hv + m]);
-                rows.decay[t * hv + m] = (ops::softplus(alpha[t * hv + m] + self.dt_bias[m]) * self.a[m]).exp();
+                rows.decay[t * hv + m] =
+                    (ops::softplus(alpha[t * hv + m] + self.dt_bias[m]) * self.a[m]).exp();
             }
         }
 
@@ -160,7 +183,8 @@ impl GatedDeltaNet {
         } else {
             cache.state.ssm.chunks_mut(d * d).map(Mutex::new).collect()
         };
-        let outputs: Vec<Mutex<Vec<f32>>> = (0..hv).map(|_| Mutex::new(vec![0.0f32; n * d])).collect();
+        let outputs: Vec<Mutex<Vec<f32>>> =
+            (0..hv).map(|_| Mutex::new(vec![0.0f32; n * d])).collect();
         let rows_ref = &rows;
         pool.run(hv, |mh, _| {
             let g = mh % hk;
@@ -171,9 +195,20 @@ impl GatedDeltaNet {
             let mut normed = vec![0.0f32; d];
             for t in 0..n {
                 let c = &rows_ref.conv[t * conv_dim..(t + 1) * conv_dim];
-                let (qg, kg) = (&c[g * d..(g + 1) * d], &c[key_dim + g * d..key_dim + (g + 1) * d]);
+                let (qg, kg) = (
+                    &c[g * d..(g + 1) * d],
+                    &c[key_dim + g * d..key_dim + (g + 1) * d],
+                );
                 let vm = &c[2 * key_dim + mh * d..2 * key_dim + (mh + 1) * d];
-                delta_rule_step(&mut s, kg, vm, rows_ref.beta[t * hv + mh], rows_ref.decay[t * hv + mh], &mut u, Some((qg, &mut o)));
+                delta_rule_step(
+                    &mut s,
+                    kg,
+                    vm,
+                    rows_ref.beta[t * hv + mh],
+                    rows_ref.decay[t * hv + mh],
+                    &mut u,
+                    Some((qg, &mut o)),
+                );
                 o.iter_mut().for_each(|v| *v *= scale);
                 ops::rms_norm(&o, &self.norm, self.eps, &mut normed);
                 let zm = &z[t * value_dim + mh * d..][..d];
@@ -186,7 +221,8 @@ impl GatedDeltaNet {
         for (mh, out) in outputs.into_iter().enumerate() {
             let yh = out.into_inner().unwrap_or_else(|e| e.into_inner());
             for t in 0..n {
-                y[t * value_dim + mh * d..t * value_dim + (mh + 1) * d].copy_from_slice(&yh[t * d..(t + 1) * d]);
+                y[t * value_dim + mh * d..t * value_dim + (mh + 1) * d]
+                    .copy_from_slice(&yh[t * d..(t + 1) * d]);
             }
         }
         if verify {
@@ -200,10 +236,17 @@ impl GatedDeltaNet {
     /// Keep the first `keep` rows of the pending verify batch (0 drops them all).
     pub fn commit(&self, cache: &mut DeltaNetCache, keep: usize) -> Result<(), ModelError> {
         let Some(rows) = cache.pending.take() else {
-            return if keep == 0 { Ok(()) } else { Err(ModelError::Rollback("no verify rows to commit".into())) };
+            return if keep == 0 {
+                Ok(())
+            } else {
+                Err(ModelError::Rollback("no verify rows to commit".into()))
+            };
         };
         if keep > rows.n {
-            return Err(ModelError::Rollback(format!("cannot keep {keep} of {} verify rows", rows.n)));
+            return Err(ModelError::Rollback(format!(
+                "cannot keep {keep} of {} verify rows",
+                rows.n
+            )));
         }
         let (hk, hv, d) = (self.k_heads, self.v_heads, self.head_dim);
         let conv_dim = self.conv_dim();
@@ -221,7 +264,15 @@ impl GatedDeltaNet {
                     let c = &rows.conv[t * conv_dim..(t + 1) * conv_dim];
                     let kg = &c[key_dim + g * d..key_dim + (g + 1) * d];
                     let vm = &c[2 * key_dim + mh * d..2 * key_dim + (mh + 1) * d];
-                    delta_rule_step(s, kg, vm, rows.beta[t * hv + mh], rows.decay[t * hv + mh], &mut u, None);
+                    delta_rule_step(
+                        s,
+                        kg,
+                        vm,
+                        rows.beta[t * hv + mh],
+                        rows.decay[t * hv + mh],
+                        &mut u,
+                        None,
+                    );
                 }
             }
         }

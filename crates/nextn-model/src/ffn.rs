@@ -16,7 +16,12 @@ pub struct DenseFfn {
 }
 
 impl DenseFfn {
-    fn load(w: &WeightLoader, prefix: &str, n_embd: usize, n_ff: usize) -> Result<Self, ModelError> {
+    fn load(
+        w: &WeightLoader,
+        prefix: &str,
+        n_embd: usize,
+        n_ff: usize,
+    ) -> Result<Self, ModelError> {
         Ok(DenseFfn {
             gate: w.linear(&format!("{prefix}_gate{}", ".weight"), n_ff, n_embd)?,
             up: w.linear(&format!("{prefix}_up{}", ".weight"), n_ff, n_embd)?,
@@ -24,13 +29,21 @@ impl DenseFfn {
         })
     }
 
-    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let n_ff = self.gate.rows;
         let mut g = vec![0.0f32; n * n_ff];
         let mut u = vec![0.0f32; n * n_ff];
         self.gate.forward(x, n, &mut g, pool)?;
         self.up.forward(x, n, &mut u, pool)?;
-        g.iter_mut().zip(&u).for_each(|(a, &b)| *a = ops::silu(*a) * b);
+        g.iter_mut()
+            .zip(&u)
+            .for_each(|(a, &b)| *a = ops::silu(*a) * b);
         self.down.forward(&g, n, out, pool)
     }
 }
@@ -51,9 +64,15 @@ impl MoeFfn {
         let (e, ne, nf) = (cfg.n_embd, cfg.n_expert, cfg.n_ff_exp);
         let (gate, up) = if w.has(&p("ffn_gate_up_exps.weight")) {
             let fused = w.experts(&p("ffn_gate_up_exps.weight"), ne, 2 * nf, e)?;
-            (WeightLoader::split_rows(&fused, 0, nf), WeightLoader::split_rows(&fused, nf, nf))
+            (
+                WeightLoader::split_rows(&fused, 0, nf),
+                WeightLoader::split_rows(&fused, nf, nf),
+            )
         } else {
-            (w.experts(&p("ffn_gate_exps.weight"), ne, nf, e)?, w.experts(&p("ffn_up_exps.weight"), ne, nf, e)?)
+            (
+                w.experts(&p("ffn_gate_exps.weight"), ne, nf, e)?,
+                w.experts(&p("ffn_up_exps.weight"), ne, nf, e)?,
+            )
         };
         let down = w.experts(&p("ffn_down_exps.weight"), ne, e, nf)?;
         let shared = if w.has(&p("ffn_up_shexp.weight")) {
@@ -68,10 +87,23 @@ impl MoeFfn {
         } else {
             None
         };
-        Ok(MoeFfn { router: w.linear(&p("ffn_gate_inp.weight"), ne, e)?, gate, up, down, n_used: cfg.n_expert_used, shared })
+        Ok(MoeFfn {
+            router: w.linear(&p("ffn_gate_inp.weight"), ne, e)?,
+            gate,
+            up,
+            down,
+            n_used: cfg.n_expert_used,
+            shared,
+        })
     }
 
-    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let n_embd = self.router.cols;
         let n_expert = self.router.rows;
         let k = self.n_used;
@@ -119,12 +151,16 @@ impl MoeFfn {
             d.resize(m * n_embd, 0.0);
             self.gate[e].forward(&xin, m, &mut g, pool)?;
             self.up[e].forward(&xin, m, &mut u, pool)?;
-            g.iter_mut().zip(&u).for_each(|(a, &b)| *a = ops::silu(*a) * b);
+            g.iter_mut()
+                .zip(&u)
+                .for_each(|(a, &b)| *a = ops::silu(*a) * b);
             self.down[e].forward(&g, m, &mut d, pool)?;
             for (j, &(i, slot)) in rows.iter().enumerate() {
                 let w = chosen[i * k + slot].1;
                 let dst = &mut expert_out[(i * k + slot) * n_embd..][..n_embd];
-                dst.iter_mut().zip(&d[j * n_embd..(j + 1) * n_embd]).for_each(|(o, &v)| *o = w * v);
+                dst.iter_mut()
+                    .zip(&d[j * n_embd..(j + 1) * n_embd])
+                    .for_each(|(o, &v)| *o = w * v);
             }
         }
         // Sum the weighted experts in selection order, as ggml does.
@@ -144,7 +180,9 @@ impl MoeFfn {
             for i in 0..n {
                 let gate = ops::sigmoid(s[i]);
                 let o = &mut out[i * n_embd..(i + 1) * n_embd];
-                o.iter_mut().zip(&shared[i * n_embd..(i + 1) * n_embd]).for_each(|(a, &b)| *a += gate * b);
+                o.iter_mut()
+                    .zip(&shared[i * n_embd..(i + 1) * n_embd])
+                    .for_each(|(a, &b)| *a += gate * b);
             }
         }
         Ok(())
@@ -159,12 +197,23 @@ pub enum Ffn {
 impl Ffn {
     pub fn load(w: &WeightLoader, il: usize, cfg: &Qwen35Config) -> Result<Self, ModelError> {
         match cfg.arch {
-            Arch::Dense => Ok(Ffn::Dense(DenseFfn::load(w, &format!("blk.{il}.ffn"), cfg.n_embd, cfg.n_ff[il])?)),
+            Arch::Dense => Ok(Ffn::Dense(DenseFfn::load(
+                w,
+                &format!("blk.{il}.ffn"),
+                cfg.n_embd,
+                cfg.n_ff[il],
+            )?)),
             Arch::Moe => Ok(Ffn::Moe(MoeFfn::load(w, il, cfg)?)),
         }
     }
 
-    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         match self {
             Ffn::Dense(f) => f.forward(x, n, out, pool),
             Ffn::Moe(f) => f.forward(x, n, out, pool),

@@ -15,7 +15,11 @@ pub struct ExpectedTensor {
 }
 
 fn t(name: String, dims: &[usize], required: bool) -> ExpectedTensor {
-    ExpectedTensor { name, dims: dims.iter().map(|&d| d as u64).collect(), required }
+    ExpectedTensor {
+        name,
+        dims: dims.iter().map(|&d| d as u64).collect(),
+        required,
+    }
 }
 
 fn attention_block(cfg: &Qwen35Config, il: usize, out: &mut Vec<ExpectedTensor>) {
@@ -37,7 +41,11 @@ fn delta_net_block(cfg: &Qwen35Config, il: usize, out: &mut Vec<ExpectedTensor>)
     out.push(t(p("attn_gate.weight"), &[e, cfg.ssm_inner], true));
     out.push(t(p("ssm_beta.weight"), &[e, hv], true));
     out.push(t(p("ssm_alpha.weight"), &[e, hv], true));
-    out.push(t(p("ssm_conv1d.weight"), &[cfg.conv_kernel, cfg.conv_dim()], true));
+    out.push(t(
+        p("ssm_conv1d.weight"),
+        &[cfg.conv_kernel, cfg.conv_dim()],
+        true,
+    ));
     out.push(t(p("ssm_dt.bias"), &[hv], true));
     out.push(t(p("ssm_a"), &[hv], true));
     out.push(t(p("ssm_norm.weight"), &[dk], true));
@@ -72,15 +80,27 @@ fn ffn_block(cfg: &Qwen35Config, il: usize, fused_gate_up: bool, out: &mut Vec<E
     }
 }
 
-fn decoder_layer(cfg: &Qwen35Config, f: &GgufFile, il: usize, kind: LayerKind, out: &mut Vec<ExpectedTensor>) {
+fn decoder_layer(
+    cfg: &Qwen35Config,
+    f: &GgufFile,
+    il: usize,
+    kind: LayerKind,
+    out: &mut Vec<ExpectedTensor>,
+) {
     let e = cfg.n_embd;
     out.push(t(format!("blk.{il}.attn_norm.weight"), &[e], true));
-    out.push(t(format!("blk.{il}.post_attention_norm.weight"), &[e], true));
+    out.push(t(
+        format!("blk.{il}.post_attention_norm.weight"),
+        &[e],
+        true,
+    ));
     match kind {
         LayerKind::FullAttention => attention_block(cfg, il, out),
         LayerKind::DeltaNet => delta_net_block(cfg, il, out),
     }
-    let fused = f.tensor(&format!("blk.{il}.ffn_gate_up_exps.weight")).is_some();
+    let fused = f
+        .tensor(&format!("blk.{il}.ffn_gate_up_exps.weight"))
+        .is_some();
     ffn_block(cfg, il, fused, out);
 }
 
@@ -98,7 +118,9 @@ pub fn trunk_tensors(cfg: &Qwen35Config, f: &GgufFile, n_vocab: usize) -> Vec<Ex
 
 /// The NextN block `blk.N` (spec §2.5): a full-attention decoder layer plus the nextn.* tensors.
 pub fn nextn_tensors(cfg: &Qwen35Config, f: &GgufFile, n_vocab: usize) -> Vec<ExpectedTensor> {
-    let Some(n) = cfg.nextn_block() else { return Vec::new() };
+    let Some(n) = cfg.nextn_block() else {
+        return Vec::new();
+    };
     let e = cfg.n_embd;
     let mut out = Vec::new();
     decoder_layer(cfg, f, n, LayerKind::FullAttention, &mut out);
@@ -115,19 +137,37 @@ pub fn nextn_tensors(cfg: &Qwen35Config, f: &GgufFile, n_vocab: usize) -> Vec<Ex
 /// Why a tensor does not fit what the model needs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorProblem {
-    Missing { name: String },
-    Shape { name: String, expected: Vec<u64>, found: Vec<u64> },
-    Type { name: String, ty: GgmlType },
+    Missing {
+        name: String,
+    },
+    Shape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    Type {
+        name: String,
+        ty: GgmlType,
+    },
 }
 
 impl std::fmt::Display for TensorProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TensorProblem::Missing { name } => write!(f, "tensor '{name}' is missing"),
-            TensorProblem::Shape { name, expected, found } => {
-                write!(f, "tensor '{name}' has shape {found:?}, expected {expected:?}")
+            TensorProblem::Shape {
+                name,
+                expected,
+                found,
+            } => {
+                write!(
+                    f,
+                    "tensor '{name}' has shape {found:?}, expected {expected:?}"
+                )
             }
-            TensorProblem::Type { name, ty } => write!(f, "unsupported tensor type {ty} in tensor {name}"),
+            TensorProblem::Type { name, ty } => {
+                write!(f, "unsupported tensor type {ty} in tensor {name}")
+            }
         }
     }
 }
@@ -145,7 +185,9 @@ pub fn check(f: &GgufFile, expected: &[ExpectedTensor]) -> Vec<TensorProblem> {
     let mut problems = Vec::new();
     for x in expected {
         match f.tensor(&x.name) {
-            None if x.required => problems.push(TensorProblem::Missing { name: x.name.clone() }),
+            None if x.required => problems.push(TensorProblem::Missing {
+                name: x.name.clone(),
+            }),
             None => {}
             Some(info) => {
                 if trim(&info.dims) != trim(&x.dims) {
@@ -155,7 +197,10 @@ pub fn check(f: &GgufFile, expected: &[ExpectedTensor]) -> Vec<TensorProblem> {
                         found: info.dims.clone(),
                     });
                 } else if !formats::can_dequantize(info.ty) {
-                    problems.push(TensorProblem::Type { name: x.name.clone(), ty: info.ty });
+                    problems.push(TensorProblem::Type {
+                        name: x.name.clone(),
+                        ty: info.ty,
+                    });
                 }
             }
         }
@@ -165,5 +210,7 @@ pub fn check(f: &GgufFile, expected: &[ExpectedTensor]) -> Vec<TensorProblem> {
 
 /// Vocabulary size implied by the embedding tensor (0 when absent).
 pub fn n_vocab(f: &GgufFile) -> usize {
-    f.tensor("token_embd.weight").and_then(|t| t.dims.get(1).copied()).unwrap_or(0) as usize
+    f.tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .unwrap_or(0) as usize
 }

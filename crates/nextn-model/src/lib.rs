@@ -38,11 +38,19 @@ pub enum ModelError {
     #[error("tensor '{0}' is missing")]
     MissingTensor(String),
     #[error("tensor '{tensor}' has shape {found:?}, expected {expected:?} (ggml ne order)")]
-    TensorShape { tensor: String, expected: Vec<u64>, found: Vec<u64> },
+    TensorShape {
+        tensor: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
     #[error("token id {token} is out of range (vocabulary has {n_vocab} tokens)")]
     TokenOutOfRange { token: u64, n_vocab: usize },
     #[error("context is full: {n_past} positions used + {n_new} new > context length {n_ctx}")]
-    ContextFull { n_past: usize, n_new: usize, n_ctx: usize },
+    ContextFull {
+        n_past: usize,
+        n_new: usize,
+        n_ctx: usize,
+    },
     #[error("cache state error: {0}")]
     Rollback(String),
 }

@@ -28,7 +28,12 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    pub fn load(w: &WeightLoader, il: usize, kind: LayerKind, cfg: &Qwen35Config) -> Result<Self, ModelError> {
+    pub fn load(
+        w: &WeightLoader,
+        il: usize,
+        kind: LayerKind,
+        cfg: &Qwen35Config,
+    ) -> Result<Self, ModelError> {
         let e = cfg.n_embd as u64;
         Ok(DecoderLayer {
             attn_norm: w.vector(&format!("blk.{il}.attn_norm.weight"), &[e])?,
@@ -43,11 +48,23 @@ impl DecoderLayer {
 
     /// Advance `h` (`n × n_embd`, updated in place) through this layer. The rows belong to one
     /// or more sequences, one [`Segment`] each.
-    pub fn forward(&self, h: &mut [f32], n: usize, segments: &mut [Segment], eps: f32, pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        h: &mut [f32],
+        n: usize,
+        segments: &mut [Segment],
+        eps: f32,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let e = self.attn_norm.len();
         let mut x = vec![0.0f32; n * e];
         for i in 0..n {
-            ops::rms_norm(&h[i * e..(i + 1) * e], &self.attn_norm, eps, &mut x[i * e..(i + 1) * e]);
+            ops::rms_norm(
+                &h[i * e..(i + 1) * e],
+                &self.attn_norm,
+                eps,
+                &mut x[i * e..(i + 1) * e],
+            );
         }
         let mut a = vec![0.0f32; n * e];
         match &self.mixer {
@@ -56,7 +73,12 @@ impl DecoderLayer {
         }
         ops::add_in_place(h, &a);
         for i in 0..n {
-            ops::rms_norm(&h[i * e..(i + 1) * e], &self.post_attention_norm, eps, &mut x[i * e..(i + 1) * e]);
+            ops::rms_norm(
+                &h[i * e..(i + 1) * e],
+                &self.post_attention_norm,
+                eps,
+                &mut x[i * e..(i + 1) * e],
+            );
         }
         self.ffn.forward(&x, n, &mut a, pool)?;
         ops::add_in_place(h, &a);
@@ -124,7 +146,10 @@ impl Model {
     }
 
     /// [`Model::load`], calling `progress(done, total)` as layers are bound.
-    pub fn load_with_progress(file: Arc<GgufFile>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
+    pub fn load_with_progress(
+        file: Arc<GgufFile>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model, ModelError> {
         let config = Qwen35Config::from_gguf(&file)?;
         let w = WeightLoader::new(file.clone());
         let e = config.n_embd;
@@ -155,7 +180,15 @@ impl Model {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let output_norm = w.vector("output_norm.weight", &[e as u64])?;
-        Ok(Model { config, file, token_embd, layers, output_norm, lm_head, n_vocab })
+        Ok(Model {
+            config,
+            file,
+            token_embd,
+            layers,
+            output_norm,
+            lm_head,
+            n_vocab,
+        })
     }
 
     /// Fresh caches for one sequence of at most `n_ctx` positions.
@@ -166,13 +199,20 @@ impl Model {
             .iter()
             .enumerate()
             .map(|(il, l)| match &l.mixer {
-                Mixer::Attention(_) => {
-                    LayerCache::Attention(KvLayer::new(k_type, v_type, cfg.n_head_kv[il] * cfg.head_dim))
-                }
+                Mixer::Attention(_) => LayerCache::Attention(KvLayer::new(
+                    k_type,
+                    v_type,
+                    cfg.n_head_kv[il] * cfg.head_dim,
+                )),
                 Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_cache()),
             })
             .collect();
-        SequenceState { layers, n_past: 0, n_ctx, pending_rows: 0 }
+        SequenceState {
+            layers,
+            n_past: 0,
+            n_ctx,
+            pending_rows: 0,
+        }
     }
 
     /// Embedding rows of `tokens` (`n × n_embd`).
@@ -181,9 +221,13 @@ impl Model {
         let mut h = vec![0.0f32; tokens.len() * e];
         for (i, &t) in tokens.iter().enumerate() {
             if t as usize >= self.n_vocab {
-                return Err(ModelError::TokenOutOfRange { token: t as u64, n_vocab: self.n_vocab });
+                return Err(ModelError::TokenOutOfRange {
+                    token: t as u64,
+                    n_vocab: self.n_vocab,
+                });
             }
-            self.token_embd.dequantize_row(t as usize, &mut h[i * e..(i + 1) * e])?;
+            self.token_embd
+                .dequantize_row(t as usize, &mut h[i * e..(i + 1) * e])?;
         }
         Ok(h)
     }
@@ -218,7 +262,9 @@ impl Model {
     pub fn commit(&self, state: &mut SequenceState, keep: usize) -> Result<(), ModelError> {
         let pending = state.pending_rows;
         if keep > pending {
-            return Err(ModelError::Rollback(format!("cannot keep {keep} of {pending} pending rows")));
+            return Err(ModelError::Rollback(format!(
+                "cannot keep {keep} of {pending} pending rows"
+            )));
         }
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
             if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
@@ -239,32 +285,53 @@ impl Model {
         verify: bool,
         pool: &ThreadPool,
     ) -> Result<ForwardOutput, ModelError> {
-        let mut items = [BatchItem { tokens, state, logits: logit_rows, verify }];
+        let mut items = [BatchItem {
+            tokens,
+            state,
+            logits: logit_rows,
+            verify,
+        }];
         let mut out = self.forward_batch(&mut items, pool)?;
-        Ok(out.pop().unwrap_or(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab: self.n_vocab }))
+        Ok(out.pop().unwrap_or(ForwardOutput {
+            hidden: Vec::new(),
+            logits: Vec::new(),
+            n_vocab: self.n_vocab,
+        }))
     }
 
     /// One forward pass over the rows of several sequences at once (continuous batching): every
     /// matrix product runs once over all rows; attention and the delta-net recurrence run per
     /// sequence on its own caches. Each row's result is the same as in a pass of its own.
-    pub fn forward_batch(&self, items: &mut [BatchItem], pool: &ThreadPool) -> Result<Vec<ForwardOutput>, ModelError> {
+    pub fn forward_batch(
+        &self,
+        items: &mut [BatchItem],
+        pool: &ThreadPool,
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
         let e = self.config.n_embd;
         let eps = self.config.rms_eps;
         let mut tokens = Vec::new();
         let mut starts = Vec::with_capacity(items.len());
         for it in items.iter() {
             if it.state.pending_rows > 0 {
-                return Err(ModelError::Rollback("the previous verify batch was not committed".into()));
+                return Err(ModelError::Rollback(
+                    "the previous verify batch was not committed".into(),
+                ));
             }
             if it.state.layers.len() != self.layers.len() {
-                return Err(ModelError::Rollback("sequence state was made for another model".into()));
+                return Err(ModelError::Rollback(
+                    "sequence state was made for another model".into(),
+                ));
             }
             it.state.check_room(it.tokens.len())?;
             starts.push(tokens.len());
             tokens.extend_from_slice(it.tokens);
         }
         let n = tokens.len();
-        let mut h = if n > 0 { self.embed(&tokens)? } else { Vec::new() };
+        let mut h = if n > 0 {
+            self.embed(&tokens)?
+        } else {
+            Vec::new()
+        };
         if n > 0 {
             for (il, layer) in self.layers.iter().enumerate() {
                 let mut segments: Vec<Segment> = items
@@ -283,7 +350,12 @@ impl Model {
         }
         let mut hidden = vec![0.0f32; n * e];
         for i in 0..n {
-            ops::rms_norm(&h[i * e..(i + 1) * e], &self.output_norm, eps, &mut hidden[i * e..(i + 1) * e]);
+            ops::rms_norm(
+                &h[i * e..(i + 1) * e],
+                &self.output_norm,
+                eps,
+                &mut hidden[i * e..(i + 1) * e],
+            );
         }
         // One LM-head product over every requested row of every sequence.
         let mut picked = Vec::new();
@@ -321,7 +393,13 @@ impl Model {
     }
 
     /// LM head over the chosen rows of post-norm hidden states.
-    pub fn logits(&self, hidden: &[f32], n: usize, rows: LogitRows, pool: &ThreadPool) -> Result<Vec<f32>, ModelError> {
+    pub fn logits(
+        &self,
+        hidden: &[f32],
+        n: usize,
+        rows: LogitRows,
+        pool: &ThreadPool,
+    ) -> Result<Vec<f32>, ModelError> {
         let e = self.config.n_embd;
         let (first, count) = match rows {
             LogitRows::None => return Ok(Vec::new()),
@@ -329,7 +407,12 @@ impl Model {
             LogitRows::All => (0, n),
         };
         let mut logits = vec![0.0f32; count * self.n_vocab];
-        self.lm_head.forward(&hidden[first * e..(first + count) * e], count, &mut logits, pool)?;
+        self.lm_head.forward(
+            &hidden[first * e..(first + count) * e],
+            count,
+            &mut logits,
+            pool,
+        )?;
         Ok(logits)
     }
 }

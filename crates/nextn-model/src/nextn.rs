@@ -71,10 +71,11 @@ impl NextnHead {
             Some(l) => l,
             None => model.lm_head.clone(),
         };
-        let shared_head_norm = match w.optional_vector(&p("shared_head_norm.weight"), &[e as u64])? {
-            Some(v) => v,
-            None => model.output_norm.clone(),
-        };
+        let shared_head_norm =
+            match w.optional_vector(&p("shared_head_norm.weight"), &[e as u64])? {
+                Some(v) => v,
+                None => model.output_norm.clone(),
+            };
         Ok(NextnHead {
             block: n,
             embed,
@@ -126,7 +127,11 @@ impl NextnHead {
         let e = self.n_embd;
         let n_vocab = self.lm_head.rows;
         if n == 0 {
-            return Ok(ForwardOutput { hidden: Vec::new(), logits: Vec::new(), n_vocab });
+            return Ok(ForwardOutput {
+                hidden: Vec::new(),
+                logits: Vec::new(),
+                n_vocab,
+            });
         }
         if hidden_prev.len() != n * e {
             return Err(ModelError::Rollback(format!(
@@ -138,20 +143,39 @@ impl NextnHead {
         let mut row = vec![0.0f32; e];
         for (i, &t) in tokens.iter().enumerate() {
             if t as usize >= self.embed.rows {
-                return Err(ModelError::TokenOutOfRange { token: t as u64, n_vocab: self.embed.rows });
+                return Err(ModelError::TokenOutOfRange {
+                    token: t as u64,
+                    n_vocab: self.embed.rows,
+                });
             }
             self.embed.dequantize_row(t as usize, &mut row)?;
             let dst = &mut cat[i * 2 * e..(i + 1) * 2 * e];
             ops::rms_norm(&row, &self.enorm, self.eps, &mut dst[..e]);
-            ops::rms_norm(&hidden_prev[i * e..(i + 1) * e], &self.hnorm, self.eps, &mut dst[e..]);
+            ops::rms_norm(
+                &hidden_prev[i * e..(i + 1) * e],
+                &self.hnorm,
+                self.eps,
+                &mut dst[e..],
+            );
         }
         let mut h = vec![0.0f32; n * e];
         self.eh_proj.forward(&cat, n, &mut h, pool)?;
-        let mut segment = [Segment { rows: 0..n, start_pos, cache, verify: false }];
-        self.layer.forward(&mut h, n, &mut segment, self.eps, pool)?;
+        let mut segment = [Segment {
+            rows: 0..n,
+            start_pos,
+            cache,
+            verify: false,
+        }];
+        self.layer
+            .forward(&mut h, n, &mut segment, self.eps, pool)?;
         let mut hidden = vec![0.0f32; n * e];
         for i in 0..n {
-            ops::rms_norm(&h[i * e..(i + 1) * e], &self.shared_head_norm, self.eps, &mut hidden[i * e..(i + 1) * e]);
+            ops::rms_norm(
+                &h[i * e..(i + 1) * e],
+                &self.shared_head_norm,
+                self.eps,
+                &mut hidden[i * e..(i + 1) * e],
+            );
         }
         let (first, count) = match logit_rows {
             LogitRows::None => (0, 0),
@@ -160,8 +184,17 @@ impl NextnHead {
         };
         let mut logits = vec![0.0f32; count * n_vocab];
         if count > 0 {
-            self.lm_head.forward(&hidden[first * e..(first + count) * e], count, &mut logits, pool)?;
+            self.lm_head.forward(
+                &hidden[first * e..(first + count) * e],
+                count,
+                &mut logits,
+                pool,
+            )?;
         }
-        Ok(ForwardOutput { hidden, logits, n_vocab })
+        Ok(ForwardOutput {
+            hidden,
+            logits,
+            n_vocab,
+        })
     }
 }

@@ -87,7 +87,13 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(pos: usize, n_rot: usize, freq_base: f32, freq_scale: f32, sections: [i32; 4]) -> Self {
+    pub fn new(
+        pos: usize,
+        n_rot: usize,
+        freq_base: f32,
+        freq_scale: f32,
+        sections: [i32; 4],
+    ) -> Self {
         let half = n_rot / 2;
         let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
         let p = pos as f32;
@@ -96,7 +102,11 @@ impl RopeTable {
         let mut theta_h = p;
         let mut theta_w = p;
         let mut theta_e = 0.0f32;
-        let (s_t, s_h, s_w) = (sections[0].max(0) as usize, sections[1].max(0) as usize, sections[2].max(0) as usize);
+        let (s_t, s_h, s_w) = (
+            sections[0].max(0) as usize,
+            sections[1].max(0) as usize,
+            sections[2].max(0) as usize,
+        );
         let mut cos = Vec::with_capacity(half);
         let mut sin = Vec::with_capacity(half);
         for i in 0..half {

@@ -30,7 +30,9 @@ impl WeightLoader {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
-        self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        self.file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
     fn check_shape(&self, t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
@@ -63,7 +65,11 @@ impl WeightLoader {
         Ok(out)
     }
 
-    pub fn optional_vector(&self, name: &str, expected: &[u64]) -> Result<Option<Vec<f32>>, ModelError> {
+    pub fn optional_vector(
+        &self,
+        name: &str,
+        expected: &[u64],
+    ) -> Result<Option<Vec<f32>>, ModelError> {
         if self.has(name) {
             self.vector(name, expected).map(Some)
         } else {
@@ -94,7 +100,12 @@ impl WeightLoader {
         })
     }
 
-    pub fn optional_linear(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Linear>, ModelError> {
+    pub fn optional_linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Linear>, ModelError> {
         if self.has(name) {
             self.linear(name, rows, cols).map(Some)
         } else {
@@ -103,7 +114,13 @@ impl WeightLoader {
     }
 
     /// A stack of `n` matrices `rows × cols` (GGUF `ne = [cols, rows, n]`), one per expert.
-    pub fn experts(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Linear>, ModelError> {
+    pub fn experts(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
         let t = self.info(name)?;
         self.check_shape(t, &[cols as u64, rows as u64, n as u64])?;
         formats::check_supported(t.ty, &t.name)?;
@@ -179,7 +196,13 @@ impl Linear {
     }
 
     /// `out[i·rows + r] = W[r] · x[i·cols ..]` for every one of `n` input rows.
-    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32], pool: &ThreadPool) -> Result<(), ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let m = QMatrix::new(self.ty, self.rows, self.cols, self.bytes())?;
         m.mul_rows(&x[..n * self.cols], n, &mut out[..n * self.rows], pool)?;
         if let Some(s) = self.scale {
@@ -191,7 +214,10 @@ impl Linear {
     /// Row `r` dequantized (embedding lookup).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
         if r >= self.rows {
-            return Err(ModelError::TokenOutOfRange { token: r as u64, n_vocab: self.rows });
+            return Err(ModelError::TokenOutOfRange {
+                token: r as u64,
+                n_vocab: self.rows,
+            });
         }
         let rb = self.row_bytes();
         let bytes = &self.bytes()[r * rb..(r + 1) * rb];

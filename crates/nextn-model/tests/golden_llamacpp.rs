@@ -27,7 +27,11 @@ fn load_json(p: &Path) -> Value {
 }
 
 fn tokens(v: &Value) -> Vec<u32> {
-    v.as_array().expect("tokens").iter().map(|t| t.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("id") as u32)
+        .collect()
 }
 
 fn max_incremental_diff(variant: &Value) -> f64 {
@@ -35,7 +39,11 @@ fn max_incremental_diff(variant: &Value) -> f64 {
         .as_array()
         .expect("sequences")
         .iter()
-        .map(|s| s["incremental_vs_batch"]["max_abs_logit_diff"].as_f64().unwrap_or(0.0))
+        .map(|s| {
+            s["incremental_vs_batch"]["max_abs_logit_diff"]
+                .as_f64()
+                .unwrap_or(0.0)
+        })
         .fold(0.0, f64::max)
 }
 
@@ -49,21 +57,39 @@ struct Outcome {
 /// Run every sequence of one variant in one batch and compare rows; then greedy continuations.
 /// Tolerance of one row: the F32 bar (1e-3 of the row's standard deviation: float rounding) or,
 /// for converted/quantized files, a multiple of llama.cpp's own one-token-vs-batch difference.
-fn check_variant(dir: &Path, golden: &Value, variant: &str, ivb_factor: f64, pool: &ThreadPool) -> Outcome {
+fn check_variant(
+    dir: &Path,
+    golden: &Value,
+    variant: &str,
+    ivb_factor: f64,
+    pool: &ThreadPool,
+) -> Outcome {
     let ivb = max_incremental_diff(&golden["variants"][variant]);
     let v = &golden["variants"][variant];
     let file = dir.join(v["model"].as_str().expect("model name"));
     if !file.is_file() {
         eprintln!("skipped variant {variant}: {} not stored", file.display());
-        return Outcome { max_top_diff: 0.0, rows: 0, argmax_checked: 0, greedy_checked: 0 };
+        return Outcome {
+            max_top_diff: 0.0,
+            rows: 0,
+            argmax_checked: 0,
+            greedy_checked: 0,
+        };
     }
     let gguf = Arc::new(GgufFile::open(&file).expect("open fixture"));
     let model = Model::load(gguf).expect("load fixture");
-    let mut out = Outcome { max_top_diff: 0.0, rows: 0, argmax_checked: 0, greedy_checked: 0 };
+    let mut out = Outcome {
+        max_top_diff: 0.0,
+        rows: 0,
+        argmax_checked: 0,
+        greedy_checked: 0,
+    };
     for seq in v["sequences"].as_array().expect("sequences") {
         let toks = tokens(&seq["tokens"]);
         let mut state = model.new_sequence(4096, KvType::F32, KvType::F32);
-        let fwd = model.forward(&toks, &mut state, LogitRows::All, pool).expect("forward");
+        let fwd = model
+            .forward(&toks, &mut state, LogitRows::All, pool)
+            .expect("forward");
         for (p, row) in seq["target"].as_array().expect("target").iter().enumerate() {
             let ours = fwd.logits_row(p);
             let std = row["std"].as_f64().expect("std");
@@ -92,9 +118,20 @@ fn check_variant(dir: &Path, golden: &Value, variant: &str, ivb_factor: f64, poo
                 let argmax = ours
                     .iter()
                     .enumerate()
-                    .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+                    .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| {
+                        if x > b.1 {
+                            (i, x)
+                        } else {
+                            b
+                        }
+                    })
                     .0;
-                assert_eq!(argmax as u64, row["argmax"].as_u64().unwrap(), "{variant} {} row {p} argmax", seq["name"]);
+                assert_eq!(
+                    argmax as u64,
+                    row["argmax"].as_u64().unwrap(),
+                    "{variant} {} row {p} argmax",
+                    seq["name"]
+                );
                 out.argmax_checked += 1;
             }
             out.rows += 1;
@@ -105,20 +142,36 @@ fn check_variant(dir: &Path, golden: &Value, variant: &str, ivb_factor: f64, poo
         let want = tokens(&greedy["tokens"]);
         let mut logits = fwd.logits_row(toks.len() - 1).to_vec();
         // Quantized files: compare greedy steps where llama.cpp's margin exceeds 0.5 (the bar for top-1).
-        let greedy_tol = if ivb_factor >= 2.0 { 0.5 } else { (4e-3 * 3.0f64).max(2.0 * ivb_factor * ivb) };
+        let greedy_tol = if ivb_factor >= 2.0 {
+            0.5
+        } else {
+            (4e-3 * 3.0f64).max(2.0 * ivb_factor * ivb)
+        };
         for (i, &w) in want.iter().enumerate() {
-            let margin = steps.get(i).and_then(|s| s["margin"].as_f64()).unwrap_or(0.0);
+            let margin = steps
+                .get(i)
+                .and_then(|s| s["margin"].as_f64())
+                .unwrap_or(0.0);
             if margin <= greedy_tol {
                 break;
             }
             let got = logits
                 .iter()
                 .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+                .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| {
+                    if x > b.1 {
+                        (i, x)
+                    } else {
+                        b
+                    }
+                })
                 .0 as u32;
             assert_eq!(got, w, "{variant} {} greedy step {i}", seq["name"]);
             out.greedy_checked += 1;
-            logits = model.forward(&[w], &mut state, LogitRows::Last, pool).expect("decode").logits;
+            logits = model
+                .forward(&[w], &mut state, LogitRows::Last, pool)
+                .expect("decode")
+                .logits;
         }
     }
     out
@@ -171,16 +224,23 @@ fn dense_qwen_vocab_tied_head_matches_llamacpp() {
 fn batch_composition_does_not_change_results() {
     let Some(shared) = shared() else { return };
     let pool = ThreadPool::new(2);
-    for file in ["golden/q35-dense-a/q35-dense-a-Q4_K_M.gguf", "golden/q35moe-a/q35moe-a-Q8_0.gguf"] {
+    for file in [
+        "golden/q35-dense-a/q35-dense-a-Q4_K_M.gguf",
+        "golden/q35moe-a/q35moe-a-Q8_0.gguf",
+    ] {
         let path = shared.join(file);
         let model = Model::load(Arc::new(GgufFile::open(&path).expect("open"))).expect("load");
-        let toks: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % model.n_vocab as u32).collect();
+        let toks: Vec<u32> = (0..23u32)
+            .map(|i| (i * 37 + 5) % model.n_vocab as u32)
+            .collect();
         let run = |chunk: usize| {
             let mut st = model.new_sequence(256, KvType::F16, KvType::F16);
             let mut logits = Vec::new();
             let mut hidden = Vec::new();
             for c in toks.chunks(chunk) {
-                let o = model.forward(c, &mut st, LogitRows::All, &pool).expect("forward");
+                let o = model
+                    .forward(c, &mut st, LogitRows::All, &pool)
+                    .expect("forward");
                 logits.extend(o.logits);
                 hidden.extend(o.hidden);
             }
@@ -189,8 +249,16 @@ fn batch_composition_does_not_change_results() {
         let whole = run(toks.len());
         for chunk in [1, 3, 8] {
             let other = run(chunk);
-            assert!(whole.0 == other.0, "{file}: logits differ between batch {} and batch {chunk}", toks.len());
-            assert!(whole.1 == other.1, "{file}: hidden states differ between batch {} and batch {chunk}", toks.len());
+            assert!(
+                whole.0 == other.0,
+                "{file}: logits differ between batch {} and batch {chunk}",
+                toks.len()
+            );
+            assert!(
+                whole.1 == other.1,
+                "{file}: hidden states differ between batch {} and batch {chunk}",
+                toks.len()
+            );
         }
     }
 }

@@ -22,26 +22,51 @@ fn commit_of_any_prefix_equals_plain_decoding() {
     let probe = [1000u32, 42];
     for keep in 0..=rows.len() {
         let mut plain = model.new_sequence(128, KvType::F16, KvType::F16);
-        model.forward(&prompt, &mut plain, LogitRows::None, &pool).unwrap();
+        model
+            .forward(&prompt, &mut plain, LogitRows::None, &pool)
+            .unwrap();
         let mut plain_logits = Vec::new();
         for &t in &rows[..keep] {
-            plain_logits.push(model.forward(&[t], &mut plain, LogitRows::Last, &pool).unwrap().logits);
+            plain_logits.push(
+                model
+                    .forward(&[t], &mut plain, LogitRows::Last, &pool)
+                    .unwrap()
+                    .logits,
+            );
         }
         let plain_snapshot = plain.snapshot_recurrent();
-        let after_plain = model.forward(&probe, &mut plain, LogitRows::All, &pool).unwrap();
+        let after_plain = model
+            .forward(&probe, &mut plain, LogitRows::All, &pool)
+            .unwrap();
 
         let mut spec = model.new_sequence(128, KvType::F16, KvType::F16);
-        model.forward(&prompt, &mut spec, LogitRows::None, &pool).unwrap();
+        model
+            .forward(&prompt, &mut spec, LogitRows::None, &pool)
+            .unwrap();
         let verify = model.forward_verify(&rows, &mut spec, &pool).unwrap();
         for (i, l) in plain_logits.iter().enumerate() {
-            assert!(verify.logits_row(i) == &l[..], "verify row {i} differs from its one-row decode");
+            assert!(
+                verify.logits_row(i) == &l[..],
+                "verify row {i} differs from its one-row decode"
+            );
         }
         model.commit(&mut spec, keep).unwrap();
         assert_eq!(spec.n_past, prompt.len() + keep);
-        assert!(spec.snapshot_recurrent() == plain_snapshot, "keep {keep}: recurrent states differ");
-        let after_spec = model.forward(&probe, &mut spec, LogitRows::All, &pool).unwrap();
-        assert!(after_spec.logits == after_plain.logits, "keep {keep}: logits after commit differ from plain decoding");
-        assert!(after_spec.hidden == after_plain.hidden, "keep {keep}: hidden states after commit differ");
+        assert!(
+            spec.snapshot_recurrent() == plain_snapshot,
+            "keep {keep}: recurrent states differ"
+        );
+        let after_spec = model
+            .forward(&probe, &mut spec, LogitRows::All, &pool)
+            .unwrap();
+        assert!(
+            after_spec.logits == after_plain.logits,
+            "keep {keep}: logits after commit differ from plain decoding"
+        );
+        assert!(
+            after_spec.hidden == after_plain.hidden,
+            "keep {keep}: hidden states after commit differ"
+        );
     }
 }
 
@@ -50,13 +75,19 @@ fn uncommitted_verify_blocks_further_decoding() {
     let model = bundled();
     let pool = ThreadPool::new(1);
     let mut st = model.new_sequence(64, KvType::F32, KvType::F32);
-    model.forward(&[1, 2, 3], &mut st, LogitRows::None, &pool).unwrap();
+    model
+        .forward(&[1, 2, 3], &mut st, LogitRows::None, &pool)
+        .unwrap();
     model.forward_verify(&[4, 5], &mut st, &pool).unwrap();
-    assert!(model.forward(&[6], &mut st, LogitRows::Last, &pool).is_err());
+    assert!(model
+        .forward(&[6], &mut st, LogitRows::Last, &pool)
+        .is_err());
     assert!(model.commit(&mut st, 3).is_err());
     model.commit(&mut st, 1).unwrap();
     assert_eq!(st.n_past, 4);
-    model.forward(&[6], &mut st, LogitRows::Last, &pool).unwrap();
+    model
+        .forward(&[6], &mut st, LogitRows::Last, &pool)
+        .unwrap();
 }
 
 #[test]
@@ -64,9 +95,13 @@ fn context_overflow_is_an_error_not_a_panic() {
     let model = bundled();
     let pool = ThreadPool::new(1);
     let mut st = model.new_sequence(4, KvType::F16, KvType::F16);
-    let err = model.forward(&[1, 2, 3, 4, 5], &mut st, LogitRows::Last, &pool).unwrap_err();
+    let err = model
+        .forward(&[1, 2, 3, 4, 5], &mut st, LogitRows::Last, &pool)
+        .unwrap_err();
     assert!(err.to_string().contains("context is full"), "{err}");
-    let err = model.forward(&[9_999_999], &mut st, LogitRows::Last, &pool).unwrap_err();
+    let err = model
+        .forward(&[9_999_999], &mut st, LogitRows::Last, &pool)
+        .unwrap_err();
     assert!(err.to_string().contains("out of range"), "{err}");
 }
 
@@ -77,10 +112,20 @@ fn forward_is_deterministic() {
     let prompt: Vec<u32> = vec![618, 553, 198, 618, 672, 925, 544, 2356, 731];
     let mut a = model.new_sequence(64, KvType::F16, KvType::F16);
     let mut b = model.new_sequence(64, KvType::F16, KvType::F16);
-    let la = model.forward(&prompt, &mut a, LogitRows::All, &pool).unwrap();
-    let lb = model.forward(&prompt, &mut b, LogitRows::All, &pool).unwrap();
-    assert!(la.logits == lb.logits, "logits differ between identical runs");
-    assert!(a.snapshot_recurrent() == b.snapshot_recurrent(), "states differ between identical runs");
+    let la = model
+        .forward(&prompt, &mut a, LogitRows::All, &pool)
+        .unwrap();
+    let lb = model
+        .forward(&prompt, &mut b, LogitRows::All, &pool)
+        .unwrap();
+    assert!(
+        la.logits == lb.logits,
+        "logits differ between identical runs"
+    );
+    assert!(
+        a.snapshot_recurrent() == b.snapshot_recurrent(),
+        "states differ between identical runs"
+    );
 }
 
 /// Several sequences in one pass (continuous batching) give exactly what each gives alone,
@@ -99,32 +144,75 @@ fn multi_sequence_batch_equals_separate_passes() {
         let a = model.forward(p, &mut st, LogitRows::All, &pool).unwrap();
         let b = model.forward_verify(x, &mut st, &pool).unwrap();
         model.commit(&mut st, 1).unwrap();
-        let c = model.forward(&[99], &mut st, LogitRows::Last, &pool).unwrap();
+        let c = model
+            .forward(&[99], &mut st, LogitRows::Last, &pool)
+            .unwrap();
         alone.push((a, b, c));
     }
     // Together: prefill all three in one pass, then verify rows of all three in one pass.
-    let mut states: Vec<_> = (0..3).map(|_| model.new_sequence(64, KvType::F16, KvType::F16)).collect();
+    let mut states: Vec<_> = (0..3)
+        .map(|_| model.new_sequence(64, KvType::F16, KvType::F16))
+        .collect();
     let mut it = states.iter_mut();
     let (s0, s1, s2) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
     let mut items = [
-        BatchItem { tokens: prompts[0], state: s0, logits: LogitRows::All, verify: false },
-        BatchItem { tokens: prompts[1], state: s1, logits: LogitRows::All, verify: false },
-        BatchItem { tokens: prompts[2], state: s2, logits: LogitRows::All, verify: false },
+        BatchItem {
+            tokens: prompts[0],
+            state: s0,
+            logits: LogitRows::All,
+            verify: false,
+        },
+        BatchItem {
+            tokens: prompts[1],
+            state: s1,
+            logits: LogitRows::All,
+            verify: false,
+        },
+        BatchItem {
+            tokens: prompts[2],
+            state: s2,
+            logits: LogitRows::All,
+            verify: false,
+        },
     ];
     let a = model.forward_batch(&mut items, &pool).unwrap();
     let mut it = states.iter_mut();
     let (s0, s1, s2) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
     let mut items = [
-        BatchItem { tokens: next[0], state: s0, logits: LogitRows::All, verify: true },
-        BatchItem { tokens: next[1], state: s1, logits: LogitRows::All, verify: true },
-        BatchItem { tokens: next[2], state: s2, logits: LogitRows::All, verify: true },
+        BatchItem {
+            tokens: next[0],
+            state: s0,
+            logits: LogitRows::All,
+            verify: true,
+        },
+        BatchItem {
+            tokens: next[1],
+            state: s1,
+            logits: LogitRows::All,
+            verify: true,
+        },
+        BatchItem {
+            tokens: next[2],
+            state: s2,
+            logits: LogitRows::All,
+            verify: true,
+        },
     ];
     let b = model.forward_batch(&mut items, &pool).unwrap();
     for (i, st) in states.iter_mut().enumerate() {
         model.commit(st, 1).unwrap();
         let c = model.forward(&[99], st, LogitRows::Last, &pool).unwrap();
-        assert!(a[i].logits == alone[i].0.logits && a[i].hidden == alone[i].0.hidden, "sequence {i}: prefill differs in a batch");
-        assert!(b[i].logits == alone[i].1.logits, "sequence {i}: verify rows differ in a batch");
-        assert!(c.logits == alone[i].2.logits, "sequence {i}: state after commit differs");
+        assert!(
+            a[i].logits == alone[i].0.logits && a[i].hidden == alone[i].0.hidden,
+            "sequence {i}: prefill differs in a batch"
+        );
+        assert!(
+            b[i].logits == alone[i].1.logits,
+            "sequence {i}: verify rows differ in a batch"
+        );
+        assert!(
+            c.logits == alone[i].2.logits,
+            "sequence {i}: state after commit differs"
+        );
     }
 }

@@ -11,13 +11,25 @@ pub enum QuantError {
     NoSuchOp { ty: GgmlType, op: &'static str },
     /// A length that is not a whole number of blocks.
     #[error("{ty}: {n} elements is not a whole number of {block}-element blocks")]
-    PartialBlock { ty: GgmlType, n: usize, block: usize },
+    PartialBlock {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
     /// Buffers whose sizes do not fit together.
     #[error("{what}: expected {expected}, got {got}")]
-    SizeMismatch { what: &'static str, expected: usize, got: usize },
+    SizeMismatch {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     /// A shape whose byte or element count does not fit in memory sizes.
     #[error("{what}: {rows} x {cols} overflows the address space")]
-    ShapeTooLarge { what: &'static str, rows: usize, cols: usize },
+    ShapeTooLarge {
+        what: &'static str,
+        rows: usize,
+        cols: usize,
+    },
     /// A kernel instruction set that this CPU (or this build's architecture) lacks.
     #[error("SIMD level {level} is not supported on this CPU")]
     SimdUnavailable { level: &'static str },

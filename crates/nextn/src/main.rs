@@ -7,7 +7,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "nextn", version, about = "Qwen3.5/3.6 GGUF inference with built-in MTP (NextN) speculative decoding")]
+#[command(
+    name = "nextn",
+    version,
+    about = "Qwen3.5/3.6 GGUF inference with built-in MTP (NextN) speculative decoding"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -52,10 +52,14 @@ fn headless_copy() -> PathBuf {
 fn inspect_json_describes_the_bundled_model() {
     let o = run(&["inspect", "--json", bundled().to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("inspect --json prints JSON");
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&o)).expect("inspect --json prints JSON");
     assert_eq!(v["architecture"], "qwen35");
     assert_eq!(v["hyper_parameters"]["n_layer"], 8);
-    assert_eq!(v["hyper_parameters"]["full_attention_layers"], serde_json::json!([3, 7]));
+    assert_eq!(
+        v["hyper_parameters"]["full_attention_layers"],
+        serde_json::json!([3, 7])
+    );
     assert_eq!(v["hyper_parameters"]["rms_eps"], serde_json::json!(1e-6));
     assert_eq!(v["types"]["Q8_0"]["tensors"], 71);
     assert_eq!(v["nextn"]["block"], 8);
@@ -71,23 +75,41 @@ fn inspect_lists_tensors_and_dumps_them_dequantized() {
     assert!(o.status.success());
     assert!(stdout(&o).contains("blk.8.nextn.eh_proj.weight"));
     let out = tmp("eh_proj.f32");
-    let o = run(&["inspect", model.to_str().unwrap(), "--dump", "blk.8.nextn.eh_proj.weight", "-o", out.to_str().unwrap()]);
+    let o = run(&[
+        "inspect",
+        model.to_str().unwrap(),
+        "--dump",
+        "blk.8.nextn.eh_proj.weight",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let bytes = std::fs::read(&out).unwrap();
     let f = GgufFile::open(&model).unwrap();
     let t = f.tensor("blk.8.nextn.eh_proj.weight").unwrap();
     let mut want = vec![0.0f32; t.n_elements as usize];
     nextn_quant::formats::dequantize(t.ty, f.tensor_data(t), &mut want).unwrap();
-    let got: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let got: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(got, want);
-    let o = run(&["inspect", model.to_str().unwrap(), "--dump", "no.such.tensor"]);
+    let o = run(&[
+        "inspect",
+        model.to_str().unwrap(),
+        "--dump",
+        "no.such.tensor",
+    ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no tensor named 'no.such.tensor'"));
 }
 
 #[test]
 fn verify_exit_codes() {
-    assert_eq!(run(&["verify", bundled().to_str().unwrap()]).status.code(), Some(0));
+    assert_eq!(
+        run(&["verify", bundled().to_str().unwrap()]).status.code(),
+        Some(0)
+    );
     let headless = headless_copy();
     let o = run(&["verify", headless.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
@@ -101,7 +123,10 @@ fn verify_exit_codes() {
 
     let foreign = tmp("foreign.gguf");
     std::fs::write(&foreign, b"not a gguf file at all").unwrap();
-    assert_eq!(run(&["verify", foreign.to_str().unwrap()]).status.code(), Some(2));
+    assert_eq!(
+        run(&["verify", foreign.to_str().unwrap()]).status.code(),
+        Some(2)
+    );
 
     // A mis-shaped head tensor: the file is valid GGUF but unusable for MTP.
     let f = GgufFile::open(bundled()).unwrap();
@@ -112,7 +137,11 @@ fn verify_exit_codes() {
     w.write_file(&missing).unwrap();
     let o = run(&["verify", missing.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("blk.8.nextn.hnorm.weight"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("blk.8.nextn.hnorm.weight"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -120,18 +149,38 @@ fn run_greedy_is_identical_with_and_without_mtp() {
     let model = bundled();
     let m = model.to_str().unwrap();
     let prompt = "class Stack:\n    def __init__(self):\n";
-    let plain = run(&["run", "-m", m, "-p", prompt, "-n", "24", "--temp", "0", "--json", "-t", "2"]);
+    let plain = run(&[
+        "run", "-m", m, "-p", prompt, "-n", "24", "--temp", "0", "--json", "-t", "2",
+    ]);
     assert!(plain.status.success(), "{}", stderr(&plain));
     let plain: serde_json::Value = serde_json::from_str(&stdout(&plain)).unwrap();
     for n_max in ["1", "3"] {
-        let o = run(&["run", "-m", m, "-p", prompt, "-n", "24", "--temp", "0", "--json", "--spec-type", "nextn", "--spec-draft-n-max", n_max]);
+        let o = run(&[
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--json",
+            "--spec-type",
+            "nextn",
+            "--spec-draft-n-max",
+            n_max,
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert_eq!(v["tokens"], plain["tokens"]);
         assert_eq!(v["text"], plain["text"]);
         assert!(v["spec"]["draft_n"].as_u64().unwrap() > 0);
         assert_eq!(v["timings"]["draft_n"], v["spec"]["draft_n"]);
-        assert!(v["spec"]["accepted_per_pos"].as_array().unwrap().len() == n_max.parse::<usize>().unwrap());
+        assert!(
+            v["spec"]["accepted_per_pos"].as_array().unwrap().len()
+                == n_max.parse::<usize>().unwrap()
+        );
         assert!(stderr(&o).contains("draft acceptance"));
     }
 }
@@ -141,14 +190,48 @@ fn bad_input_gives_clear_errors() {
     let m = bundled();
     let m = m.to_str().unwrap();
     let headless = headless_copy();
-    let o = run(&["run", "-m", headless.to_str().unwrap(), "-p", "x", "-n", "2", "--spec-type", "nextn"]);
+    let o = run(&[
+        "run",
+        "-m",
+        headless.to_str().unwrap(),
+        "-p",
+        "x",
+        "-n",
+        "2",
+        "--spec-type",
+        "nextn",
+    ]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("needs a NextN (MTP) head"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("needs a NextN (MTP) head"),
+        "{}",
+        stderr(&o)
+    );
     // Plain decoding still works on it.
-    let o = run(&["run", "-m", headless.to_str().unwrap(), "-p", "x", "-n", "2", "--temp", "0"]);
+    let o = run(&[
+        "run",
+        "-m",
+        headless.to_str().unwrap(),
+        "-p",
+        "x",
+        "-n",
+        "2",
+        "--temp",
+        "0",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
 
-    let o = run(&["run", "-m", m, "-c", "8", "-p", "import os\nimport sys\nimport re\nimport json\n", "-n", "4"]);
+    let o = run(&[
+        "run",
+        "-m",
+        m,
+        "-c",
+        "8",
+        "-p",
+        "import os\nimport sys\nimport re\nimport json\n",
+        "-n",
+        "4",
+    ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("context"), "{}", stderr(&o));
 

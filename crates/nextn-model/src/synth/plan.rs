@@ -268,7 +268,7 @@ fn stays_f32(name: &str, dims: &[u64]) -> bool {
 
 /// llama-quantize's choice among types that divide the row into whole blocks.
 fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
-    let fits = |t: GgmlType| ne0 % t.block_size() as u64 == 0;
+    let fits = |t: GgmlType| ne0.is_multiple_of(t.block_size() as u64);
     if fits(ty) {
         return ty;
     }

@@ -209,7 +209,7 @@ impl SynthSpec {
 
     /// Whether block `il` is a full-attention block (the NextN block always is).
     pub fn is_full_attention(&self, il: usize) -> bool {
-        il >= self.n_layer || (il + 1) % self.full_attention_interval == 0
+        il >= self.n_layer || (il + 1).is_multiple_of(self.full_attention_interval)
     }
 
     /// M-RoPE sections `[t, h, w, e]` covering the `n_rot / 2` rotated pairs: the converter's
@@ -250,7 +250,7 @@ impl SynthSpec {
                 ),
             );
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(
                 "kv-heads",
                 format!(
@@ -259,7 +259,7 @@ impl SynthSpec {
                 ),
             );
         }
-        if self.ssm_v_heads % self.ssm_k_heads != 0 {
+        if !self.ssm_v_heads.is_multiple_of(self.ssm_k_heads) {
             return bad(
                 "ssm-v-heads",
                 format!(
@@ -268,7 +268,7 @@ impl SynthSpec {
                 ),
             );
         }
-        if self.n_rot == 0 || self.n_rot % 2 != 0 || self.n_rot > self.head_dim {
+        if self.n_rot == 0 || !self.n_rot.is_multiple_of(2) || self.n_rot > self.head_dim {
             return bad(
                 "rope-dim",
                 format!(

@@ -199,7 +199,7 @@ fn merge_split(rank: u32, bytes: &[u8], ranks: &HashMap<&[u8], u32>) -> Option<u
         let mut best: Option<(u32, usize)> = None;
         for i in 0..bounds.len() - 2 {
             if let Some(&r) = ranks.get(&bytes[bounds[i]..bounds[i + 2]]) {
-                if r < rank && best.map_or(true, |(b, _)| r < b) {
+                if r < rank && best.is_none_or(|(b, _)| r < b) {
                     best = Some((r, i));
                 }
             }

@@ -9,7 +9,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use nextn_engine::generate::{generate, GenerateParams};
 use nextn_engine::sampler::{argmax, Sampler, SamplerConfig};
-use nextn_engine::speculative::{generate_speculative, DraftSampling, SpecParams, SpecSequence, SpecStats};
+use nextn_engine::speculative::{
+    generate_speculative, DraftSampling, SpecParams, SpecSequence, SpecStats,
+};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
@@ -29,10 +31,18 @@ pub struct Args {
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
     /// Draft depths to run; 0 is plain decoding
-    #[arg(long = "spec-draft-n-max", value_delimiter = ',', default_value = "0,1,2,3,4")]
+    #[arg(
+        long = "spec-draft-n-max",
+        value_delimiter = ',',
+        default_value = "0,1,2,3,4"
+    )]
     pub n_max: Vec<usize>,
     /// Per-position acceptance to project the speedup at (e.g. published numbers for a real model)
-    #[arg(long = "assume-acceptance", value_delimiter = ',', default_value = "0.95,0.86,0.75")]
+    #[arg(
+        long = "assume-acceptance",
+        value_delimiter = ',',
+        default_value = "0.95,0.86,0.75"
+    )]
     pub assume_acceptance: Vec<f64>,
     /// Repetitions of each cost-model measurement (the median is reported)
     #[arg(long, default_value_t = 10)]
@@ -59,14 +69,25 @@ struct Prompt {
 
 fn read_prompts(loaded: &Loaded, path: Option<&PathBuf>) -> Result<Vec<Prompt>> {
     let text = match path {
-        Some(p) => std::fs::read_to_string(p).with_context(|| format!("cannot read prompts {}", p.display()))?,
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("cannot read prompts {}", p.display()))?,
         None => DEFAULT_PROMPTS.to_string(),
     };
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: Value = serde_json::from_str(line).with_context(|| format!("prompts line {}: not JSON", i + 1))?;
-        let Some(prompt) = v["prompt"].as_str() else { bail!("prompts line {}: no \"prompt\" string", i + 1) };
-        let name = v["name"].as_str().map(str::to_string).unwrap_or_else(|| format!("prompt{}", i + 1));
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: Value = serde_json::from_str(line)
+            .with_context(|| format!("prompts line {}: not JSON", i + 1))?;
+        let Some(prompt) = v["prompt"].as_str() else {
+            bail!("prompts line {}: no \"prompt\" string", i + 1)
+        };
+        let name = v["name"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("prompt{}", i + 1));
         let tokens = loaded.tokenizer.encode(prompt, true);
         if tokens.is_empty() {
             bail!("prompts line {}: the prompt is empty", i + 1);
@@ -103,7 +124,11 @@ struct RunTotals {
 
 fn sampler_config(temp: f32, seed: u64) -> SamplerConfig {
     if temp > 0.0 {
-        SamplerConfig { temperature: temp, seed, ..Default::default() }
+        SamplerConfig {
+            temperature: temp,
+            seed,
+            ..Default::default()
+        }
     } else {
         SamplerConfig::greedy()
     }
@@ -121,18 +146,41 @@ fn run_depth(
     outputs: Option<&mut Vec<Vec<u32>>>,
 ) -> Result<RunTotals> {
     let mut t = RunTotals::default();
-    let params = GenerateParams { n_predict: Some(n), ignore_eos: true, ..Default::default() };
+    let params = GenerateParams {
+        n_predict: Some(n),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let mut outs = Vec::new();
     for p in prompts {
         let mut sampler = Sampler::new(sampling.clone())?;
         let g = match (n_max, head) {
             (0, _) | (_, None) => {
                 let mut st = loaded.new_sequence();
-                generate(&loaded.model, &loaded.tokenizer, &loaded.pool, &mut st, &p.tokens, &params, &mut sampler, |_| true)?
+                generate(
+                    &loaded.model,
+                    &loaded.tokenizer,
+                    &loaded.pool,
+                    &mut st,
+                    &p.tokens,
+                    &params,
+                    &mut sampler,
+                    |_| true,
+                )?
             }
             (k, Some(head)) => {
-                let mut seq = SpecSequence::new(&loaded.model, head, loaded.n_ctx, loaded.k_type, loaded.v_type);
-                let spec = SpecParams { n_max: k, draft_sampling, ..Default::default() };
+                let mut seq = SpecSequence::new(
+                    &loaded.model,
+                    head,
+                    loaded.n_ctx,
+                    loaded.k_type,
+                    loaded.v_type,
+                );
+                let spec = SpecParams {
+                    n_max: k,
+                    draft_sampling,
+                    ..Default::default()
+                };
                 let (g, s) = generate_speculative(
                     &loaded.model,
                     head,
@@ -163,11 +211,17 @@ fn run_depth(
 
 /// Teacher-forced agreement of the head with the target over `tokens`: rows where the head's top-1
 /// equals the target's top-1 (both predict the next token), and the mean KL(target ‖ head).
-fn head_agreement(loaded: &Loaded, head: &NextnHead, tokens: &[u32]) -> Result<(usize, usize, f64)> {
+fn head_agreement(
+    loaded: &Loaded,
+    head: &NextnHead,
+    tokens: &[u32],
+) -> Result<(usize, usize, f64)> {
     let pool = &loaded.pool;
     let e = loaded.model.config.n_embd;
     let mut st = loaded.new_sequence();
-    let target = loaded.model.forward(tokens, &mut st, LogitRows::All, pool)?;
+    let target = loaded
+        .model
+        .forward(tokens, &mut st, LogitRows::All, pool)?;
     let mut prev = vec![0.0f32; e];
     prev.extend_from_slice(&target.hidden[..(tokens.len() - 1) * e]);
     let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
@@ -204,7 +258,13 @@ struct Costs {
 
 /// Time one decode step, verify passes of 1..=max_rows rows, and one full-vocabulary draft step, at
 /// the context of the first prompt.
-fn measure_costs(loaded: &Loaded, head: Option<&NextnHead>, prompt: &[u32], max_rows: usize, reps: usize) -> Result<Costs> {
+fn measure_costs(
+    loaded: &Loaded,
+    head: Option<&NextnHead>,
+    prompt: &[u32],
+    max_rows: usize,
+    reps: usize,
+) -> Result<Costs> {
     let pool = &loaded.pool;
     let model = &loaded.model;
     let reps = reps.max(1);
@@ -228,7 +288,12 @@ fn measure_costs(loaded: &Loaded, head: Option<&NextnHead>, prompt: &[u32], max_
     let mut dec = st.clone();
     for i in 0..reps {
         let t = Instant::now();
-        model.forward(&probe[i % probe.len()..i % probe.len() + 1], &mut dec, LogitRows::Last, pool)?;
+        model.forward(
+            &probe[i % probe.len()..i % probe.len() + 1],
+            &mut dec,
+            LogitRows::Last,
+            pool,
+        )?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let decode_ms = median(times);
@@ -242,7 +307,14 @@ fn measure_costs(loaded: &Loaded, head: Option<&NextnHead>, prompt: &[u32], max_
             let mut times = Vec::new();
             for _ in 0..reps {
                 let t = Instant::now();
-                head.forward(&probe[..1], &h_last, prompt.len(), &mut cache, LogitRows::Last, pool)?;
+                head.forward(
+                    &probe[..1],
+                    &h_last,
+                    prompt.len(),
+                    &mut cache,
+                    LogitRows::Last,
+                    pool,
+                )?;
                 times.push(t.elapsed().as_secs_f64() * 1e3);
                 NextnHead::truncate(&mut cache, prompt.len());
             }
@@ -250,13 +322,23 @@ fn measure_costs(loaded: &Loaded, head: Option<&NextnHead>, prompt: &[u32], max_
         }
         None => f64::NAN,
     };
-    Ok(Costs { decode_ms, verify_ms, draft_ms })
+    Ok(Costs {
+        decode_ms,
+        verify_ms,
+        draft_ms,
+    })
 }
 
 /// Expected tokens per step with n drafts when position i is accepted with (marginal) rate a_i,
 /// and the projected speedup over plain decoding from the measured costs.
 fn project(costs: &Costs, acceptance: &[f64], n: usize) -> (f64, f64) {
-    let a = |i: usize| acceptance.get(i).or(acceptance.last()).copied().unwrap_or(0.0);
+    let a = |i: usize| {
+        acceptance
+            .get(i)
+            .or(acceptance.last())
+            .copied()
+            .unwrap_or(0.0)
+    };
     let tokens = 1.0 + (0..n).map(a).sum::<f64>();
     let step = n as f64 * costs.draft_ms + costs.verify_ms[n];
     (tokens, tokens * costs.decode_ms / step)
@@ -268,7 +350,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
     let want_spec = args.n_max.iter().any(|&k| k > 0);
     if want_spec && head.is_none() {
-        bail!("{} has no NextN head: only --spec-draft-n-max 0 (plain decoding) can run", loaded.path.display());
+        bail!(
+            "{} has no NextN head: only --spec-draft-n-max 0 (plain decoding) can run",
+            loaded.path.display()
+        );
     }
     let max_n = args.n_max.iter().copied().max().unwrap_or(0);
     eprintln!(
@@ -282,8 +367,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut rows = Vec::new();
     let mut plain_tps = None;
     let sampling = sampler_config(args.temp, args.seed);
-    let modes: Vec<DraftSampling> =
-        if args.temp > 0.0 { vec![DraftSampling::Greedy, DraftSampling::Sample] } else { vec![DraftSampling::Greedy] };
+    let modes: Vec<DraftSampling> = if args.temp > 0.0 {
+        vec![DraftSampling::Greedy, DraftSampling::Sample]
+    } else {
+        vec![DraftSampling::Greedy]
+    };
     let mut plain_outputs: Vec<Vec<u32>> = Vec::new();
     let mut spec_agree = (0usize, 0usize);
     println!(
@@ -293,11 +381,26 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let runs: Vec<(usize, DraftSampling)> = args
         .n_max
         .iter()
-        .flat_map(|&k| if k == 0 { vec![(0, DraftSampling::Greedy)] } else { modes.iter().map(|&m| (k, m)).collect() })
+        .flat_map(|&k| {
+            if k == 0 {
+                vec![(0, DraftSampling::Greedy)]
+            } else {
+                modes.iter().map(|&m| (k, m)).collect()
+            }
+        })
         .collect();
     for (k, mode) in runs {
         let mut outputs = Vec::new();
-        let t = run_depth(&loaded, head.as_ref(), &prompts, args.n_predict, k, &sampling, mode, Some(&mut outputs))?;
+        let t = run_depth(
+            &loaded,
+            head.as_ref(),
+            &prompts,
+            args.n_predict,
+            k,
+            &sampling,
+            mode,
+            Some(&mut outputs),
+        )?;
         if k == 0 {
             plain_outputs = outputs;
         } else if args.temp <= 0.0 && !plain_outputs.is_empty() {
@@ -319,19 +422,35 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .zip(&t.stats.drafted_per_pos)
             .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
             .collect();
-        let mode_name = if k == 0 { "-" } else if mode == DraftSampling::Sample { "sample" } else { "greedy" };
+        let mode_name = if k == 0 {
+            "-"
+        } else if mode == DraftSampling::Sample {
+            "sample"
+        } else {
+            "greedy"
+        };
         println!(
             "{:>5} {:>6} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
             k,
             mode_name,
             prefill,
             decode,
-            speedup.map(|s| format!("{s:.3}x")).unwrap_or_else(|| "-".into()),
-            if k > 0 { format!("{:.3}", t.stats.acceptance_rate()) } else { "-".into() },
+            speedup
+                .map(|s| format!("{s:.3}x"))
+                .unwrap_or_else(|| "-".into()),
+            if k > 0 {
+                format!("{:.3}", t.stats.acceptance_rate())
+            } else {
+                "-".into()
+            },
             t.stats.mean_accepted_len(),
             t.stats.draft_ms,
             t.stats.verify_ms,
-            per_pos.iter().map(|p| format!("{p:.2}")).collect::<Vec<_>>().join(" ")
+            per_pos
+                .iter()
+                .map(|p| format!("{p:.2}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         rows.push(json!({
             "n_max": k,
@@ -348,19 +467,42 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }));
     }
 
-    let costs = measure_costs(&loaded, head.as_ref(), &prompts[0].tokens, max_n.max(1) + 1, args.reps)?;
+    let costs = measure_costs(
+        &loaded,
+        head.as_ref(),
+        &prompts[0].tokens,
+        max_n.max(1) + 1,
+        args.reps,
+    )?;
     println!();
-    println!("cost model (median of {} reps, context {} tokens):", args.reps, prompts[0].tokens.len());
+    println!(
+        "cost model (median of {} reps, context {} tokens):",
+        args.reps,
+        prompts[0].tokens.len()
+    );
     println!("  plain decode step        {:8.3} ms", costs.decode_ms);
     for (i, v) in costs.verify_ms.iter().enumerate() {
-        println!("  verify {} row{}            {:8.3} ms  ({:.2}x decode)", i + 1, if i == 0 { " " } else { "s" }, v, v / costs.decode_ms);
+        println!(
+            "  verify {} row{}            {:8.3} ms  ({:.2}x decode)",
+            i + 1,
+            if i == 0 { " " } else { "s" },
+            v,
+            v / costs.decode_ms
+        );
     }
     if head.is_some() {
-        println!("  draft step (full vocab)  {:8.3} ms  ({:.2}x decode)", costs.draft_ms, costs.draft_ms / costs.decode_ms);
+        println!(
+            "  draft step (full vocab)  {:8.3} ms  ({:.2}x decode)",
+            costs.draft_ms,
+            costs.draft_ms / costs.decode_ms
+        );
     }
     let mut projections = Vec::new();
     if head.is_some() {
-        println!("projected speedup at acceptance {:?}:", args.assume_acceptance);
+        println!(
+            "projected speedup at acceptance {:?}:",
+            args.assume_acceptance
+        );
         for n in 1..=max_n.max(1) {
             if n >= costs.verify_ms.len() {
                 break;
@@ -382,7 +524,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut check = Value::Null;
     if args.check {
-        let Some(head) = head.as_ref() else { bail!("--check needs a NextN head") };
+        let Some(head) = head.as_ref() else {
+            bail!("--check needs a NextN head")
+        };
         let (mut agree, mut rows_n, mut kl) = (0, 0, 0.0);
         for (i, p) in prompts.iter().enumerate() {
             let mut seq = p.tokens.clone();
@@ -394,15 +538,29 @@ pub fn run(args: Args) -> Result<ExitCode> {
             rows_n += r;
             kl += k;
         }
-        let spec_agree_v = if spec_agree.1 > 0 { Some(spec_agree.0 as f64 / spec_agree.1 as f64) } else { None };
+        let spec_agree_v = if spec_agree.1 > 0 {
+            Some(spec_agree.0 as f64 / spec_agree.1 as f64)
+        } else {
+            None
+        };
         println!();
-        println!("check over {} prompts ({} teacher-forced rows):", prompts.len(), rows_n);
+        println!(
+            "check over {} prompts ({} teacher-forced rows):",
+            prompts.len(),
+            rows_n
+        );
         match spec_agree_v {
             Some(v) => println!("  SPEC_AGREE  {v:.4}  (MTP greedy tokens equal to plain greedy)"),
             None => println!("  SPEC_AGREE  -       (needs --temp 0 and n_max 0 plus a depth > 0)"),
         }
-        println!("  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)", agree as f64 / rows_n.max(1) as f64);
-        println!("  KL          {:.4}  (mean KL(target ‖ head), nats)", kl / rows_n.max(1) as f64);
+        println!(
+            "  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)",
+            agree as f64 / rows_n.max(1) as f64
+        );
+        println!(
+            "  KL          {:.4}  (mean KL(target ‖ head), nats)",
+            kl / rows_n.max(1) as f64
+        );
         check = json!({
             "spec_agree": spec_agree_v,
             "draft_top1": agree as f64 / rows_n.max(1) as f64,

@@ -60,7 +60,9 @@ pub fn resolve_model_path(arg: Option<&PathBuf>) -> Result<PathBuf> {
     }
     let candidates = [
         PathBuf::from(BUNDLED_MODEL),
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(BUNDLED_MODEL),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(BUNDLED_MODEL),
     ];
     for c in &candidates {
         if c.is_file() {
@@ -85,7 +87,8 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn new_sequence(&self) -> SequenceState {
-        self.model.new_sequence(self.n_ctx, self.k_type, self.v_type)
+        self.model
+            .new_sequence(self.n_ctx, self.k_type, self.v_type)
     }
 }
 
@@ -98,25 +101,41 @@ fn available_memory() -> Option<u64> {
 
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = resolve_model_path(args.model.as_ref())?;
-    let k_type = KvType::parse(&args.cache_type_k)
-        .with_context(|| format!("--cache-type-k {}: supported types are f16 and f32", args.cache_type_k))?;
-    let v_type = KvType::parse(&args.cache_type_v)
-        .with_context(|| format!("--cache-type-v {}: supported types are f16 and f32", args.cache_type_v))?;
-    let file = Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?);
+    let k_type = KvType::parse(&args.cache_type_k).with_context(|| {
+        format!(
+            "--cache-type-k {}: supported types are f16 and f32",
+            args.cache_type_k
+        )
+    })?;
+    let v_type = KvType::parse(&args.cache_type_v).with_context(|| {
+        format!(
+            "--cache-type-v {}: supported types are f16 and f32",
+            args.cache_type_v
+        )
+    })?;
+    let file =
+        Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?);
     let t0 = std::time::Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut progress = |done: usize, total: usize| {
         if tty {
             let width = 30;
             let filled = width * done / total.max(1);
-            eprint!("\rloading {} [{}{}] {done}/{total} layers", path.display(), "#".repeat(filled), " ".repeat(width - filled));
+            eprint!(
+                "\rloading {} [{}{}] {done}/{total} layers",
+                path.display(),
+                "#".repeat(filled),
+                " ".repeat(width - filled)
+            );
             if done == total {
                 eprint!("\r\x1b[2K");
             }
         }
     };
-    let model = Model::load_with_progress(file.clone(), &mut progress).with_context(|| format!("cannot load {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let model = Model::load_with_progress(file.clone(), &mut progress)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let tokenizer =
+        Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let template = match file.get_str("tokenizer.chat_template")? {
         Some(src) => ChatTemplate::new(src).context("the file's chat template does not parse")?,
         None => ChatTemplate::chatml(),
@@ -124,7 +143,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let threads = match args.threads {
         Some(0) => bail!("-t 0: at least one thread is needed"),
         Some(t) => t,
-        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
     };
     let pool = ThreadPool::new(threads);
 
@@ -134,7 +155,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         .iter()
         .enumerate()
         .filter(|(_, k)| **k == LayerKind::FullAttention)
-        .map(|(il, _)| (cfg.n_head_kv[il] * cfg.head_dim) as u64 * (k_type.bytes() + v_type.bytes()) as u64)
+        .map(|(il, _)| {
+            (cfg.n_head_kv[il] * cfg.head_dim) as u64 * (k_type.bytes() + v_type.bytes()) as u64
+        })
         .sum::<u64>()
         .max(1);
     let (n_ctx, ctx_note) = match args.ctx_size {
@@ -142,7 +165,14 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             let budget = available_memory().unwrap_or(8 << 30) / 2;
             let fit = (budget / kv_per_token) as usize;
             let n = cfg.n_ctx_train.min(fit).max(1);
-            (n, if n < cfg.n_ctx_train { " (capped to half the available memory)" } else { " (trained length)" })
+            (
+                n,
+                if n < cfg.n_ctx_train {
+                    " (capped to half the available memory)"
+                } else {
+                    " (trained length)"
+                },
+            )
         }
         Some(n) => (n, ""),
     };
@@ -162,5 +192,15 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         (kv_per_token * n_ctx as u64) as f64 / (1 << 20) as f64,
         threads,
     );
-    Ok(Loaded { path, file_bytes: file.file_size(), model, tokenizer, template, pool, n_ctx, k_type, v_type })
+    Ok(Loaded {
+        path,
+        file_bytes: file.file_size(),
+        model,
+        tokenizer,
+        template,
+        pool,
+        n_ctx,
+        k_type,
+        v_type,
+    })
 }

@@ -31,7 +31,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let file = GgufFile::open(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
+    let file = GgufFile::open(&args.model)
+        .with_context(|| format!("cannot read {}", args.model.display()))?;
     if let Some(name) = &args.dump {
         dump_tensor(&file, name, args.output.as_ref())?;
         return Ok(ExitCode::SUCCESS);
@@ -46,15 +47,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 fn dump_tensor(file: &GgufFile, name: &str, output: Option<&PathBuf>) -> Result<()> {
-    let Some(t) = file.tensor(name) else { bail!("no tensor named '{name}' in the file") };
+    let Some(t) = file.tensor(name) else {
+        bail!("no tensor named '{name}' in the file")
+    };
     if !formats::can_dequantize(t.ty) {
-        bail!("tensor '{name}' has type {}, which nextn cannot dequantize", t.ty);
+        bail!(
+            "tensor '{name}' has type {}, which nextn cannot dequantize",
+            t.ty
+        );
     }
     let data = file.tensor_data(t);
     let row_len = t.dims.first().copied().unwrap_or(1) as usize;
     let row_bytes = t.row_bytes() as usize;
     let mut sink: Box<dyn Write> = match output {
-        Some(p) => Box::new(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+        Some(p) => Box::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        ),
         None => Box::new(std::io::stdout().lock()),
     };
     let mut w = BufWriter::new(&mut sink);
@@ -65,7 +73,8 @@ fn dump_tensor(file: &GgufFile, name: &str, output: Option<&PathBuf>) -> Result<
         formats::dequantize(t.ty, &data[r * row_bytes..(r + 1) * row_bytes], &mut row)
             .with_context(|| format!("dequantizing row {r} of '{name}'"))?;
         bytes.clear();
-        row.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+        row.iter()
+            .for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
         w.write_all(&bytes)?;
     }
     w.flush()?;
@@ -76,7 +85,9 @@ fn value_summary(v: &MetadataValue) -> Value {
     match v {
         MetadataValue::String(s) if s.len() > 200 => json!(format!("<string, {} bytes>", s.len())),
         MetadataValue::String(s) => json!(s),
-        MetadataValue::Array(a) if a.len() > 16 => json!(format!("<array of {} {}>", a.len(), a.element_type_name())),
+        MetadataValue::Array(a) if a.len() > 16 => {
+            json!(format!("<array of {} {}>", a.len(), a.element_type_name()))
+        }
         MetadataValue::Array(a) => match (a.as_i64_vec(), a.as_f32_vec(), a.as_strings()) {
             (Some(v), _, _) => json!(v),
             (_, Some(v), _) => json!(v),
@@ -101,7 +112,10 @@ fn value_summary(v: &MetadataValue) -> Value {
 
 /// An f32 as JSON with its shortest decimal form (1e-6, not 9.99999997e-7).
 fn f32_json(x: f32) -> Value {
-    x.to_string().parse::<f64>().map(|v| json!(v)).unwrap_or(Value::Null)
+    x.to_string()
+        .parse::<f64>()
+        .map(|v| json!(v))
+        .unwrap_or(Value::Null)
 }
 
 fn hyper_parameters(cfg: &Qwen35Config, n_vocab: usize) -> Value {
@@ -157,9 +171,18 @@ fn hyper_parameters(cfg: &Qwen35Config, n_vocab: usize) -> Value {
 fn tokenizer_summary(file: &GgufFile) -> Value {
     let s = |k: &str| file.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let id = |k: &str| file.get(k).and_then(|v| v.as_u64());
-    let tokens = file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).and_then(|a| a.as_strings());
-    let piece = |i: Option<u64>| i.and_then(|i| tokens.and_then(|t| t.get(i as usize))).cloned();
-    let n_merges = file.get("tokenizer.ggml.merges").and_then(|v| v.as_array()).map(|a| a.len());
+    let tokens = file
+        .get("tokenizer.ggml.tokens")
+        .and_then(|v| v.as_array())
+        .and_then(|a| a.as_strings());
+    let piece = |i: Option<u64>| {
+        i.and_then(|i| tokens.and_then(|t| t.get(i as usize)))
+            .cloned()
+    };
+    let n_merges = file
+        .get("tokenizer.ggml.merges")
+        .and_then(|v| v.as_array())
+        .map(|a| a.len());
     let template = s("tokenizer.chat_template");
     json!({
         "model": s("tokenizer.ggml.model"),
@@ -203,7 +226,10 @@ fn nextn_summary(file: &GgufFile, cfg: &Qwen35Config, n_vocab: usize) -> Value {
 }
 
 pub fn build_report(file: &GgufFile, list_tensors: bool) -> Value {
-    let arch = file.get("general.architecture").and_then(|v| v.as_str()).map(str::to_string);
+    let arch = file
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
     let mut by_type: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
     for t in file.tensors() {
         let e = by_type.entry(t.ty.name()).or_default();
@@ -223,7 +249,11 @@ pub fn build_report(file: &GgufFile, list_tensors: bool) -> Value {
         .collect();
     let n_vocab = inventory::n_vocab(file);
     let (hp, nextn, model_error) = match Qwen35Config::from_gguf(file) {
-        Ok(cfg) => (Some(hyper_parameters(&cfg, n_vocab)), Some(nextn_summary(file, &cfg, n_vocab)), None),
+        Ok(cfg) => (
+            Some(hyper_parameters(&cfg, n_vocab)),
+            Some(nextn_summary(file, &cfg, n_vocab)),
+            None,
+        ),
         Err(e) => (None, None, Some(e.to_string())),
     };
     let metadata: BTreeMap<&str, Value> = file
@@ -258,7 +288,10 @@ pub fn build_report(file: &GgufFile, list_tensors: bool) -> Value {
             .iter()
             .map(|t| json!({"name": t.name, "type": t.ty.name(), "dims": t.dims, "bytes": t.n_bytes, "shard": t.shard}))
             .collect();
-        report.as_object_mut().expect("json object").insert("tensors".into(), json!(list));
+        report
+            .as_object_mut()
+            .expect("json object")
+            .insert("tensors".into(), json!(list));
     }
     report
 }
@@ -284,7 +317,10 @@ fn print_text(r: &Value) {
     };
     println!("file          {}", s(&r["file"]));
     if r["shards"].as_array().map(|a| a.len()).unwrap_or(0) > 1 {
-        println!("shards        {}", r["shards"].as_array().map(|a| a.len()).unwrap_or(0));
+        println!(
+            "shards        {}",
+            r["shards"].as_array().map(|a| a.len()).unwrap_or(0)
+        );
     }
     println!(
         "format        GGUF v{}, alignment {}, {} metadata keys, {}",
@@ -312,7 +348,11 @@ fn print_text(r: &Value) {
     );
     if let Some(types) = r["types"].as_object() {
         for (ty, v) in types {
-            println!("  {ty:<8} {:>5} tensors  {:>12}", v["tensors"], human_bytes(v["bytes"].as_u64().unwrap_or(0)));
+            println!(
+                "  {ty:<8} {:>5} tensors  {:>12}",
+                v["tensors"],
+                human_bytes(v["bytes"].as_u64().unwrap_or(0))
+            );
         }
     }
     for u in r["unsupported_tensors"].as_array().into_iter().flatten() {
@@ -339,8 +379,16 @@ fn print_text(r: &Value) {
         println!(
             "NextN head    blk.{}: {}{}, {} tensors",
             n["block"],
-            if n["complete"].as_bool() == Some(true) { "complete" } else { "INCOMPLETE" },
-            if n["sidecar"].as_bool() == Some(true) { " (MTP-only sidecar)" } else { "" },
+            if n["complete"].as_bool() == Some(true) {
+                "complete"
+            } else {
+                "INCOMPLETE"
+            },
+            if n["sidecar"].as_bool() == Some(true) {
+                " (MTP-only sidecar)"
+            } else {
+                ""
+            },
             n["tensors"].as_array().map(|a| a.len()).unwrap_or(0)
         );
         for p in n["problems"].as_array().into_iter().flatten() {
@@ -355,7 +403,13 @@ fn print_text(r: &Value) {
     if let Some(list) = r["tensors"].as_array() {
         println!("tensor list:");
         for t in list {
-            println!("  {:<44} {:<7} {:<22} {:>12}", s(&t["name"]), s(&t["type"]), t["dims"].to_string(), s(&t["bytes"]));
+            println!(
+                "  {:<44} {:<7} {:<22} {:>12}",
+                s(&t["name"]),
+                s(&t["type"]),
+                t["dims"].to_string(),
+                s(&t["bytes"])
+            );
         }
     }
 }

@@ -40,7 +40,11 @@ pub struct Args {
     #[arg(long)]
     pub mtp: bool,
     /// MTP-only sidecar GGUF for --mtp
-    #[arg(long = "spec-draft-model", visible_alias = "model-draft", requires = "mtp")]
+    #[arg(
+        long = "spec-draft-model",
+        visible_alias = "model-draft",
+        requires = "mtp"
+    )]
     pub draft_model: Option<PathBuf>,
     /// Rows per forward pass (default: the whole prompt in one pass)
     #[arg(short = 'b', long = "batch-size")]
@@ -59,7 +63,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         bail!("the prompt is empty: give -p TEXT, -f FILE or --tokens IDS");
     }
     if tokens.len() > loaded.n_ctx {
-        bail!("the prompt has {} tokens, more than the context length {} (-c)", tokens.len(), loaded.n_ctx);
+        bail!(
+            "the prompt has {} tokens, more than the context length {} (-c)",
+            tokens.len(),
+            loaded.n_ctx
+        );
     }
     let head = if args.mtp {
         let spec = super::run::SpecArgs {
@@ -75,14 +83,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
         None
     };
     let mut state = loaded.new_sequence();
-    let mut head_cache = head.as_ref().map(|h| h.new_cache(loaded.k_type, loaded.v_type));
+    let mut head_cache = head
+        .as_ref()
+        .map(|h| h.new_cache(loaded.k_type, loaded.v_type));
     let batch = args.batch_size.unwrap_or(tokens.len()).max(1);
     let e = loaded.model.config.n_embd;
     let mut prev_hidden = vec![0.0f32; e];
     let mut pos = 0;
     let mut positions = Vec::new();
     for chunk in tokens.chunks(batch) {
-        let target_rows = if head.is_some() { LogitRows::None } else { LogitRows::All };
+        let target_rows = if head.is_some() {
+            LogitRows::None
+        } else {
+            LogitRows::All
+        };
         let mut out = loaded
             .model
             .forward(chunk, &mut state, target_rows, &loaded.pool)
@@ -124,25 +138,49 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     if args.json {
         let source = if head.is_some() { "mtp" } else { "target" };
-        println!("{}", serde_json::to_string(&json!({"source": source, "tokens": tokens, "positions": positions}))?);
+        println!(
+            "{}",
+            serde_json::to_string(
+                &json!({"source": source, "tokens": tokens, "positions": positions})
+            )?
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// One row's summary in the shape of the golden files: argmax, log-sum-exp, top list.
-pub fn row_json(pos: usize, token: u32, row: &[f32], hidden: &[f32], top: usize, full: bool, with_hidden: bool) -> serde_json::Value {
+pub fn row_json(
+    pos: usize,
+    token: u32,
+    row: &[f32],
+    hidden: &[f32],
+    top: usize,
+    full: bool,
+    with_hidden: bool,
+) -> serde_json::Value {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max as f64 + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln();
+    let lse = max as f64
+        + row
+            .iter()
+            .map(|&v| ((v - max) as f64).exp())
+            .sum::<f64>()
+            .ln();
     let mut order: Vec<u32> = (0..row.len() as u32).collect();
     let k = top.min(row.len());
     if k > 0 {
-        order.select_nth_unstable_by(k - 1, |&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        order.select_nth_unstable_by(k - 1, |&a, &b| {
+            row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b))
+        });
         order.truncate(k);
         order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
     }
     let top_list: Vec<(u32, f32)> = order.iter().map(|&i| (i, row[i as usize])).collect();
     let argmax = nextn_engine::sampler::argmax(row);
-    let hidden_l2 = hidden.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>().sqrt();
+    let hidden_l2 = hidden
+        .iter()
+        .map(|&v| (v as f64) * (v as f64))
+        .sum::<f64>()
+        .sqrt();
     let mut v = json!({
         "pos": pos,
         "token": token,
@@ -152,10 +190,14 @@ pub fn row_json(pos: usize, token: u32, row: &[f32], hidden: &[f32], top: usize,
         "hidden_norm": hidden_l2,
     });
     if full {
-        v.as_object_mut().expect("json object").insert("logits".into(), json!(row));
+        v.as_object_mut()
+            .expect("json object")
+            .insert("logits".into(), json!(row));
     }
     if with_hidden {
-        v.as_object_mut().expect("json object").insert("hidden".into(), json!(hidden));
+        v.as_object_mut()
+            .expect("json object")
+            .insert("hidden".into(), json!(hidden));
     }
     v
 }

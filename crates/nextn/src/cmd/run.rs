@@ -94,13 +94,25 @@ pub struct SpecArgs {
     #[arg(long = "spec-type", default_value = "none", value_parser = ["none", "nextn", "draft-mtp", "mtp"])]
     pub spec_type: String,
     /// Most tokens drafted per step
-    #[arg(long = "spec-draft-n-max", visible_alias = "draft-max", default_value_t = 3)]
+    #[arg(
+        long = "spec-draft-n-max",
+        visible_alias = "draft-max",
+        default_value_t = 3
+    )]
     pub n_max: usize,
     /// Drafts shorter than this are discarded
-    #[arg(long = "spec-draft-n-min", visible_alias = "draft-min", default_value_t = 0)]
+    #[arg(
+        long = "spec-draft-n-min",
+        visible_alias = "draft-min",
+        default_value_t = 0
+    )]
     pub n_min: usize,
     /// Stop drafting when the head's top-1 probability (full softmax) is below this
-    #[arg(long = "spec-draft-p-min", visible_alias = "draft-p-min", default_value_t = 0.0)]
+    #[arg(
+        long = "spec-draft-p-min",
+        visible_alias = "draft-p-min",
+        default_value_t = 0.0
+    )]
     pub p_min: f32,
     /// How drafts are chosen when sampling (temperature > 0): greedy (head's top-1, exact-match
     /// acceptance, same tokens as plain decoding for a seed) or sample (draw from the head, accept
@@ -121,9 +133,19 @@ impl SpecArgs {
         if !(0.0..=1.0).contains(&self.p_min) {
             bail!("--spec-draft-p-min {} must be between 0 and 1", self.p_min);
         }
-        let draft_sampling = DraftSampling::parse(&self.draft_sampling)
-            .with_context(|| format!("--spec-draft-sampling {}: expected greedy or sample", self.draft_sampling))?;
-        Ok(SpecParams { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, draft_sampling, trace: false })
+        let draft_sampling = DraftSampling::parse(&self.draft_sampling).with_context(|| {
+            format!(
+                "--spec-draft-sampling {}: expected greedy or sample",
+                self.draft_sampling
+            )
+        })?;
+        Ok(SpecParams {
+            n_max: self.n_max,
+            n_min: self.n_min,
+            p_min: self.p_min,
+            draft_sampling,
+            trace: false,
+        })
     }
 
     /// Bind the NextN head from the model file or the sidecar; a clear error when there is none.
@@ -147,7 +169,10 @@ impl SpecArgs {
 impl SamplingArgs {
     pub fn config(&self) -> Result<SamplerConfig> {
         let seed = if self.seed < 0 {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
         } else {
             self.seed as u64
         };
@@ -170,7 +195,8 @@ impl SamplingArgs {
 pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
     match (prompt, file) {
         (Some(p), _) => Ok(p.clone()),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file {}", f.display())),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read prompt file {}", f.display())),
         (None, None) => bail!("no prompt: give -p TEXT or -f FILE"),
     }
 }
@@ -178,13 +204,22 @@ pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<St
 pub fn run(args: Args) -> Result<ExitCode> {
     let sampler_cfg = args.sampling.config()?;
     let spec_params = args.spec.params()?;
-    let text = if args.tokens.is_empty() { prompt_text(&args.prompt, &args.file)? } else { String::new() };
+    let text = if args.tokens.is_empty() {
+        prompt_text(&args.prompt, &args.file)?
+    } else {
+        String::new()
+    };
     let loaded = common::load(&args.model)?;
-    let head = if args.spec.enabled() { Some(args.spec.load_head(&loaded)?) } else { None };
+    let head = if args.spec.enabled() {
+        Some(args.spec.load_head(&loaded)?)
+    } else {
+        None
+    };
     let prompt = if args.chat {
         let mut kwargs = serde_json::Map::new();
         if let Some(k) = &args.chat_template_kwargs {
-            let v: serde_json::Value = serde_json::from_str(k).context("--chat-template-kwargs is not valid JSON")?;
+            let v: serde_json::Value =
+                serde_json::from_str(k).context("--chat-template-kwargs is not valid JSON")?;
             match v {
                 serde_json::Value::Object(m) => kwargs = m,
                 _ => bail!("--chat-template-kwargs must be a JSON object"),
@@ -199,9 +234,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         text
     };
-    let tokens = if args.tokens.is_empty() { loaded.tokenizer.encode(&prompt, true) } else { args.tokens.clone() };
+    let tokens = if args.tokens.is_empty() {
+        loaded.tokenizer.encode(&prompt, true)
+    } else {
+        args.tokens.clone()
+    };
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= loaded.model.n_vocab) {
-        bail!("token id {bad} is out of range: the vocabulary has {} tokens", loaded.model.n_vocab);
+        bail!(
+            "token id {bad} is out of range: the vocabulary has {} tokens",
+            loaded.model.n_vocab
+        );
     }
     let params = GenerateParams {
         n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize),
@@ -216,14 +258,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if streaming {
             let mut out = stdout.lock();
             // A closed pipe (e.g. `| head`) ends generation instead of failing.
-            out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok()
+            out.write_all(piece.as_bytes())
+                .and_then(|_| out.flush())
+                .is_ok()
         } else {
             true
         }
     };
     let (generation, spec_stats) = match &head {
         Some(head) => {
-            let mut seq = SpecSequence::new(&loaded.model, head, loaded.n_ctx, loaded.k_type, loaded.v_type);
+            let mut seq = SpecSequence::new(
+                &loaded.model,
+                head,
+                loaded.n_ctx,
+                loaded.k_type,
+                loaded.v_type,
+            );
             let (g, s) = generate_speculative(
                 &loaded.model,
                 head,
@@ -240,7 +290,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         None => {
             let mut state = loaded.new_sequence();
-            let g = generate(&loaded.model, &loaded.tokenizer, &loaded.pool, &mut state, &tokens, &params, &mut sampler, on_text)?;
+            let g = generate(
+                &loaded.model,
+                &loaded.tokenizer,
+                &loaded.pool,
+                &mut state,
+                &tokens,
+                &params,
+                &mut sampler,
+                on_text,
+            )?;
             (g, None)
         }
     };

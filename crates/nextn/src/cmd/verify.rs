@@ -32,10 +32,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Err(e) => return unusable(e.to_string()),
     };
     let Some(block) = cfg.nextn_block() else {
-        return unusable(format!("{} file has no NextN head ({}.nextn_predict_layers is 0 or absent)", cfg.arch.name(), cfg.arch.name()));
+        return unusable(format!(
+            "{} file has no NextN head ({}.nextn_predict_layers is 0 or absent)",
+            cfg.arch.name(),
+            cfg.arch.name()
+        ));
     };
     if cfg.n_nextn != 1 {
-        return unusable(format!("{} NextN layers; only one is supported (as in every Qwen3.5/3.6 checkpoint)", cfg.n_nextn));
+        return unusable(format!(
+            "{} NextN layers; only one is supported (as in every Qwen3.5/3.6 checkpoint)",
+            cfg.n_nextn
+        ));
     }
     let n_vocab = inventory::n_vocab(&file);
     let sidecar = file.tensor("blk.0.attn_norm.weight").is_none();
@@ -43,7 +50,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if sidecar {
         // An MTP-only file carries the embedding, final norm and head beside blk.N.
         let e = cfg.n_embd as u64;
-        expected.push(inventory::ExpectedTensor { name: "token_embd.weight".into(), dims: vec![e, n_vocab as u64], required: true });
+        expected.push(inventory::ExpectedTensor {
+            name: "token_embd.weight".into(),
+            dims: vec![e, n_vocab as u64],
+            required: true,
+        });
     } else {
         expected.extend(inventory::trunk_tensors(&cfg, &file, n_vocab));
     }
@@ -60,7 +71,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         args.model.display(),
         cfg.arch.name(),
         if sidecar { "MTP-only sidecar" } else { "model" },
-        if file.tensor(&format!("blk.{block}.nextn.shared_head_head.weight")).is_some() { ", own LM head" } else { "" },
+        if file
+            .tensor(&format!("blk.{block}.nextn.shared_head_head.weight"))
+            .is_some()
+        {
+            ", own LM head"
+        } else {
+            ""
+        },
         expected.len()
     );
     Ok(ExitCode::SUCCESS)
