@@ -70,6 +70,17 @@ unsafe impl Sync for OutSink {}
 unsafe impl Send for OutSink {}
 
 impl OutSink {
+    /// A sink over `out`, which holds `n_act` rows of `rows` results.
+    #[cfg(test)]
+    pub(crate) fn new(out: &mut [f32], rows: usize, n_act: usize) -> OutSink {
+        assert!(out.len() >= rows * n_act);
+        OutSink {
+            ptr: out.as_mut_ptr(),
+            rows,
+            n_act,
+        }
+    }
+
     /// # Safety
     /// `i < n_act`, `r < rows`, and no other thread writes the same `(i, r)`.
     #[inline]

@@ -23,7 +23,10 @@
 //! rows therefore cost only their integer arithmetic, never another pass over memory or
 //! another decode, and since every (weight row, activation row) pair goes through the
 //! same function with the same operation order, a row's result does not depend on the
-//! other rows in its batch, on the thread count, or on the row split.
+//! other rows in its batch, on the thread count, or on the row split. At the AVX2 level,
+//! Q4_K, Q5_K, Q6_K and Q8_0 skip the stage: a fused kernel decodes each weight block in
+//! registers and multiplies it with every activation row of the pass, with the same
+//! operations per (weight row, activation row) as the staged path (`x86/fused.rs`).
 //!
 //! Numerics: integer parts are exact and identical on every path; the f32 accumulation
 //! order differs between paths (and from ggml's), so results agree with the reference

@@ -2,13 +2,16 @@
 //!
 //! Per weight row: one decoder unpacks it into the stage, then one dot function runs per
 //! activation row. Decoders are AVX2 code that the AVX-512 kernels reuse (decoding is a
-//! small share of the work); the dot products have a version per level.
+//! small share of the work); the dot products have a version per level. At the AVX2
+//! level the common model types (Q4_K, Q5_K, Q6_K, Q8_0) use the fused kernels of
+//! `fused`, which give the same bits without the stage.
 
 pub(crate) mod act_avx2;
 mod decode_k;
 mod decode_legacy;
 mod dot_avx2;
 mod dot_avx512;
+mod fused;
 
 use std::ops::Range;
 
@@ -60,10 +63,10 @@ macro_rules! kernels {
             $( rows_kernel!($ty, "avx512f,avx512bw,avx512vl,avx2,fma,f16c", $decode, $dot512); )*
         }
 
-        /// The kernel for `ty` at `level` (Avx2 or Avx512; the caller has checked that the
-        /// CPU supports it and that `ty` is supported).
+        /// The staged kernel for `ty` at `level` (Avx2 or Avx512; the caller has checked
+        /// that the CPU supports it and that `ty` is supported).
         #[allow(non_snake_case)]
-        pub(crate) fn rows_fn(level: SimdLevel, ty: GgmlType) -> RowsFn {
+        fn staged_rows_fn(level: SimdLevel, ty: GgmlType) -> RowsFn {
             let wide = level == SimdLevel::Avx512;
             match ty {
                 $( GgmlType::$ty => if wide { avx512_kernels::$ty as RowsFn } else { avx2_kernels::$ty as RowsFn }, )*
@@ -94,4 +97,100 @@ kernels! {
     Q6_K => decode_q6_k, d2::dot_k::<false, MINS_OFFSET>, d5::dot_k::<false, MINS_OFFSET>;
     Q8_K => decode_q8_k, d2::dot_k::<true, MINS_NONE>, d5::dot_k::<true, MINS_NONE>;
     IQ4_XS => decode_iq4_xs, d2::dot_k::<true, MINS_NONE>, d5::dot_k::<true, MINS_NONE>;
+}
+
+/// The kernel for `ty` at `level` (Avx2 or Avx512; the caller has checked that the CPU
+/// supports it and that `ty` is supported): the fused AVX2 kernel for the common model
+/// types at the AVX2 level, the staged one otherwise.
+pub(crate) fn rows_fn(level: SimdLevel, ty: GgmlType) -> RowsFn {
+    if level == SimdLevel::Avx2 {
+        match ty {
+            GgmlType::Q4_K => return fused::rows_q4_k,
+            GgmlType::Q5_K => return fused::rows_q5_k,
+            GgmlType::Q6_K => return fused::rows_q6_k,
+            GgmlType::Q8_0 => return fused::rows_q8_0,
+            _ => {}
+        }
+    }
+    staged_rows_fn(level, ty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::act::{ActKind, ActRows};
+    use super::*;
+
+    /// xorshift64*: deterministic test data without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn uniform(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    /// Random blocks of `ty` whose f16 scale fields (at `fields` in each block) are modest.
+    fn random_matrix(ty: GgmlType, rows: usize, cols: usize, fields: &[usize]) -> Vec<u8> {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ty.type_size() as u64);
+        let n_bytes = rows * cols / ty.block_size() * ty.type_size();
+        let mut data: Vec<u8> = (0..n_bytes).map(|_| rng.next() as u8).collect();
+        for blk in data.chunks_exact_mut(ty.type_size()) {
+            for &at in fields {
+                let v = half::f16::from_f32(0.02 * rng.uniform()).to_bits();
+                blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        data
+    }
+
+    fn run(f: RowsFn, m: &QMatrix, act: &ActRows) -> Vec<u32> {
+        let mut out = vec![0f32; m.rows * act.n_rows];
+        let sink = OutSink::new(&mut out, m.rows, act.n_rows);
+        let mut stage = Stage::new(m.ty, m.cols);
+        // SAFETY: AVX2 checked by the caller, matrix validated by `QMatrix::new`, `act`
+        // quantized for this type and width, the stage made for them.
+        unsafe { f(m, 0..m.rows, act, &mut stage, &sink) };
+        out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The fused kernels compute exactly what the staged ones do, for every row count
+    /// (including odd block counts, which take the Q8_0 kernel's tail path).
+    #[test]
+    fn fused_kernels_match_staged_bit_for_bit() {
+        if !SimdLevel::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let cases: [(GgmlType, usize, &[usize]); 4] = [
+            (GgmlType::Q4_K, 768, &[0, 2]),
+            (GgmlType::Q5_K, 768, &[0, 2]),
+            (GgmlType::Q6_K, 768, &[208]),
+            (GgmlType::Q8_0, 800, &[0]),
+        ];
+        let rows = 21;
+        for (ty, cols, fields) in cases {
+            let data = random_matrix(ty, rows, cols, fields);
+            let m = QMatrix::new(ty, rows, cols, &data).unwrap();
+            let kind = ActKind::for_weight(ty).unwrap();
+            let fused_fn = rows_fn(SimdLevel::Avx2, ty);
+            let staged_fn = staged_rows_fn(SimdLevel::Avx2, ty);
+            assert_ne!(
+                fused_fn as usize, staged_fn as usize,
+                "{ty} has no fused kernel"
+            );
+            let mut rng = Rng(77);
+            for n in 1..=8 {
+                let x: Vec<f32> = (0..n * cols).map(|_| 3.0 * rng.uniform()).collect();
+                let act = ActRows::quantize(kind, &x, n, cols, true);
+                let fused = run(fused_fn, &m, &act);
+                let staged = run(staged_fn, &m, &act);
+                assert_eq!(fused, staged, "{ty} with {n} activation rows");
+            }
+        }
+    }
 }
