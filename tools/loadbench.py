@@ -3,13 +3,14 @@
 levels for plain decoding, always-on MTP drafting, the fixed drafting throttle and `auto`.
 
 It starts one server per mode (all at once, on free loopback ports; idle ones cost nothing), then
-for every round, concurrency level and mode runs C client threads that each send the same number
-of /v1/completions requests (temperature 0, fixed length). Rounds interleave the modes so that
-drift in machine load hits them alike; the table reports the median over rounds.
+for every round, concurrency level and mode runs C client threads that together send the same
+number of /v1/completions requests (temperature 0, fixed length, each thread back to back).
+Rounds interleave the modes so that drift in machine load hits them alike; the table reports the
+median over rounds.
 
 Usage:
   python3 tools/loadbench.py [--bin target/release/nextn] [-m MODEL] [--levels 1,2,4,8,16]
-                             [--requests 3] [--tokens 64] [--rounds 3] [--throttle 2]
+                             [--requests 24] [--tokens 48] [--rounds 3] [--throttle 2]
                              [--nice -5] [--markdown out.md] [--json out.json]
   python3 tools/loadbench.py --url http://127.0.0.1:8080 --levels 1,4   # one running server
 
@@ -125,15 +126,17 @@ def metrics(host, port):
 
 
 def run_cell(host, port, prompts, concurrency, requests, tokens):
-    """C threads, each sending `requests` completions back to back. Returns a result dict."""
+    """C threads sending `requests` completions in all (at least one each), each thread back to
+    back. Returns a result dict."""
+    per_client = max(1, -(-requests // concurrency))
     results = []
     errors = []
     lock = threading.Lock()
     before = metrics(host, port)
 
     def client(k):
-        for r in range(requests):
-            prompt = prompts[(k * requests + r) % len(prompts)]
+        for r in range(per_client):
+            prompt = prompts[(k * per_client + r) % len(prompts)]
             body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
             t = time.time()
             try:
@@ -158,11 +161,14 @@ def run_cell(host, port, prompts, concurrency, requests, tokens):
         print(f"  {len(errors)} errors, first: {errors[0]}", file=sys.stderr)
     total = sum(r[0] for r in results)
     per_request = [r[2]["predicted_per_second"] for r in results if r[2]["predicted_ms"] > 0]
+    ttft = [r[2]["prompt_ms"] for r in results]
     drafted = after.get("llamacpp:spec_decode_num_draft_tokens_total", 0) - before.get("llamacpp:spec_decode_num_draft_tokens_total", 0)
     accepted = after.get("llamacpp:spec_decode_num_accepted_tokens_total", 0) - before.get("llamacpp:spec_decode_num_accepted_tokens_total", 0)
     return {
         "aggregate_tps": total / wall if wall > 0 else 0.0,
-        "per_request_tps": statistics.mean(per_request) if per_request else 0.0,
+        # The median request: a mean of rates would be pulled up by a few lucky short ones.
+        "per_request_tps": statistics.median(per_request) if per_request else 0.0,
+        "prompt_ms": statistics.median(ttft) if ttft else 0.0,
         "tokens": total,
         "wall_s": wall,
         "drafted": drafted,
@@ -177,14 +183,14 @@ def main():
     ap.add_argument("-m", "--model", default=None)
     ap.add_argument("--url", default=None, help="bench one running server instead of starting the four modes")
     ap.add_argument("--levels", default="1,2,4,8,16")
-    ap.add_argument("--requests", type=int, default=3, help="requests per client per cell")
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=24, help="requests per cell, spread over the clients (at least one each)")
+    ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--throttle", type=int, default=2, help="N of the fixed throttle (--spec-max-drafting-slots N)")
     ap.add_argument("--n-max", type=int, default=3, help="--spec-draft-n-max for the MTP modes")
     ap.add_argument("--threads", type=int, default=0, help="-t for the servers (default: the server's own)")
     ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--modes", default="plain,mtp,throttle,auto")
+    ap.add_argument("--modes", default="plain,mtp,throttle,auto", help="comma list of plain, mtp, throttle, auto, each optionally with a draft depth (mtp1, auto4)")
     ap.add_argument("--nice", type=int, default=0, help="run the servers under `nice -n N` (negative: ahead of other work on a shared machine)")
     ap.add_argument("--prompts", default=DEFAULT_PROMPTS)
     ap.add_argument("--markdown", default=None)
@@ -193,13 +199,18 @@ def main():
 
     levels = [int(x) for x in args.levels.split(",")]
     prompts = load_prompts(args.prompts)
-    spec = ["--spec-type", "nextn", "--spec-draft-n-max", str(args.n_max)]
-    all_modes = {
-        "plain": ["--spec-type", "none"],
-        "mtp": spec + ["--spec-max-drafting-slots", str(args.slots)],
-        "throttle": spec + ["--spec-max-drafting-slots", str(args.throttle)],
-        "auto": spec + ["--spec-max-drafting-slots", "auto"],
-    }
+    def mode_args(mode):
+        """plain | mtp | throttle | auto, optionally with the draft depth: mtp2, auto4, ..."""
+        m = re.fullmatch(r"(plain|mtp|throttle|auto)(\d*)", mode)
+        if not m:
+            sys.exit(f"unknown mode {mode!r}: use plain, mtp, throttle or auto, optionally with a depth (mtp2)")
+        kind, depth = m.group(1), m.group(2) or str(args.n_max)
+        if kind == "plain":
+            return ["--spec-type", "none"]
+        spec = ["--spec-type", "nextn", "--spec-draft-n-max", depth]
+        drafting = {"mtp": str(args.slots), "throttle": str(args.throttle), "auto": "auto"}[kind]
+        return spec + ["--spec-max-drafting-slots", drafting]
+
     servers = []
     if args.url:
         u = urllib.parse.urlparse(args.url)
@@ -207,7 +218,7 @@ def main():
     else:
         modes = [m for m in args.modes.split(",") if m]
         for m in modes:
-            servers.append(Server(m, args.bin, args.model, all_modes[m], args.threads, args.slots, args.nice))
+            servers.append(Server(m, args.bin, args.model, mode_args(m), args.threads, args.slots, args.nice))
         for s in servers:
             s.wait_ready()
         targets = [(s.name, "127.0.0.1", s.port) for s in servers]

@@ -69,7 +69,8 @@ impl ApiError {
             "type": self.kind,
             "param": self.param,
         });
-        if let (Some(Value::Object(extra)), Value::Object(e)) = (self.extra.as_deref(), &mut error) {
+        if let (Some(Value::Object(extra)), Value::Object(e)) = (self.extra.as_deref(), &mut error)
+        {
             for (k, v) in extra {
                 e.insert(k.clone(), v.clone());
             }

@@ -190,6 +190,40 @@ pub fn render(m: &MetricsSnapshot, n_slots: usize, n_max: usize) -> String {
         "Rows in the last target forward pass.",
         &one(m.last_step_rows as f64),
     );
+    let curve = |v: &[(usize, f64)]| -> Vec<(String, f64)> {
+        v.iter()
+            .map(|&(r, ms)| (format!("{{rows=\"{r}\"}}"), ms / 1000.0))
+            .collect()
+    };
+    if !m.cost_target_ms.is_empty() {
+        family(
+            &mut out,
+            &n("cost_target_pass_seconds"),
+            Kind::Gauge,
+            "Drafting policy's current estimate of a target pass over this many rows (one with logits).",
+            &curve(&m.cost_target_ms),
+        );
+        family(
+            &mut out,
+            &n("cost_head_pass_seconds"),
+            Kind::Gauge,
+            "Drafting policy's current estimate of a head pass over this many rows (one with logits).",
+            &curve(&m.cost_head_ms),
+        );
+        let acc: Vec<(String, f64)> = m
+            .acceptance_estimate
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (format!("{{position=\"{i}\"}}"), a))
+            .collect();
+        family(
+            &mut out,
+            &n("acceptance_estimate"),
+            Kind::Gauge,
+            "Drafting policy's server-wide estimate of acceptance at each draft position, given the earlier ones were accepted.",
+            &acc,
+        );
+    }
     family(
         &mut out,
         &n("step_seconds"),

@@ -312,7 +312,9 @@ async fn submit(
                 info.n_ctx_slot
             ),
         );
-        e.extra = Some(Box::new(json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot})));
+        e.extra = Some(Box::new(
+            json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot}),
+        ));
         return Err(e);
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

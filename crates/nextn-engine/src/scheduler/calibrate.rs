@@ -1,6 +1,8 @@
 //! Start-up measurement of what a target pass and a head pass cost at several row counts, so the
 //! first drafting decisions are already priced with this machine's numbers. Bounded in time:
 //! on a large model only the smallest row counts are measured and the rest is extrapolated.
+//! Row counts are measured in interleaved rounds and the fastest time of each is kept, so a burst
+//! of other work on a shared machine does not bend the curve.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +15,44 @@ use crate::generate::ms_since;
 
 const ROW_GRID: [usize; 16] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 const BUDGET: Duration = Duration::from_secs(4);
-const REPS: usize = 3;
+const ROUNDS: usize = 3;
+
+/// Fastest (no-logits, all-logits) time of each row count over interleaved rounds; stops after
+/// `budget` (keeping what was measured) or at the first failure.
+fn sweep(
+    rows: &[usize],
+    budget: Duration,
+    measure: impl Fn(usize, LogitRows) -> Option<f64>,
+) -> (Vec<(usize, f64)>, f64) {
+    let t0 = Instant::now();
+    let mut best = vec![(f64::INFINITY, f64::INFINITY); rows.len()];
+    'rounds: for _ in 0..ROUNDS {
+        for (i, &r) in rows.iter().enumerate() {
+            let (Some(none), Some(all)) = (measure(r, LogitRows::None), measure(r, LogitRows::All))
+            else {
+                break 'rounds;
+            };
+            best[i] = (best[i].0.min(none), best[i].1.min(all));
+            if t0.elapsed() > budget {
+                break 'rounds;
+            }
+        }
+    }
+    let measured: Vec<(usize, (f64, f64))> = rows
+        .iter()
+        .copied()
+        .zip(best)
+        .filter(|(_, b)| b.0.is_finite() && b.1.is_finite())
+        .collect();
+    let points = measured.iter().map(|&(r, b)| (r, b.0)).collect();
+    let logit = median(
+        measured
+            .iter()
+            .map(|&(r, b)| ((b.1 - b.0) / r as f64).max(0.0))
+            .collect(),
+    );
+    (points, logit)
+}
 
 impl<'e> Core<'e> {
     pub(super) fn wants_calibration(&self) -> bool {
@@ -36,75 +75,50 @@ impl<'e> Core<'e> {
 
         let time_target = |rows: usize, logits: LogitRows| -> Option<f64> {
             let tokens: Vec<u32> = (0..rows).map(token).collect();
-            let mut best = f64::INFINITY;
-            for _ in 0..REPS {
-                let mut state = model.new_sequence(rows + 1, kt, vt);
-                let t = Instant::now();
-                model.forward(&tokens, &mut state, logits, pool).ok()?;
-                best = best.min(ms_since(t));
-            }
-            Some(best)
+            let mut state = model.new_sequence(rows + 1, kt, vt);
+            let t = Instant::now();
+            model.forward(&tokens, &mut state, logits, pool).ok()?;
+            Some(ms_since(t))
         };
         // The first pass also pages the weights in; it is not a measurement.
         let _ = time_target(1, LogitRows::Last);
-        let mut points = Vec::new();
-        let mut logit_ms = Vec::new();
-        for &rows in ROW_GRID.iter().filter(|&&r| r <= max_rows) {
-            let (Some(none), Some(all)) = (
-                time_target(rows, LogitRows::None),
-                time_target(rows, LogitRows::All),
-            ) else {
-                break;
-            };
-            points.push((rows, none));
-            logit_ms.push(((all - none) / rows as f64).max(0.0));
-            if t0.elapsed() > BUDGET / 2 {
-                break;
-            }
-        }
+        let grid: Vec<usize> = ROW_GRID
+            .iter()
+            .copied()
+            .filter(|&r| r <= max_rows)
+            .collect();
+        let (points, logit_ms) = sweep(&grid, BUDGET / 2, time_target);
         if !points.is_empty() {
-            self.cost.target = RowCost::from_points(&points, median(logit_ms));
+            self.cost.target = RowCost::from_points(&points, logit_ms);
         }
 
-        let mut head_points = Vec::new();
-        let mut head_logit_ms = Vec::new();
         if let Some(head) = self.engine.head.as_ref() {
             let e = model.config.n_embd;
             let max_head_rows = (self.cfg.n_slots * 2).clamp(2, 256);
             let time_head = |rows: usize, logits: LogitRows| -> Option<f64> {
                 let tokens: Vec<u32> = (0..rows).map(token).collect();
                 let hidden = vec![0.0f32; rows * e];
-                let mut best = f64::INFINITY;
-                for _ in 0..REPS {
-                    let mut cache = head.new_cache(kt, vt);
-                    let t = Instant::now();
-                    head.forward(&tokens, &hidden, 0, &mut cache, logits, pool)
-                        .ok()?;
-                    best = best.min(ms_since(t));
-                }
-                Some(best)
+                let mut cache = head.new_cache(kt, vt);
+                let t = Instant::now();
+                head.forward(&tokens, &hidden, 0, &mut cache, logits, pool)
+                    .ok()?;
+                Some(ms_since(t))
             };
-            for &rows in ROW_GRID.iter().filter(|&&r| r <= max_head_rows) {
-                let (Some(none), Some(all)) = (
-                    time_head(rows, LogitRows::None),
-                    time_head(rows, LogitRows::All),
-                ) else {
-                    break;
-                };
-                head_points.push((rows, none));
-                head_logit_ms.push(((all - none) / rows as f64).max(0.0));
-                if t0.elapsed() > BUDGET {
-                    break;
-                }
-            }
-            if !head_points.is_empty() {
-                self.cost.head = RowCost::from_points(&head_points, median(head_logit_ms));
+            let grid: Vec<usize> = ROW_GRID
+                .iter()
+                .copied()
+                .filter(|&r| r <= max_head_rows)
+                .collect();
+            let left = BUDGET.saturating_sub(t0.elapsed()).max(BUDGET / 8);
+            let (points, logit_ms) = sweep(&grid, left, time_head);
+            if !points.is_empty() {
+                self.cost.head = RowCost::from_points(&points, logit_ms);
             }
 
             // Committing a verify batch that kept one row (the costliest rollback: a replay).
             if n_max > 0 {
                 let mut best = f64::INFINITY;
-                for _ in 0..REPS {
+                for _ in 0..ROUNDS {
                     let mut state = model.new_sequence(n_max + 8, kt, vt);
                     let rows: Vec<u32> = (0..=n_max).map(token).collect();
                     if model.forward_verify(&rows, &mut state, pool).is_err() {
@@ -128,7 +142,7 @@ impl<'e> Core<'e> {
             c.target.pass_ms(1, 1),
             max_rows,
             c.target.pass_ms(max_rows, 1),
-            c.target.logit_row_ms,
+            c.target.logit_row_ms(),
             c.head.pass_ms(1, 1),
             c.commit_ms
         )

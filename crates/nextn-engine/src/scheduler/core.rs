@@ -321,8 +321,26 @@ impl<'e> Core<'e> {
 
     fn publish_gauges(&self) {
         let busy = self.busy();
+        const ROWS: [usize; 6] = [1, 2, 4, 8, 16, 64];
+        let target: Vec<(usize, f64)> = ROWS
+            .iter()
+            .map(|&r| (r, self.cost.target.pass_ms(r, 1)))
+            .collect();
+        let head: Vec<(usize, f64)> = ROWS
+            .iter()
+            .map(|&r| (r, self.cost.head.pass_ms(r, 1)))
+            .collect();
+        let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
+        let acceptance = self
+            .global_acc
+            .estimate(&vec![PRIOR_ACCEPTANCE; n_max], GLOBAL_PRIOR_WEIGHT);
         let mut m = lock(&self.shared.metrics);
         m.requests_processing = busy;
+        if self.spec.is_some() {
+            m.cost_target_ms = target;
+            m.cost_head_ms = head;
+            m.acceptance_estimate = acceptance;
+        }
         for s in self.slots.iter().flatten() {
             m.n_tokens_max = m.n_tokens_max.max(s.state.n_past as u64);
         }

@@ -1,22 +1,35 @@
 //! Measured step costs: how long a target forward (or a head pass) takes as a function of the rows
 //! in it. Seeded by a short calibration at start-up and refined online from every step the
 //! scheduler runs, so the drafting policy prices rows with this machine's real numbers.
+//!
+//! A curve is kept as a *shape* (milliseconds per row count, at calibration-time speed) times a
+//! *load scale* that follows every observation quickly. On a shared machine everything slows down
+//! and speeds up together; the scale absorbs that, while the shape only learns how row counts
+//! compare with each other — from steps close in time — so a busy minute spent at one row count
+//! does not make that row count look dear forever. Decisions compare costs with each other, so the
+//! scale mostly cancels out of them.
 
-/// Grid of row counts at which the cost curve is kept; between points it is linear.
+/// Grid of row counts at which the shape is kept; between points it is linear.
 const GRID: [usize; 26] = [
     1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512,
     768, 1024,
 ];
 
-/// Share of an observation's residual that moves the curve (an exponential moving average).
-const LEARN_RATE: f64 = 0.08;
+/// Share of an observation's residual that moves the shape (an exponential moving average).
+const SHAPE_RATE: f64 = 0.03;
+/// Share of an observation's ratio to the shape that moves the load scale.
+const SCALE_RATE: f64 = 0.3;
+/// Moving-average rate of the per-slot and commit costs.
+const EXTRA_RATE: f64 = 0.1;
 
 /// Milliseconds of one pass as a piecewise-linear function of its row count.
 #[derive(Clone, Debug)]
 pub struct RowCost {
-    ms: Vec<f64>,
-    /// Milliseconds of one LM-head (logits) row, on top of the trunk rows.
-    pub logit_row_ms: f64,
+    shape: Vec<f64>,
+    /// Current speed relative to the shape (1 = as calibrated, 2 = everything takes twice as long).
+    pub scale: f64,
+    /// Milliseconds of one LM-head (logits) row at the shape's speed, on top of the trunk rows.
+    logit_row: f64,
     /// Observations folded in since calibration.
     pub observations: u64,
 }
@@ -32,26 +45,40 @@ impl RowCost {
             .collect();
         pts.sort_by_key(|p| p.0);
         pts.dedup_by_key(|p| p.0);
-        let ms = GRID
+        let shape = GRID
             .iter()
             .map(|&r| interpolate(&pts, r as f64).max(0.0))
             .collect();
         let mut c = RowCost {
-            ms,
-            logit_row_ms: logit_row_ms.max(0.0),
+            shape,
+            scale: 1.0,
+            logit_row: logit_row_ms.max(0.0),
             observations: 0,
         };
         c.make_monotone();
         c
     }
 
-    /// Trunk milliseconds of a pass over `rows` rows (no logits).
-    pub fn trunk_ms(&self, rows: usize) -> f64 {
+    fn shape_at(&self, rows: usize) -> f64 {
         if rows == 0 {
             return 0.0;
         }
-        let pts: Vec<(usize, f64)> = GRID.iter().copied().zip(self.ms.iter().copied()).collect();
+        let pts: Vec<(usize, f64)> = GRID
+            .iter()
+            .copied()
+            .zip(self.shape.iter().copied())
+            .collect();
         interpolate(&pts, rows as f64).max(0.0)
+    }
+
+    /// Milliseconds of one logits row now.
+    pub fn logit_row_ms(&self) -> f64 {
+        self.logit_row * self.scale
+    }
+
+    /// Trunk milliseconds of a pass over `rows` rows (no logits), now.
+    pub fn trunk_ms(&self, rows: usize) -> f64 {
+        self.shape_at(rows) * self.scale
     }
 
     /// Milliseconds of a pass over `rows` rows of which `logit_rows` get logits.
@@ -59,7 +86,7 @@ impl RowCost {
         if rows == 0 {
             return 0.0;
         }
-        self.trunk_ms(rows) + self.logit_row_ms * logit_rows as f64
+        self.trunk_ms(rows) + self.logit_row_ms() * logit_rows as f64
     }
 
     /// Extra milliseconds of going from `rows` to `rows + extra` rows (never negative).
@@ -72,33 +99,42 @@ impl RowCost {
         if rows == 0 || !ms.is_finite() || ms < 0.0 {
             return;
         }
-        let trunk = (ms - self.logit_row_ms * logit_rows as f64).max(0.0);
-        let residual = trunk - self.trunk_ms(rows);
+        let expected = self.shape_at(rows) + self.logit_row * logit_rows as f64;
+        if expected <= 0.0 {
+            return;
+        }
+        // The load scale follows every pass quickly...
+        self.scale += SCALE_RATE * (ms / expected - self.scale);
+        self.scale = self.scale.clamp(1e-3, 1e3);
+        // ...and the shape slowly learns what is left: how this row count compares with the
+        // row counts the recent passes had.
+        let trunk = (ms / self.scale - self.logit_row * logit_rows as f64).max(0.0);
+        let residual = trunk - self.shape_at(rows);
         let x = rows as f64;
         let hi = GRID
             .iter()
             .position(|&g| g as f64 >= x)
             .unwrap_or(GRID.len() - 1);
         if hi == 0 || GRID[hi] as f64 <= x {
-            self.ms[hi] += LEARN_RATE * residual;
+            self.shape[hi] += SHAPE_RATE * residual;
         } else {
             let lo = hi - 1;
             let w_hi = (x - GRID[lo] as f64) / (GRID[hi] - GRID[lo]) as f64;
-            self.ms[lo] += LEARN_RATE * (1.0 - w_hi) * residual;
-            self.ms[hi] += LEARN_RATE * w_hi * residual;
+            self.shape[lo] += SHAPE_RATE * (1.0 - w_hi) * residual;
+            self.shape[hi] += SHAPE_RATE * w_hi * residual;
         }
-        self.observations += 1;
         self.make_monotone();
+        self.observations += 1;
     }
 
     /// More rows never cost less: noise must not make extra rows look free.
     fn make_monotone(&mut self) {
-        for v in &mut self.ms {
+        for v in &mut self.shape {
             *v = v.max(0.0);
         }
-        for i in 1..self.ms.len() {
-            if self.ms[i] < self.ms[i - 1] {
-                self.ms[i] = self.ms[i - 1];
+        for i in 1..self.shape.len() {
+            if self.shape[i] < self.shape[i - 1] {
+                self.shape[i] = self.shape[i - 1];
             }
         }
     }
@@ -138,13 +174,13 @@ impl CostModel {
     /// Fold in a per-slot overhead or commit measurement.
     pub fn observe_per_slot(&mut self, slots: usize, ms: f64) {
         if slots > 0 && ms.is_finite() && ms >= 0.0 {
-            self.per_slot_ms += LEARN_RATE * (ms / slots as f64 - self.per_slot_ms);
+            self.per_slot_ms += EXTRA_RATE * (ms / slots as f64 - self.per_slot_ms);
         }
     }
 
     pub fn observe_commit(&mut self, slots: usize, ms: f64) {
         if slots > 0 && ms.is_finite() && ms >= 0.0 {
-            self.commit_ms += LEARN_RATE * (ms / slots as f64 - self.commit_ms);
+            self.commit_ms += EXTRA_RATE * (ms / slots as f64 - self.commit_ms);
         }
     }
 }
@@ -167,10 +203,17 @@ mod tests {
     #[test]
     fn observations_pull_the_curve_and_keep_it_monotone() {
         let mut c = RowCost::from_points(&[(1, 10.0), (16, 40.0)], 0.0);
-        for _ in 0..200 {
+        // Steady load, alternating row counts: the curve learns both.
+        for _ in 0..400 {
+            c.observe(1, 0, 10.0);
             c.observe(4, 0, 30.0);
         }
-        assert!((c.trunk_ms(4) - 30.0).abs() < 0.5, "{}", c.trunk_ms(4));
+        assert!(
+            (c.trunk_ms(4) / c.trunk_ms(1) - 3.0).abs() < 0.1,
+            "{} {}",
+            c.trunk_ms(4),
+            c.trunk_ms(1)
+        );
         for _ in 0..200 {
             c.observe(8, 0, 5.0);
         }
@@ -180,11 +223,29 @@ mod tests {
     }
 
     #[test]
-    fn logit_rows_are_taken_out_before_fitting_the_trunk() {
-        let mut c = RowCost::from_points(&[(1, 1.0), (2, 2.0)], 3.0);
+    fn a_slow_period_at_one_row_count_scales_the_curve_instead_of_bending_it() {
+        let mut c = RowCost::from_points(&[(1, 2.0), (4, 4.0)], 0.0);
+        // The machine gets five times slower while only 1-row passes run.
         for _ in 0..300 {
-            c.observe(2, 2, 2.0 + 6.0);
+            c.observe(1, 0, 10.0);
         }
-        assert!((c.trunk_ms(2) - 2.0).abs() < 1e-6);
+        assert!((c.trunk_ms(1) - 10.0).abs() < 0.5);
+        // Four rows still cost twice one row: the load, not the row count, changed.
+        assert!(
+            (c.trunk_ms(4) / c.trunk_ms(1) - 2.0).abs() < 0.2,
+            "{}",
+            c.trunk_ms(4) / c.trunk_ms(1)
+        );
+    }
+
+    #[test]
+    fn logit_rows_are_priced_apart_from_the_trunk() {
+        let c = RowCost::from_points(&[(1, 1.0), (2, 2.0)], 3.0);
+        assert!((c.pass_ms(2, 2) - 8.0).abs() < 1e-9);
+        let mut d = c.clone();
+        for _ in 0..300 {
+            d.observe(2, 2, 8.0);
+        }
+        assert!((d.trunk_ms(2) - 2.0).abs() < 1e-6 && (d.logit_row_ms() - 3.0).abs() < 1e-6);
     }
 }

@@ -29,6 +29,11 @@ pub struct MetricsSnapshot {
     /// Most recent measured target pass (rows, ms).
     pub last_step_rows: usize,
     pub last_step_ms: f64,
+    /// What `auto` currently believes: target and head pass milliseconds at some row counts
+    /// (rows, ms), and the server-wide acceptance estimate per draft position.
+    pub cost_target_ms: Vec<(usize, f64)>,
+    pub cost_head_ms: Vec<(usize, f64)>,
+    pub acceptance_estimate: Vec<f64>,
 }
 
 impl MetricsSnapshot {

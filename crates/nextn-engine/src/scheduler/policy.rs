@@ -38,7 +38,7 @@ pub struct StepShape {
 
 /// Raise the step's expected rate only by clearly better drafts: measurement noise must not tip
 /// a plan below plain decoding.
-const MARGIN: f64 = 0.03;
+const MARGIN: f64 = 0.1;
 
 /// Draft depth per candidate.
 pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -> Vec<usize> {
@@ -76,9 +76,9 @@ pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -
             }
         };
         let price = |n: usize, depth: usize, head_extra: usize| -> f64 {
-            let mut dt = cost.target.marginal_ms(rows, n) + cost.target.logit_row_ms * n as f64;
+            let mut dt = cost.target.marginal_ms(rows, n) + cost.target.logit_row_ms() * n as f64;
             dt += cost.head.marginal_ms(head_rows[depth], head_extra)
-                + cost.head.logit_row_ms * n as f64;
+                + cost.head.logit_row_ms() * n as f64;
             if depth == 0 {
                 dt += cost.commit_ms * n as f64;
             }
@@ -101,9 +101,7 @@ pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -
                 continue;
             }
             let g: f64 = members.iter().map(|&i| gain(&cands[i], depth)).sum();
-            let extra: usize = members
-                .iter()
-                .count();
+            let extra: usize = members.iter().count();
             let dt = price(members.len(), depth, extra);
             consider(members, g, dt, &mut best);
         }

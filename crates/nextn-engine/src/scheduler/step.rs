@@ -23,9 +23,11 @@ pub(super) const LAG_FLUSH: usize = 256;
 /// current would cost every token a head row for drafts that never come.
 pub(super) const ABANDON_IDLE_STEPS: usize = 8;
 pub(super) const ABANDON_LAG: usize = 64;
-/// Every this many steps `auto` runs one step without drafts, and one where one more slot
-/// drafts fully.
+/// Every this many steps `auto` runs one step without drafts, and one where one more slot (with
+/// a short head lag) drafts fully.
 const EXPLORE_PERIOD: u64 = 32;
+/// Only a slot whose head lag is at most this explores.
+const EXPLORE_MAX_LAG: usize = 16;
 
 /// What one slot contributes to this step's target pass.
 enum Work {
@@ -262,15 +264,18 @@ impl<'e> Core<'e> {
                 }
                 let mut depths = plan_auto(&self.cost, shape, &cands);
                 if self.step_no % EXPLORE_PERIOD == EXPLORE_PERIOD / 2 {
-                    // The slot that owes the head least explores, at the least cost.
+                    // A slot that owes the head next to nothing explores, so exploring costs a
+                    // few rows and never a catch-up pass.
+                    let lag_of = |d: usize| {
+                        self.slots[decoding[d]]
+                            .as_ref()
+                            .and_then(|s| s.head.as_ref())
+                            .map_or(usize::MAX, |h| h.lag_tokens.len())
+                    };
                     let pick = (0..decoding.len())
-                        .filter(|&d| depths[d] < max_k[d])
+                        .filter(|&d| depths[d] < max_k[d] && lag_of(d) <= EXPLORE_MAX_LAG)
                         .min_by_key(|&d| {
-                            let lag = self.slots[decoding[d]]
-                                .as_ref()
-                                .and_then(|s| s.head.as_ref())
-                                .map_or(usize::MAX, |h| h.lag_tokens.len());
-                            (lag, (d as u64 + self.step_no) % decoding.len() as u64)
+                            (lag_of(d), (d as u64 + self.step_no) % decoding.len() as u64)
                         });
                     if let Some(d) = pick {
                         depths[d] = max_k[d];

@@ -501,7 +501,10 @@ fn auto_retires_the_head_of_a_slot_that_never_drafts() {
     let want = reference_text(&prompt, SamplerConfig::greedy(), 120);
     let shared = Arc::new(Shared {
         phase: std::sync::atomic::AtomicU8::new(Phase::Ready as u8),
-        inbox: std::sync::Mutex::new(Inbox { queue: Default::default(), shutdown: None }),
+        inbox: std::sync::Mutex::new(Inbox {
+            queue: Default::default(),
+            shutdown: None,
+        }),
         wake: std::sync::Condvar::new(),
         queue_capacity: std::sync::Mutex::new(4),
         info: std::sync::Mutex::new(None),

@@ -324,7 +324,7 @@ pub fn plan(s: &SynthSpec, ftype: FileType) -> Vec<PlannedTensor> {
             } else {
                 let mut ty = base;
                 if name == "output.weight" || (s.tied && name == "token_embd.weight") {
-                    if ne0 % base.block_size() as u64 != 0 {
+                    if !ne0.is_multiple_of(base.block_size() as u64) {
                         ty = GgmlType::Q8_0;
                     } else if base != GgmlType::Q8_0 {
                         ty = GgmlType::Q6_K;

@@ -138,16 +138,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
             })
             .sum();
         // -c is shared among the slots (llama-server without --kv-unified); without it, each slot
-        // gets the context load() chose for one sequence, shrunk so that every slot fits.
+        // gets the trained context, capped so that the KV of every slot fits in half the memory.
         let n_ctx_slot = match ctx_given {
             Some(c) => c / n_slots,
-            None => loaded
-                .n_ctx
-                .min((loaded.n_ctx * 2 / n_slots).max(1))
-                .min(cfg.n_ctx_train.max(1)),
+            None => {
+                let budget = available_memory().unwrap_or(8 << 30) / 2;
+                let fit = budget / (kv_per_token.max(1) as u64 * n_slots as u64);
+                cfg.n_ctx_train.min(fit as usize).max(1)
+            }
         };
         if n_ctx_slot < 2 {
-            return Err(format!("a context of {} tokens shared by {n_slots} slots leaves {n_ctx_slot} per slot; give a larger -c", loaded.n_ctx));
+            return Err(format!(
+                "a context of {} tokens shared by {n_slots} slots leaves {n_ctx_slot} per slot; give a larger -c",
+                loaded.n_ctx
+            ));
         }
         let recurrent_bytes = loaded
             .model
@@ -210,6 +214,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Err(e) => bail!("{e}"),
     }
+}
+
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn describe_policy(p: DraftPolicy) -> String {
