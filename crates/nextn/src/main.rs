@@ -26,7 +26,7 @@ enum Command {
     Verify(cmd::verify::Args),
     /// Generate text from a prompt.
     Run(cmd::run::Args),
-    /// Print the model's logits for every position of a prompt (JSON lines).
+    /// Print the model's logits for every position of a prompt (text lines, or one JSON object with --json).
     Logits(cmd::logits::Args),
     /// Plain vs MTP speculative decoding at several draft depths, with the cost model behind it.
     Bench(cmd::bench::Args),
