@@ -1,8 +1,9 @@
 //! Start-up measurement of what a target pass and a head pass cost at several row counts, so the
 //! first drafting decisions are already priced with this machine's numbers. Bounded in time:
 //! on a large model only the smallest row counts are measured and the rest is extrapolated.
-//! Row counts are measured in interleaved rounds and the fastest time of each is kept, so a burst
-//! of other work on a shared machine does not bend the curve.
+//! Row counts are measured in interleaved rounds and the median of each is kept: a burst of other
+//! work hits every row count alike, and the typical cost of a pass on a busy machine (where
+//! waiting for a descheduled worker can dominate) is what serving will see.
 
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,9 @@ use crate::generate::ms_since;
 
 const ROW_GRID: [usize; 16] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 const BUDGET: Duration = Duration::from_secs(4);
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
-/// Fastest (no-logits, all-logits) time of each row count over interleaved rounds; stops after
+/// Median (no-logits, all-logits) time of each row count over interleaved rounds; stops after
 /// `budget` (keeping what was measured) or at the first failure.
 fn sweep(
     rows: &[usize],
@@ -25,30 +26,31 @@ fn sweep(
     measure: impl Fn(usize, LogitRows) -> Option<f64>,
 ) -> (Vec<(usize, f64)>, f64) {
     let t0 = Instant::now();
-    let mut best = vec![(f64::INFINITY, f64::INFINITY); rows.len()];
+    let mut times: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); rows.len()];
     'rounds: for _ in 0..ROUNDS {
         for (i, &r) in rows.iter().enumerate() {
             let (Some(none), Some(all)) = (measure(r, LogitRows::None), measure(r, LogitRows::All))
             else {
                 break 'rounds;
             };
-            best[i] = (best[i].0.min(none), best[i].1.min(all));
+            times[i].0.push(none);
+            times[i].1.push(all);
             if t0.elapsed() > budget {
                 break 'rounds;
             }
         }
     }
-    let measured: Vec<(usize, (f64, f64))> = rows
+    let measured: Vec<(usize, f64, f64)> = rows
         .iter()
-        .copied()
-        .zip(best)
-        .filter(|(_, b)| b.0.is_finite() && b.1.is_finite())
+        .zip(times)
+        .filter(|(_, t)| !t.0.is_empty())
+        .map(|(&r, (none, all))| (r, median(none), median(all)))
         .collect();
-    let points = measured.iter().map(|&(r, b)| (r, b.0)).collect();
+    let points = measured.iter().map(|&(r, none, _)| (r, none)).collect();
     let logit = median(
         measured
             .iter()
-            .map(|&(r, b)| ((b.1 - b.0) / r as f64).max(0.0))
+            .map(|&(r, none, all)| ((all - none) / r as f64).max(0.0))
             .collect(),
     );
     (points, logit)

@@ -26,6 +26,8 @@ const EXTRA_RATE: f64 = 0.1;
 #[derive(Clone, Debug)]
 pub struct RowCost {
     shape: Vec<f64>,
+    /// Observations that moved each grid point (interpolation weights summed).
+    seen: Vec<f64>,
     /// Current speed relative to the shape (1 = as calibrated, 2 = everything takes twice as long).
     pub scale: f64,
     /// Milliseconds of one LM-head (logits) row at the shape's speed, on top of the trunk rows.
@@ -49,7 +51,19 @@ impl RowCost {
             .iter()
             .map(|&r| interpolate(&pts, r as f64).max(0.0))
             .collect();
+        // Grid points the calibration measured count as seen twice; the rest are interpolated.
+        let seen = GRID
+            .iter()
+            .map(|g| {
+                if pts.iter().any(|p| p.0 == *g) {
+                    2.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
         let mut c = RowCost {
+            seen,
             shape,
             scale: 1.0,
             logit_row: logit_row_ms.max(0.0),
@@ -103,8 +117,9 @@ impl RowCost {
         if expected <= 0.0 {
             return;
         }
-        // The load scale follows every pass quickly...
-        self.scale += SCALE_RATE * (ms / expected - self.scale);
+        // The load scale follows every pass quickly (the first one sets it)...
+        let rate = SCALE_RATE.max(1.0 / (1.0 + self.observations as f64));
+        self.scale += rate * (ms / expected - self.scale);
         self.scale = self.scale.clamp(1e-3, 1e3);
         // ...and the shape slowly learns what is left: how this row count compares with the
         // row counts the recent passes had.
@@ -115,26 +130,55 @@ impl RowCost {
             .iter()
             .position(|&g| g as f64 >= x)
             .unwrap_or(GRID.len() - 1);
+        // A row count seen rarely trusts a fresh measurement more than the start-up guess.
+        let mut nudge = |i: usize, w: f64| {
+            let rate = SHAPE_RATE.max(1.0 / (2.0 + self.seen[i]));
+            self.shape[i] += rate * w * residual;
+            self.seen[i] += w;
+        };
         if hi == 0 || GRID[hi] as f64 <= x {
-            self.shape[hi] += SHAPE_RATE * residual;
+            nudge(hi, 1.0);
         } else {
             let lo = hi - 1;
             let w_hi = (x - GRID[lo] as f64) / (GRID[hi] - GRID[lo]) as f64;
-            self.shape[lo] += SHAPE_RATE * (1.0 - w_hi) * residual;
-            self.shape[hi] += SHAPE_RATE * w_hi * residual;
+            nudge(lo, 1.0 - w_hi);
+            nudge(hi, w_hi);
         }
         self.make_monotone();
         self.observations += 1;
     }
 
-    /// More rows never cost less: noise must not make extra rows look free.
+    /// More rows never cost less, and a row never costs less than the row before it did (a pass
+    /// costs a fixed part plus rows that get no cheaper): the shape is made non-decreasing and
+    /// convex by pooling adjacent slopes, so noise cannot put a flat stretch — free-looking rows —
+    /// after a steep one.
     fn make_monotone(&mut self) {
-        for v in &mut self.shape {
-            *v = v.max(0.0);
+        let n = self.shape.len();
+        let first = self.shape[0].max(0.0);
+        // Slopes between grid points, weighted by the width of their interval.
+        let mut blocks: Vec<(f64, f64, usize)> = Vec::with_capacity(n); // (slope, weight, count)
+        for i in 1..n {
+            let w = (GRID[i] - GRID[i - 1]) as f64;
+            let slope = ((self.shape[i] - self.shape[i - 1]) / w).max(0.0);
+            blocks.push((slope, w, 1));
+            // Pool adjacent violators: a slope lower than the one before merges with it.
+            while blocks.len() > 1 {
+                let (s2, w2, c2) = blocks[blocks.len() - 1];
+                let (s1, w1, c1) = blocks[blocks.len() - 2];
+                if s1 <= s2 {
+                    break;
+                }
+                blocks.pop();
+                let last = blocks.len() - 1;
+                blocks[last] = ((s1 * w1 + s2 * w2) / (w1 + w2), w1 + w2, c1 + c2);
+            }
         }
-        for i in 1..self.shape.len() {
-            if self.shape[i] < self.shape[i - 1] {
-                self.shape[i] = self.shape[i - 1];
+        self.shape[0] = first;
+        let mut i = 1;
+        for (slope, _, count) in blocks {
+            for _ in 0..count {
+                self.shape[i] = self.shape[i - 1] + slope * (GRID[i] - GRID[i - 1]) as f64;
+                i += 1;
             }
         }
     }
@@ -206,10 +250,10 @@ mod tests {
         // Steady load, alternating row counts: the curve learns both.
         for _ in 0..400 {
             c.observe(1, 0, 10.0);
-            c.observe(4, 0, 30.0);
+            c.observe(4, 0, 13.0);
         }
         assert!(
-            (c.trunk_ms(4) / c.trunk_ms(1) - 3.0).abs() < 0.1,
+            (c.trunk_ms(4) / c.trunk_ms(1) - 1.3).abs() < 0.05,
             "{} {}",
             c.trunk_ms(4),
             c.trunk_ms(1)
@@ -236,6 +280,23 @@ mod tests {
             "{}",
             c.trunk_ms(4) / c.trunk_ms(1)
         );
+    }
+
+    #[test]
+    fn noise_cannot_make_extra_rows_look_free() {
+        // A steep stretch then a flat one (a lucky fast 20-row measurement).
+        let c = RowCost::from_points(&[(1, 1.0), (16, 16.0), (20, 16.5), (32, 32.0)], 0.0);
+        let before = c.marginal_ms(15, 1);
+        let after = c.marginal_ms(16, 1);
+        assert!(
+            after >= before * 0.999,
+            "marginal row cost fell from {before} to {after}"
+        );
+        // The fit keeps the end points' total cost about right.
+        assert!((c.trunk_ms(32) - 32.0).abs() < 1.0, "{}", c.trunk_ms(32));
+        // A fixed cost then linear rows is left as it is.
+        let d = RowCost::from_points(&[(1, 10.0), (2, 10.5), (4, 11.5), (64, 41.5)], 0.0);
+        assert!((d.trunk_ms(4) - 11.5).abs() < 1e-9 && (d.trunk_ms(64) - 41.5).abs() < 1e-9);
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub struct Args {
     /// Port to listen on (0: any free port, printed at start-up)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Parallel sequences (slots); -c is shared equally among them
+    /// Parallel sequences (slots), also -np; -c is shared equally among them
     #[arg(long = "parallel", default_value_t = 4)]
     pub parallel: usize,
     /// Most prompt tokens processed per step over all slots (a long prompt is split so that decoding

@@ -265,7 +265,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let spec = build_spec(&args)?;
     let tensors = synth::plan(&spec, ftype);
-    let estimate: u64 = tensors.iter().map(|t| t.n_bytes()).sum();
+    let estimate = synth::estimated_bytes(&spec, ftype);
     eprintln!("{}", describe(&spec));
     eprintln!(
         "{} tensors, {:.3}e9 parameters, {} ~{:.2} GiB: {}",
