@@ -1,0 +1,198 @@
+//! Our speculative building blocks (prefill, `draft_chain`, one verify pass, commit, head
+//! catch-up) driven the way llama.cpp's `llama-speculative-simple` drives its loop reproduce
+//! its per-step drafts, accepted counts and bonus tokens on the F32 golden fixtures
+//! (`speculative_simple`, the real program's debug log, and `speculative_simulated.simple`).
+//!
+//! That loop differs from the server's (covered in spec_agree.rs): the target evaluates the
+//! prompt minus its last token, the first draft starts from the last prompt token at
+//! n_past = N − 1, a step drafts `min(n_max, n_predict − emitted − 1)` tokens — or n_max when
+//! that is not positive, since common_speculative_draft only truncates to a positive cap — and
+//! the loop runs until more than n_predict tokens came out.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nextn_engine::sampler::argmax;
+use nextn_engine::speculative::{draft_chain, prefill_speculative, SpecSequence};
+use nextn_gguf::GgufFile;
+use nextn_model::{KvType, LogitRows, Model, NextnHead};
+use nextn_quant::kernels::ThreadPool;
+use serde_json::Value;
+
+const N_MAX: usize = 3;
+const N_PREDICT: usize = 24;
+
+#[derive(Debug, PartialEq)]
+struct Step {
+    n_past: usize,
+    drafts: Vec<u32>,
+    accepted: usize,
+    bonus: u32,
+}
+
+fn shared() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden");
+    if p.is_dir() {
+        Some(p)
+    } else {
+        eprintln!("skipped: ../shared not found");
+        None
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// llama-speculative-simple's loop at temperature 0, `max_steps` steps at most.
+fn simple_loop(
+    model: &Model,
+    head: &NextnHead,
+    pool: &ThreadPool,
+    prompt: &[u32],
+    eog: &[u32],
+    max_steps: usize,
+) -> (Vec<Step>, Vec<u32>) {
+    let e = model.config.n_embd;
+    let mut seq = SpecSequence::new(model, head, 512, KvType::F32, KvType::F32);
+    let (last, rest) = prompt.split_last().expect("non-empty prompt");
+    prefill_speculative(model, head, &mut seq, rest, 512, pool).expect("prefill");
+    let mut id_last = *last;
+    let (mut steps, mut emitted) = (Vec::new(), Vec::new());
+    // It stops only once more than n_predict tokens came out.
+    while emitted.len() <= N_PREDICT && steps.len() < max_steps {
+        let n_past = seq.state.n_past;
+        let cap = N_PREDICT as isize - emitted.len() as isize - 1;
+        let n_draft = if cap <= 0 {
+            N_MAX
+        } else {
+            N_MAX.min(cap as usize)
+        };
+        let drafts = draft_chain(head, &mut seq, id_last, n_draft, 0.0, pool).expect("draft");
+        let mut rows = vec![id_last];
+        rows.extend_from_slice(&drafts);
+        let out = model
+            .forward_verify(&rows, &mut seq.state, pool)
+            .expect("verify");
+        let mut accepted = 0;
+        let mut next = argmax(out.logits_row(0));
+        while accepted < drafts.len() && next == drafts[accepted] {
+            accepted += 1;
+            next = argmax(out.logits_row(accepted));
+        }
+        model.commit(&mut seq.state, accepted + 1).expect("commit");
+        // The head's entries for the accepted drafts, from the target's hidden states.
+        NextnHead::truncate(&mut seq.head_cache, n_past + 1);
+        head.forward(
+            &drafts[..accepted],
+            &out.hidden[..accepted * e],
+            n_past + 1,
+            &mut seq.head_cache,
+            LogitRows::None,
+            pool,
+        )
+        .expect("head catch-up");
+        seq.pending_hidden = out.hidden[accepted * e..(accepted + 1) * e].to_vec();
+        steps.push(Step {
+            n_past,
+            drafts: drafts.clone(),
+            accepted,
+            bonus: next,
+        });
+        // Tokens come out one by one; an end-of-generation token ends the run.
+        for &t in drafts[..accepted].iter().chain([&next]) {
+            emitted.push(t);
+            if eog.contains(&t) {
+                return (steps, emitted);
+            }
+        }
+        id_last = next;
+    }
+    (steps, emitted)
+}
+
+fn golden_steps(v: &Value, with_n_past: bool) -> Vec<Step> {
+    v.as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| Step {
+            n_past: if with_n_past {
+                s["n_past"].as_u64().expect("n_past") as usize
+            } else {
+                usize::MAX
+            },
+            drafts: ids(&s["drafts"]),
+            accepted: s["accepted"].as_u64().expect("accepted") as usize,
+            bonus: s["last_target_token"].as_u64().expect("last_target_token") as u32,
+        })
+        .collect()
+}
+
+#[test]
+fn drafts_match_llamacpp_speculative_simple() {
+    let Some(dir) = shared() else { return };
+    let pool = ThreadPool::new(2);
+    let mut compared = 0;
+    for (fixture, variant) in [
+        ("q35-dense-a", "F32"),
+        ("q35moe-a", "F32"),
+        ("q35moe-b", "F32"),
+        ("q35-dense-qwenvocab", "F32-embQ8_0"),
+    ] {
+        let golden: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(fixture).join("golden.json")).expect("golden.json"),
+        )
+        .expect("golden json");
+        let v = &golden["variants"][variant];
+        let path = dir.join(fixture).join(v["model"].as_str().expect("model"));
+        let file = Arc::new(GgufFile::open(&path).expect("open model"));
+        let model = Model::load(file).expect("load model");
+        let head = NextnHead::load(&model).expect("load head");
+        let eog = ids(&v["eog_ids"]);
+        for seq in v["sequences"].as_array().expect("sequences") {
+            let name = seq["name"].as_str().expect("name");
+            let prompt = ids(&seq["tokens"]);
+
+            // The replay of llama.cpp's loop from its own per-position draft chains.
+            let sim = &golden["speculative_simulated"][variant][name]["simple"];
+            if !sim.is_null() {
+                let want = golden_steps(&sim["steps"], true);
+                let (got, _) = simple_loop(&model, &head, &pool, &prompt, &eog, want.len());
+                assert_eq!(
+                    got, want,
+                    "{fixture} {variant} {name}: simulated simple loop"
+                );
+                compared += want.len();
+            }
+
+            // The real program's log, which ran on to its last step.
+            let real = &golden["speculative_simple"][variant][name];
+            if !real.is_null() {
+                let want = golden_steps(&real["steps"], false);
+                let (got, emitted) = simple_loop(&model, &head, &pool, &prompt, &eog, usize::MAX);
+                let got: Vec<Step> = got
+                    .into_iter()
+                    .map(|s| Step {
+                        n_past: usize::MAX,
+                        ..s
+                    })
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "{fixture} {variant} {name}: llama-speculative-simple steps"
+                );
+                assert_eq!(
+                    emitted,
+                    ids(&real["emitted_tokens"]),
+                    "{fixture} {variant} {name}: emitted tokens"
+                );
+                compared += want.len();
+            }
+        }
+    }
+    assert!(compared > 100, "only {compared} steps compared");
+}
