@@ -2,6 +2,8 @@
 //! partial rotary embedding, grouped-query causal softmax attention over the layer's KV cache,
 //! and a sigmoid output gate.
 
+use std::sync::Mutex;
+
 use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{KvLayer, LayerCache};
@@ -91,6 +93,7 @@ impl GatedAttention {
                 seg.start_pos,
                 kv,
                 &mut attn[r.start * self.n_head * hd..r.end * self.n_head * hd],
+                pool,
             )?;
         }
         self.wo.forward(&attn, n, out, pool)
@@ -105,6 +108,7 @@ impl GatedAttention {
         start_pos: usize,
         kv: &mut KvLayer,
         attn: &mut [f32],
+        pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         if kv.len() != start_pos {
             return Err(ModelError::Rollback(format!(
@@ -141,37 +145,72 @@ impl GatedAttention {
             kv.push(ki, &v[i * kv_width..(i + 1) * kv_width]);
         }
 
-        // Causal attention: row i sees positions 0..=start_pos+i. Each row is computed alone, so
-        // its result does not depend on the batch it came in.
-        let total = start_pos + n;
+        // Causal attention: row i sees positions 0..=start_pos+i. Each (row, head) is computed
+        // alone, so its result depends neither on the batch it came in nor on the task split.
+        // Tasks are (KV group, block of rows): a group's heads share one f32 copy of its keys
+        // and values, and a prefill's rows spread over the pool even when groups are few.
         let group = self.n_head / self.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (mut keys, mut vals) = (Vec::new(), Vec::new());
-        let mut scores = vec![0.0f32; total];
-        for g in 0..self.n_head_kv {
-            kv.read_head(false, g, hd, total, &mut keys);
-            kv.read_head(true, g, hd, total, &mut vals);
-            for h in g * group..(g + 1) * group {
-                for i in 0..n {
-                    let len = start_pos + i + 1;
+        let row_blocks = pool.n_threads().div_ceil(self.n_head_kv).min(n).max(1);
+        let rows_per_block = n.div_ceil(row_blocks);
+        let n_tasks = self.n_head_kv * row_blocks;
+        let outputs: Vec<Mutex<Vec<f32>>> = (0..n_tasks).map(|_| Mutex::new(Vec::new())).collect();
+        let (q, kv_ref) = (&q, &*kv);
+        pool.run(n_tasks, |task, _| {
+            let (g, block) = (task / row_blocks, task % row_blocks);
+            let rows = block * rows_per_block..((block + 1) * rows_per_block).min(n);
+            if rows.is_empty() {
+                return;
+            }
+            let visible = start_pos + rows.end;
+            let (mut keys, mut vals) = (Vec::new(), Vec::new());
+            kv_ref.read_head(false, g, hd, visible, &mut keys);
+            kv_ref.read_head(true, g, hd, visible, &mut vals);
+            let mut out = outputs[task].lock().unwrap_or_else(|e| e.into_inner());
+            out.resize(rows.len() * group * hd, 0.0);
+            let mut scores = vec![0.0f32; visible];
+            for (r, i) in rows.clone().enumerate() {
+                for (j, h) in (g * group..(g + 1) * group).enumerate() {
                     let qh = &q[(i * self.n_head + h) * hd..][..hd];
-                    for (p, s) in scores[..len].iter_mut().enumerate() {
-                        *s = ops::dot(qh, &keys[p * hd..(p + 1) * hd]) * scale;
-                    }
-                    ops::softmax(&mut scores[..len]);
-                    let o = &mut attn[(i * self.n_head + h) * hd..][..hd];
-                    o.fill(0.0);
-                    for (p, &s) in scores[..len].iter().enumerate() {
-                        o.iter_mut()
-                            .zip(&vals[p * hd..(p + 1) * hd])
-                            .for_each(|(a, &b)| *a += s * b);
-                    }
+                    let o = &mut out[(r * group + j) * hd..][..hd];
+                    attend_head(qh, &keys, &vals, start_pos + i + 1, hd, &mut scores, o);
                 }
+            }
+        });
+        for (task, out) in outputs.into_iter().enumerate() {
+            let (g, block) = (task / row_blocks, task % row_blocks);
+            let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+            let first = block * rows_per_block;
+            for (r, row_heads) in out.chunks_exact(group * hd).enumerate() {
+                let dst = ((first + r) * self.n_head + g * group) * hd;
+                attn[dst..dst + group * hd].copy_from_slice(row_heads);
             }
         }
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= ops::sigmoid(g);
         }
         Ok(())
+    }
+}
+
+/// Softmax attention of one query head over the first `len` cached positions, into `o`.
+fn attend_head(
+    qh: &[f32],
+    keys: &[f32],
+    vals: &[f32],
+    len: usize,
+    hd: usize,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (p, s) in scores[..len].iter_mut().enumerate() {
+        *s = ops::dot(qh, &keys[p * hd..(p + 1) * hd]) * scale;
+    }
+    ops::softmax(&mut scores[..len]);
+    o.fill(0.0);
+    for (p, &s) in scores[..len].iter().enumerate() {
+        o.iter_mut()
+            .zip(&vals[p * hd..(p + 1) * hd])
+            .for_each(|(a, &b)| *a += s * b);
     }
 }
