@@ -4,11 +4,13 @@
 //! that removes the store and re-load of the decoded row, which dominated the staged
 //! kernels; for several rows each block is still read and decoded only once.
 //!
-//! Numerics: per (weight row, activation row) the integer block sums are exact and the
-//! f32 operations are exactly those of `dot_avx2::dot_k` / `dot_legacy` on the staged
-//! row (same lanes, same order), so results equal the staged AVX2 kernels' bit for bit.
-//! Each activation row owns its accumulators and runs the same operation sequence
-//! whatever the row count `N`, so a row's result never depends on its batch.
+//! Numerics: per (weight row, activation row) the integer block sums are exact. For Q5_K and
+//! Q8_0 the f32 operations are exactly those of `dot_avx2::dot_k` / `dot_legacy` on the staged
+//! row (same lanes, same order), so results equal the staged AVX2 kernels' bit for bit. Q4_K
+//! and Q6_K regroup the exact integer sums across the eight i32 lanes (to share scale
+//! multiplies between sub-blocks; see `q4_k_rows`), so they agree with the staged kernels to
+//! f32 rounding. Either way each activation row owns its accumulators and runs the same
+//! operation sequence whatever the row count `N`, so a row's result never depends on its batch.
 
 // The row loops index several per-row arrays (pointers, accumulators) in step.
 #![allow(clippy::needless_range_loop)]
@@ -128,11 +130,31 @@ unsafe fn finish_k_scaled<const N: usize>(
     }
 }
 
+/// Q4_K with fewer multiplies per activation row. The four 32-byte quant chunks are
+/// transposed by dwords within each 128-bit half, so that in each of the four resulting
+/// vectors the low nibbles of dword m belong to sub-block σL(m) = [0,2,4,6,0,2,4,6][m] and the
+/// high nibbles to σH(m) = σL(m)+1. Vectors with the same sub-block per lane can be summed in
+/// i16 (4 × 2·15·127 < 2^15) before one scale multiply, so a row costs 8 `maddubs` + 2
+/// scale `madd` + 1 min `madd` per block instead of 8 + 8 + 1 — the int-multiply pipe is what
+/// bounds extra rows on CPUs with one. The activations are permuted the same way once per
+/// call (`q4_k_permute_act`). Lane m of the block's integer sum holds sc·(partial sums) of
+/// the sub-blocks σL(m), σH(m); its value, and the f32 steps after it, are the same for
+/// every row count, so a row's result does not depend on its batch.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
     let nb = m.cols / 256;
     let a = act_ptrs::<N>(act);
+    let permuted: [Vec<u8>; N] =
+        core::array::from_fn(|i| q4_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
+    let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
     let m4 = _mm256_set1_epi8(0x0f);
+    #[rustfmt::skip]
+    let (pick_l, pick_h) = (
+        _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                         0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13),
+        _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
+                         2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15),
+    );
     for r in rows {
         let w = m.row(r);
         debug_assert!(w.len() == 144 * nb);
@@ -141,20 +163,37 @@ unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
             let blk = w.as_ptr().add(144 * b);
             prefetch_ahead(blk, 144);
             let (d, dmin, scales, mins) = k4_header(blk);
+            let (sc_l, sc_h) = (
+                _mm256_shuffle_epi8(scales, pick_l),
+                _mm256_shuffle_epi8(scales, pick_h),
+            );
+            let c = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
+            let t0 = _mm256_unpacklo_epi32(c[0], c[1]);
+            let t1 = _mm256_unpackhi_epi32(c[0], c[1]);
+            let t2 = _mm256_unpacklo_epi32(c[2], c[3]);
+            let t3 = _mm256_unpackhi_epi32(c[2], c[3]);
+            let x = [
+                _mm256_unpacklo_epi64(t0, t2),
+                _mm256_unpackhi_epi64(t0, t2),
+                _mm256_unpacklo_epi64(t1, t3),
+                _mm256_unpackhi_epi64(t1, t3),
+            ];
+            let lo = x.map(|v| _mm256_and_si256(v, m4));
+            let hi = x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
             let mut sumi = [_mm256_setzero_si256(); N];
-            for j in 0..4 {
-                let q = load(blk.add(16 + 32 * j));
-                let lo = _mm256_and_si256(q, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let (s_lo, s_hi) = (scale_per32(scales, 2 * j), scale_per32(scales, 2 * j + 1));
-                for i in 0..N {
-                    let x = a.x[i].add(256 * b + 64 * j);
-                    let p = _mm256_add_epi32(
-                        scaled_pairs(lo, x, s_lo),
-                        scaled_pairs(hi, x.add(32), s_hi),
+            for i in 0..N {
+                let xb = xp[i].add(256 * b);
+                let mut sl = _mm256_maddubs_epi16(lo[0], load(xb));
+                let mut sh = _mm256_maddubs_epi16(hi[0], load(xb.add(32)));
+                for u in 1..4 {
+                    sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[u], load(xb.add(64 * u))));
+                    sh = _mm256_add_epi16(
+                        sh,
+                        _mm256_maddubs_epi16(hi[u], load(xb.add(64 * u + 32))),
                     );
-                    sumi[i] = _mm256_add_epi32(sumi[i], p);
                 }
+                sumi[i] =
+                    _mm256_add_epi32(_mm256_madd_epi16(sl, sc_l), _mm256_madd_epi16(sh, sc_h));
             }
             finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
         }
@@ -162,6 +201,27 @@ unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
             out.write(i, r, hsum_ps(*v));
         }
     }
+}
+
+/// One activation row (Q8_K values) in the order `q4_k_rows` multiplies them: per 256-block,
+/// for u in 0..4 the 32 values under the low nibbles of transposed vector u, then the 32
+/// under its high nibbles. Dword m < 4 of vector u is weights 4u..4u+4 of sub-block σ(m);
+/// dword m ≥ 4 is weights 16+4u..16+4u+4 of sub-block σ(m − 4).
+fn q4_k_permute_act(x: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; x.len()];
+    for (src, dst) in x.chunks_exact(256).zip(out.chunks_exact_mut(256)) {
+        for u in 0..4 {
+            for half in 0..2 {
+                for m in 0..8 {
+                    let sub = 2 * (m % 4) + half;
+                    let from = 32 * sub + 16 * (m / 4) + 4 * u;
+                    let to = 64 * u + 32 * half + 4 * m;
+                    dst[to..to + 4].copy_from_slice(&src[from..from + 4]);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -210,13 +270,22 @@ unsafe fn q5_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
 }
 
 /// Q6_K: weights unsigned 0..63 (true value + 32); the offset is subtracted exactly in
-/// integers through the activation 16-sums times 32·scale.
+/// integers through the activation 16-sums times 32·scale. As in `q4_k_rows`, the four
+/// 32-weight vectors of each 128-weight half are transposed by dwords within 128-bit halves,
+/// which gives all four the same sub-block per dword (σ(m) = 8n + [0,2,4,6,1,3,5,7][m]); two
+/// of them can then share one scale multiply (2 · 2·63·127 < 2^15): 8 `maddubs` + 4 `madd` +
+/// 1 offset `madd` per block and row instead of 8 + 8 + 1. Activations are permuted to match
+/// once per call (`q6_k_permute_act`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
     let nb = m.cols / 256;
     let a = act_ptrs::<N>(act);
+    let permuted: [Vec<u8>; N] =
+        core::array::from_fn(|i| q6_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
+    let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
     let m4 = _mm256_set1_epi8(0x0f);
     let m2h = _mm256_set1_epi8(0x30);
+    let sigma = _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 1, 1, 3, 3, 5, 5, 7, 7);
     for r in rows {
         let w = m.row(r);
         debug_assert!(w.len() == 210 * nb);
@@ -225,9 +294,14 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
             let p = w.as_ptr().add(210 * b);
             prefetch_ahead(p, 210);
             let d = f16_at(p.add(208));
-            let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+            let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+            let s16 = _mm256_cvtepi8_epi16(sc8);
             let mut sumi = [_mm256_setzero_si256(); N];
             for n in 0..2 {
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    sc8,
+                    _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
+                ));
                 let lo_a = load(p.add(64 * n));
                 let lo_b = load(p.add(64 * n + 32));
                 let h = load(p.add(128 + 32 * n));
@@ -251,13 +325,30 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
                         _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
                     ),
                 ];
-                for (k, qk) in q.into_iter().enumerate() {
-                    let c = 4 * n + k;
-                    let sc = scale_per16(s16, c);
-                    for i in 0..N {
-                        let x = a.x[i].add(256 * b + 32 * c);
-                        sumi[i] = _mm256_add_epi32(sumi[i], scaled_pairs(qk, x, sc));
-                    }
+                let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
+                let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
+                let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
+                let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
+                let x = [
+                    _mm256_unpacklo_epi64(t0, t2),
+                    _mm256_unpackhi_epi64(t0, t2),
+                    _mm256_unpacklo_epi64(t1, t3),
+                    _mm256_unpackhi_epi64(t1, t3),
+                ];
+                for i in 0..N {
+                    let xb = xp[i].add(256 * b + 128 * n);
+                    let p01 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(x[0], load(xb)),
+                        _mm256_maddubs_epi16(x[1], load(xb.add(32))),
+                    );
+                    let p23 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(x[2], load(xb.add(64))),
+                        _mm256_maddubs_epi16(x[3], load(xb.add(96))),
+                    );
+                    sumi[i] = _mm256_add_epi32(
+                        sumi[i],
+                        _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)),
+                    );
                 }
             }
             let mins = _mm256_slli_epi16(s16, 5);
@@ -272,6 +363,23 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
             out.write(i, r, hsum_ps(*v));
         }
     }
+}
+
+/// One activation row (Q8_K values) in the order `q6_k_rows` multiplies them: per 128-weight
+/// half, for u in 0..4 the 32 values under transposed vector u, whose dword m < 4 is weights
+/// 32m+4u..+4 of the half and dword m ≥ 4 is weights 32(m−4)+16+4u..+4.
+fn q6_k_permute_act(x: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; x.len()];
+    for (src, dst) in x.chunks_exact(128).zip(out.chunks_exact_mut(128)) {
+        for u in 0..4 {
+            for m in 0..8 {
+                let from = 32 * (m % 4) + 16 * (m / 4) + 4 * u;
+                let to = 32 * u + 4 * m;
+                dst[to..to + 4].copy_from_slice(&src[from..from + 4]);
+            }
+        }
+    }
+    out
 }
 
 /// Q8_0 against Q8_0 activations: |w|·sign(x, w) pairs; even and odd blocks feed separate
