@@ -83,20 +83,6 @@ unsafe fn scale_per32(both: __m256i, c: usize) -> __m256i {
     _mm256_shuffle_epi8(both, pick)
 }
 
-/// The i16 scale vector of 32-weight chunk `c` made of two 16-weight sub-blocks: lane 2c
-/// of `s16` in the low half, lane 2c+1 in the high half.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_per16(s16: __m256i, c: usize) -> __m256i {
-    #[rustfmt::skip]
-    let split = _mm256_setr_epi8(
-        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-    );
-    let pair = _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(c as i32));
-    _mm256_shuffle_epi8(pair, split)
-}
-
 /// Q4_K / Q5_K block header: `d`, `dmin`, the per-32 scales broadcast to both 128-bit
 /// halves, and the per-16 min vector (each 32-weight min covers two 16-sums).
 #[inline]
