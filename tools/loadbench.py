@@ -2,9 +2,10 @@
 """Load bench for `nextn serve`: aggregate and per-request decode speed at several concurrency
 levels for plain decoding, always-on MTP drafting, the fixed drafting throttle and `auto`.
 
-It starts one server per mode (all at once, on free loopback ports; idle ones cost nothing), then
-for every round, concurrency level and mode runs C client threads that together send the same
-number of /v1/completions requests (temperature 0, fixed length, each thread back to back).
+It starts one server per mode on a free loopback port (one after the other, so that each one's
+start-up timing of its passes runs alone; idle servers cost nothing), then for every round,
+concurrency level and mode runs C client threads that together send the same number of
+/v1/completions requests (temperature 0, fixed length, each thread back to back).
 Rounds interleave the modes so that drift in machine load hits them alike; the table reports the
 median over rounds.
 
@@ -22,6 +23,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -212,17 +214,20 @@ def main():
         return spec + ["--spec-max-drafting-slots", drafting]
 
     servers = []
-    if args.url:
-        u = urllib.parse.urlparse(args.url)
-        targets = [("server", u.hostname or "127.0.0.1", u.port or 80)]
-    else:
-        modes = [m for m in args.modes.split(",") if m]
-        for m in modes:
-            servers.append(Server(m, args.bin, args.model, mode_args(m), args.threads, args.slots, args.nice))
-        for s in servers:
-            s.wait_ready()
-        targets = [(s.name, "127.0.0.1", s.port) for s in servers]
+    # A terminated bench still stops the servers it started (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("loadbench: terminated"))
     try:
+        if args.url:
+            u = urllib.parse.urlparse(args.url)
+            targets = [("server", u.hostname or "127.0.0.1", u.port or 80)]
+        else:
+            modes = [m for m in args.modes.split(",") if m]
+            # One at a time: each server times its passes at start-up (auto's cost curves), and
+            # servers calibrating side by side would time each other's contention instead.
+            for m in modes:
+                servers.append(Server(m, args.bin, args.model, mode_args(m), args.threads, args.slots, args.nice))
+                servers[-1].wait_ready()
+            targets = [(s.name, "127.0.0.1", s.port) for s in servers]
         for name, host, port in targets:
             post(host, port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})
         cells = {}

@@ -176,19 +176,34 @@ impl GatedDeltaNet {
         }
         // Heads are independent: spread them over the pool. Each head's arithmetic is the same
         // whichever thread runs it, so results do not depend on the thread count.
-        let states: Vec<Mutex<&mut [f32]>> = if verify {
+        // In verify mode each head's task first copies its committed state into the spare and
+        // runs there: the copy is spread over the pool and leaves the head's 64 KiB in cache for
+        // the rows that follow.
+        type HeadState<'a> = (Option<&'a [f32]>, &'a mut [f32]);
+        let states: Vec<Mutex<HeadState>> = if verify {
             let (src, dst) = (&cache.state.ssm, &mut cache.spare);
-            dst.copy_from_slice(src);
-            dst.chunks_mut(d * d).map(Mutex::new).collect()
+            src.chunks(d * d)
+                .zip(dst.chunks_mut(d * d))
+                .map(|(s, t)| Mutex::new((Some(s), t)))
+                .collect()
         } else {
-            cache.state.ssm.chunks_mut(d * d).map(Mutex::new).collect()
+            cache
+                .state
+                .ssm
+                .chunks_mut(d * d)
+                .map(|t| Mutex::new((None, t)))
+                .collect()
         };
         let outputs: Vec<Mutex<Vec<f32>>> =
             (0..hv).map(|_| Mutex::new(vec![0.0f32; n * d])).collect();
         let rows_ref = &rows;
         pool.run(hv, |mh, _| {
             let g = mh % hk;
-            let mut s = states[mh].lock().unwrap_or_else(|e| e.into_inner());
+            let mut head = states[mh].lock().unwrap_or_else(|e| e.into_inner());
+            let (committed, s) = &mut *head;
+            if let Some(src) = committed {
+                s.copy_from_slice(src);
+            }
             let mut yh = outputs[mh].lock().unwrap_or_else(|e| e.into_inner());
             let mut u = vec![0.0f32; d];
             let mut o = vec![0.0f32; d];
@@ -201,7 +216,7 @@ impl GatedDeltaNet {
                 );
                 let vm = &c[2 * key_dim + mh * d..2 * key_dim + (mh + 1) * d];
                 delta_rule_step(
-                    &mut s,
+                    s,
                     kg,
                     vm,
                     rows_ref.beta[t * hv + mh],

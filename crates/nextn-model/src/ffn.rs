@@ -1,6 +1,8 @@
 //! Feed-forward blocks: dense SwiGLU (spec §4.7) and the routed mixture of experts with a
 //! sigmoid-gated shared expert (spec §4.8).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use nextn_quant::kernels::ThreadPool;
 
 use crate::config::{Arch, Qwen35Config};
@@ -48,6 +50,56 @@ impl DenseFfn {
     }
 }
 
+/// Which experts of a layer had their weights read since the last [`ExpertUsage::reset`], and
+/// how many expert weight passes that took, so a benchmark can count the bytes a pass streamed.
+/// Recording costs two relaxed atomic operations per distinct expert per pass.
+pub struct ExpertUsage {
+    touched: Vec<AtomicU64>,
+    weight_reads: AtomicU64,
+}
+
+impl ExpertUsage {
+    pub fn new(n_expert: usize) -> Self {
+        ExpertUsage {
+            touched: (0..n_expert.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            weight_reads: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, expert: usize) {
+        self.touched[expert / 64].fetch_or(1 << (expert % 64), Ordering::Relaxed);
+        self.weight_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ids of the experts read since the last reset, ascending.
+    pub fn touched(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (w, word) in self.touched.iter().enumerate() {
+            let mut bits = word.load(Ordering::Relaxed);
+            while bits != 0 {
+                out.push(w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+
+    /// Expert weight passes since the last reset: one per expert per forward pass that chose it,
+    /// however many rows chose it.
+    pub fn weight_reads(&self) -> u64 {
+        self.weight_reads.load(Ordering::Relaxed)
+    }
+
+    pub fn reset(&self) {
+        self.touched
+            .iter()
+            .for_each(|w| w.store(0, Ordering::Relaxed));
+        self.weight_reads.store(0, Ordering::Relaxed);
+    }
+}
+
 /// Experts of one layer: each `Linear` is one expert's matrix inside the stacked tensor.
 pub struct MoeFfn {
     pub router: Linear,
@@ -56,6 +108,7 @@ pub struct MoeFfn {
     pub down: Vec<Linear>,
     pub n_used: usize,
     pub shared: Option<(Linear, DenseFfn)>,
+    pub usage: ExpertUsage,
 }
 
 impl MoeFfn {
@@ -94,6 +147,7 @@ impl MoeFfn {
             down,
             n_used: cfg.n_expert_used,
             shared,
+            usage: ExpertUsage::new(ne),
         })
     }
 
@@ -142,6 +196,7 @@ impl MoeFfn {
                 continue;
             }
             let m = rows.len();
+            self.usage.record(e);
             xin.clear();
             for &(i, _) in rows {
                 xin.extend_from_slice(&x[i * n_embd..(i + 1) * n_embd]);

@@ -5,12 +5,14 @@ pub mod attention;
 pub mod cache;
 pub mod config;
 pub mod delta_net;
+pub mod draft_vocab;
 pub mod ffn;
 pub mod inventory;
 pub mod model;
 pub mod nextn;
 pub mod ops;
 pub mod synth;
+pub mod traffic;
 pub mod weights;
 
 pub use cache::{KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};

@@ -9,6 +9,7 @@ use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
+use crate::draft_vocab::DraftLmHead;
 use crate::model::{DecoderLayer, ForwardOutput, LogitRows, Model, Segment};
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
@@ -24,7 +25,13 @@ pub struct NextnHead {
     pub eh_proj: Linear,
     pub layer: DecoderLayer,
     pub shared_head_norm: Vec<f32>,
+    /// The full-vocabulary LM head; drafting goes through [`NextnHead::lm_head_logits`], which uses
+    /// the trimmed rows when a draft vocabulary is set.
     pub lm_head: Linear,
+    /// The per-tensor scale `lm_head` applies after its product (NVFP4-style exports), if any.
+    lm_head_scale: Option<f32>,
+    /// The LM head restricted to a draft vocabulary (`--spec-draft-vocab`).
+    draft: Option<DraftLmHead>,
     n_embd: usize,
     eps: f32,
     kv_width: usize,
@@ -67,10 +74,16 @@ impl NextnHead {
             Some(l) => l,
             None => model.token_embd.clone(),
         };
-        let lm_head = match w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)? {
-            Some(l) => l,
-            None => model.lm_head.clone(),
-        };
+        let (lm_head, lm_head_file) =
+            match w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)? {
+                Some(l) => (l, w.file().clone()),
+                None => (model.lm_head.clone(), model.file.clone()),
+            };
+        // Linear applies its scale inside `forward`; a trimmed copy of its rows needs it too.
+        let scale_name = format!("{}.scale", lm_head.name.trim_end_matches(".weight"));
+        let lm_head_scale = WeightLoader::new(lm_head_file)
+            .optional_vector(&scale_name, &[1])?
+            .map(|v| v[0]);
         let shared_head_norm =
             match w.optional_vector(&p("shared_head_norm.weight"), &[e as u64])? {
                 Some(v) => v,
@@ -85,10 +98,62 @@ impl NextnHead {
             layer: DecoderLayer::load(&w, n, LayerKind::FullAttention, cfg)?,
             shared_head_norm,
             lm_head,
+            lm_head_scale,
+            draft: None,
             n_embd: e,
             eps: cfg.rms_eps,
             kv_width: cfg.n_head_kv[n] * cfg.head_dim,
         })
+    }
+
+    /// Restrict drafting to the token ids in `ids` (any order; duplicates ignored): the LM head
+    /// computes only those rows, and logits elsewhere are −∞. The target still verifies over the
+    /// whole vocabulary, so speculative output is unchanged; only acceptance can drop.
+    pub fn restrict_vocab(&mut self, ids: &[u32]) -> Result<(), ModelError> {
+        self.draft = Some(DraftLmHead::new(&self.lm_head, self.lm_head_scale, ids)?);
+        Ok(())
+    }
+
+    /// Draft over the full vocabulary again.
+    pub fn clear_draft_vocab(&mut self) {
+        self.draft = None;
+    }
+
+    /// The trimmed LM head, when a draft vocabulary is set.
+    pub fn draft_vocab(&self) -> Option<&DraftLmHead> {
+        self.draft.as_ref()
+    }
+
+    /// Tokens the head can draft: the draft vocabulary's size, else the full vocabulary.
+    pub fn draft_vocab_size(&self) -> usize {
+        self.draft
+            .as_ref()
+            .map_or(self.lm_head.rows, DraftLmHead::len)
+    }
+
+    /// Size of the full vocabulary (the width of every logits row the head returns).
+    pub fn n_vocab(&self) -> usize {
+        self.lm_head.rows
+    }
+
+    /// Logits of `n` post-norm hidden rows, `n × n_vocab`: through the trimmed LM head (−∞ outside
+    /// the draft vocabulary) when one is set, else the full one. Batched callers use this too.
+    pub fn lm_head_logits(
+        &self,
+        hidden: &[f32],
+        n: usize,
+        pool: &ThreadPool,
+    ) -> Result<Vec<f32>, ModelError> {
+        match &self.draft {
+            Some(d) => d.forward(hidden, n, pool),
+            None => {
+                let mut logits = vec![0.0f32; n * self.lm_head.rows];
+                if n > 0 {
+                    self.lm_head.forward(hidden, n, &mut logits, pool)?;
+                }
+                Ok(logits)
+            }
+        }
     }
 
     /// Drop the head's cache entries at positions `>= pos`.
@@ -182,15 +247,11 @@ impl NextnHead {
             LogitRows::Last => (n - 1, 1),
             LogitRows::All => (0, n),
         };
-        let mut logits = vec![0.0f32; count * n_vocab];
-        if count > 0 {
-            self.lm_head.forward(
-                &hidden[first * e..(first + count) * e],
-                count,
-                &mut logits,
-                pool,
-            )?;
-        }
+        let logits = if count > 0 {
+            self.lm_head_logits(&hidden[first * e..(first + count) * e], count, pool)?
+        } else {
+            Vec::new()
+        };
         Ok(ForwardOutput {
             hidden,
             logits,

@@ -225,11 +225,46 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
             return Err(ApiError::invalid_field("n", "only n = 1 is supported"));
         }
     }
-    if boolean(o, "logprobs")? == Some(true) || field(o, "top_logprobs").is_some() {
+    // Chat sends `logprobs: true`, legacy completions a count; either asks for what is not
+    // supported, and so does llama-server's `n_probs`.
+    match field(o, "logprobs") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            return Err(ApiError::invalid_field(
+                "logprobs",
+                "logprobs are not supported",
+            ))
+        }
+        Some(_) => match integer(o, "logprobs")? {
+            Some(0) => {}
+            _ => {
+                return Err(ApiError::invalid_field(
+                    "logprobs",
+                    "logprobs are not supported",
+                ))
+            }
+        },
+    }
+    if field(o, "top_logprobs").is_some() {
         return Err(ApiError::invalid_field(
-            "logprobs",
+            "top_logprobs",
             "logprobs are not supported",
         ));
+    }
+    match integer(o, "n_probs")? {
+        None | Some(0) => {}
+        Some(n) if n < 0 => {
+            return Err(ApiError::invalid_field(
+                "n_probs",
+                format!("'n_probs' must be at least 0, got {n}"),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "n_probs",
+                "token probabilities (n_probs) are not supported",
+            ))
+        }
     }
     if field(o, "tools")
         .and_then(Value::as_array)
@@ -522,11 +557,52 @@ mod tests {
                 json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []}),
                 "chat_template_kwargs",
             ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "n_probs": "lots"}),
+                "n_probs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "n_probs": {"a": 1}}),
+                "n_probs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "n_probs": -5}),
+                "n_probs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "n_probs": 5}),
+                "n_probs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),
+                "logprobs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 5}),
+                "logprobs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}),
+                "logprobs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+                "top_logprobs",
+            ),
         ];
         for (body, param) in cases {
             let e = parse_chat(&obj(body.clone())).expect_err(&body.to_string());
             assert_eq!(e.status.as_u16(), 400);
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+        // Asking for none of what is unsupported is fine.
+        for ok in [
+            json!({"n_probs": 0}),
+            json!({"n_probs": null}),
+            json!({"logprobs": false}),
+            json!({"logprobs": 0}),
+        ] {
+            assert!(parse_params(&obj(ok.clone())).is_ok(), "{ok}");
         }
         assert!(parse_json(b"{not json").is_err());
         assert!(parse_json(b"[1]").is_err());

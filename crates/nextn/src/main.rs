@@ -34,6 +34,8 @@ enum Command {
     Synth(cmd::synth::Args),
     /// OpenAI-compatible HTTP server with continuous batching and MTP drafting per slot.
     Serve(cmd::serve::Args),
+    /// Count token frequencies of text files with a model's tokenizer: the ranking for --spec-draft-vocab.
+    VocabStats(cmd::vocab_stats::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::VocabStats(a) => cmd::vocab_stats::run(a),
     };
     match result {
         Ok(code) => code,

@@ -282,6 +282,22 @@ fn openai_endpoints_errors_and_metrics() {
             "invalid_request_error",
         ),
         (
+            "/v1/completions",
+            json!({"prompt": "x", "n_probs": "lots"})
+                .to_string()
+                .into_bytes(),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "logprobs": 3})
+                .to_string()
+                .into_bytes(),
+            400,
+            "invalid_request_error",
+        ),
+        (
             "/v1/chat/completions",
             chat(&long_prompt, json!({})).to_string().into_bytes(),
             400,

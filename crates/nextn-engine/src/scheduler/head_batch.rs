@@ -26,7 +26,7 @@ pub fn head_forward_batch(
     pool: &ThreadPool,
 ) -> Result<Vec<ForwardOutput>, ModelError> {
     let e = head.enorm.len();
-    let n_vocab = head.lm_head.rows;
+    let n_vocab = head.n_vocab();
     let n: usize = items.iter().map(|it| it.tokens.len()).sum();
     let mut cat = vec![0.0f32; n * 2 * e];
     let mut row = vec![0.0f32; e];
@@ -99,10 +99,8 @@ pub fn head_forward_batch(
         picked.extend_from_slice(&hidden[(s + first) * e..(s + first + count) * e]);
     }
     let n_picked = picked.len() / e.max(1);
-    let mut logits = vec![0.0f32; n_picked * n_vocab];
-    if n_picked > 0 {
-        head.lm_head.forward(&picked, n_picked, &mut logits, pool)?;
-    }
+    // Through the draft vocabulary when the head has one (−∞ elsewhere), as `NextnHead::forward`.
+    let logits = head.lm_head_logits(&picked, n_picked, pool)?;
     Ok(items
         .iter()
         .zip(&starts)

@@ -147,7 +147,15 @@ const PROMPTS: [&str; 4] = [
 
 #[test]
 fn head_batch_equals_one_sequence_at_a_time() {
-    let e = engine(true);
+    let mut e = engine(true);
+    check_head_batch(&e);
+    // With a draft vocabulary the batched head must trim its logits the same way.
+    let kept: Vec<u32> = (0..8192).step_by(3).collect();
+    e.head.as_mut().unwrap().restrict_vocab(&kept).unwrap();
+    check_head_batch(&e);
+}
+
+fn check_head_batch(e: &Engine) {
     let head = e.head.as_ref().unwrap();
     let n_embd = e.model.config.n_embd;
     let eps = e.model.config.rms_eps;
@@ -208,8 +216,14 @@ fn head_batch_equals_one_sequence_at_a_time() {
     let batched = head_forward_batch(head, eps, &mut items, &e.pool).unwrap();
     for (a, b) in alone.iter().zip(&batched) {
         assert_eq!(a.hidden, b.hidden);
-        assert_eq!(a.logits, b.logits);
+        assert_eq!(a.logits.len(), b.logits.len());
+        for (x, y) in a.logits.iter().zip(&b.logits) {
+            assert_eq!(x.to_bits(), y.to_bits());
+        }
     }
+    let trimmed = head.draft_vocab_size() < head.n_vocab();
+    let infinite = batched[0].logits.iter().filter(|v| v.is_infinite()).count();
+    assert_eq!(infinite > 0, trimmed, "{infinite} −∞ logits");
 }
 
 #[test]

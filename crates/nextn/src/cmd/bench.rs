@@ -16,6 +16,7 @@ use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
 use super::common::{self, Loaded, ModelArgs};
+use super::floor::{self, FloorArgs};
 
 /// The default prompt set: code and prose.
 const DEFAULT_PROMPTS: &str = include_str!("../../bench/prompts.jsonl");
@@ -60,6 +61,10 @@ pub struct Args {
     /// Also write the results as JSON to this file
     #[arg(long)]
     pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub floor: FloorArgs,
+    #[command(flatten)]
+    pub draft_vocab: super::vocab_stats::DraftVocabArgs,
 }
 
 struct Prompt {
@@ -355,6 +360,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
             loaded.path.display()
         );
     }
+    let trimmed = match (&head, args.draft_vocab.draft_vocab) {
+        (None, Some(_)) => bail!("--spec-draft-vocab needs a NextN head"),
+        (Some(_), Some(_)) => {
+            let mut h = NextnHead::load(&loaded.model)?;
+            args.draft_vocab.apply(&loaded, &mut h)?;
+            Some(h)
+        }
+        _ => None,
+    };
+    let mut full_runs = Vec::new();
     let max_n = args.n_max.iter().copied().max().unwrap_or(0);
     eprintln!(
         "bench: {} prompts × {} tokens, {} threads, draft depths {:?}",
@@ -465,6 +480,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "speedup_vs_plain": speedup,
             "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
         }));
+        full_runs.push((k, mode_name.to_string(), t.stats.clone(), decode));
     }
 
     let costs = measure_costs(
@@ -512,6 +528,58 @@ pub fn run(args: Args) -> Result<ExitCode> {
             projections.push(json!({"n_max": n, "tokens_per_step": tokens, "speedup": speedup}));
         }
     }
+
+    let mut draft_vocab_report = Value::Null;
+    if let Some(trimmed) = trimmed.as_ref().filter(|_| !costs.draft_ms.is_nan()) {
+        use super::vocab_stats::bench_report;
+        let cost = bench_report::costs(
+            &loaded,
+            trimmed,
+            &prompts[0].tokens,
+            args.reps,
+            costs.decode_ms,
+            &costs.verify_ms,
+            costs.draft_ms,
+            &args.assume_acceptance,
+            max_n,
+        )?;
+        let accept = bench_report::acceptance(trimmed, &full_runs, |h, k, mode| {
+            let mode = if mode == "sample" {
+                DraftSampling::Sample
+            } else {
+                DraftSampling::Greedy
+            };
+            let t = run_depth(
+                &loaded,
+                Some(h),
+                &prompts,
+                args.n_predict,
+                k,
+                &sampling,
+                mode,
+                None,
+            )?;
+            Ok((
+                t.stats,
+                t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9),
+            ))
+        })?;
+        draft_vocab_report = json!({"costs": cost, "acceptance": accept});
+    }
+
+    let floor_report = if args.floor.floor {
+        let rows = costs.verify_ms.len();
+        floor::report(
+            &loaded,
+            head.as_ref(),
+            &prompts[0].tokens,
+            rows,
+            args.reps,
+            &args.floor,
+        )?
+    } else {
+        Value::Null
+    };
 
     let peak_rss = peak_rss_bytes();
     if let Some(b) = peak_rss {
@@ -586,6 +654,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             },
             "assume_acceptance": args.assume_acceptance,
             "projections": projections,
+            "floor": floor_report,
+            "draft_vocab": draft_vocab_report,
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -46,6 +46,8 @@ pub struct Args {
         requires = "mtp"
     )]
     pub draft_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub draft_vocab: super::vocab_stats::DraftVocabArgs,
     /// Rows per forward pass (default: the whole prompt in one pass)
     #[arg(short = 'b', long = "batch-size")]
     pub batch_size: Option<usize>,
@@ -77,9 +79,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             p_min: 0.0,
             draft_sampling: "greedy".into(),
             draft_model: args.draft_model.clone(),
+            draft_vocab: args.draft_vocab.clone(),
         };
         Some(spec.load_head(&loaded)?)
     } else {
+        if args.draft_vocab.draft_vocab.is_some() {
+            bail!("--spec-draft-vocab applies to the NextN head's rows: add --mtp");
+        }
         None
     };
     let mut state = loaded.new_sequence();

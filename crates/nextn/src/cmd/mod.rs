@@ -1,8 +1,10 @@
 pub mod bench;
 pub mod common;
+pub mod floor;
 pub mod inspect;
 pub mod logits;
 pub mod run;
 pub mod serve;
 pub mod synth;
 pub mod verify;
+pub mod vocab_stats;

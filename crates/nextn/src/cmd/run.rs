@@ -15,6 +15,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 use super::common::{self, ModelArgs};
+use super::vocab_stats::DraftVocabArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -122,6 +123,8 @@ pub struct SpecArgs {
     /// MTP-only sidecar GGUF holding the NextN head (when the model file has none)
     #[arg(long = "spec-draft-model", visible_alias = "model-draft")]
     pub draft_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub draft_vocab: DraftVocabArgs,
 }
 
 impl SpecArgs {
@@ -148,8 +151,15 @@ impl SpecArgs {
         })
     }
 
-    /// Bind the NextN head from the model file or the sidecar; a clear error when there is none.
+    /// Bind the NextN head from the model file or the sidecar (a clear error when there is none),
+    /// restricted to the draft vocabulary when `--spec-draft-vocab` asks for one.
     pub fn load_head(&self, loaded: &common::Loaded) -> Result<NextnHead> {
+        let mut head = self.load_full_head(loaded)?;
+        self.draft_vocab.apply(loaded, &mut head)?;
+        Ok(head)
+    }
+
+    fn load_full_head(&self, loaded: &common::Loaded) -> Result<NextnHead> {
         match &self.draft_model {
             Some(p) => {
                 let f = Arc::new(GgufFile::open(p).with_context(|| format!("cannot read MTP file {}", p.display()))?);
@@ -318,8 +328,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "finish_reason": generation.finish.as_str(),
             "timings": timings,
         });
-        if let Some(s) = &spec_stats {
+        if let (Some(s), Some(head)) = (&spec_stats, &head) {
             out["spec"] = s.to_json(generation.tokens.len());
+            out["spec"]["draft_vocab"] = json!(head.draft_vocab_size());
+            out["spec"]["n_vocab"] = json!(head.n_vocab());
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
