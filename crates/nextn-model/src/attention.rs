@@ -167,13 +167,23 @@ impl GatedAttention {
             kv_ref.read_head(true, g, hd, visible, &mut vals);
             let mut out = outputs[task].lock().unwrap_or_else(|e| e.into_inner());
             out.resize(rows.len() * group * hd, 0.0);
-            let mut scores = vec![0.0f32; visible];
-            for (r, i) in rows.clone().enumerate() {
-                for (j, h) in (g * group..(g + 1) * group).enumerate() {
-                    let qh = &q[(i * self.n_head + h) * hd..][..hd];
-                    let o = &mut out[(r * group + j) * hd..][..hd];
-                    attend_head(qh, &keys, &vals, start_pos + i + 1, hd, &mut scores, o);
-                }
+            // Rows go in blocks so that each tile of keys and values is read from cache by all
+            // the block's queries; every query still sees its positions in ascending order.
+            let first = rows.start;
+            let rows: Vec<usize> = rows.collect();
+            let mut scores = Vec::new();
+            for block in rows.chunks(QUERY_BLOCK_ROWS) {
+                let queries: Vec<(usize, &[f32])> = block
+                    .iter()
+                    .flat_map(|&i| {
+                        (g * group..(g + 1) * group).map(move |h| {
+                            (start_pos + i + 1, &q[(i * self.n_head + h) * hd..][..hd])
+                        })
+                    })
+                    .collect();
+                let o_first = (block[0] - first) * group * hd;
+                let o = &mut out[o_first..o_first + queries.len() * hd];
+                attend_tiled(&queries, &keys, &vals, hd, &mut scores, o);
             }
         });
         for (task, out) in outputs.into_iter().enumerate() {
@@ -192,25 +202,49 @@ impl GatedAttention {
     }
 }
 
-/// Softmax attention of one query head over the first `len` cached positions, into `o`.
-fn attend_head(
-    qh: &[f32],
+/// Rows per block of queries in one tiled attention pass.
+const QUERY_BLOCK_ROWS: usize = 8;
+/// Cached positions per tile: 64 positions × 256 dims × 4 bytes = 64 KiB of keys or values.
+const KEY_TILE: usize = 64;
+
+/// Softmax attention of several query heads, each `(len, q)` over the first `len` cached
+/// positions, into `o` (`queries.len() × hd`). Key and value tiles are shared by all queries.
+/// For each query the arithmetic is that of a lone query: scores `q·k_p · scale` in position
+/// order, one softmax over its `len` scores, then `o += s_p·v_p` for p ascending.
+fn attend_tiled(
+    queries: &[(usize, &[f32])],
     keys: &[f32],
     vals: &[f32],
-    len: usize,
     hd: usize,
-    scores: &mut [f32],
+    scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
     let scale = 1.0 / (hd as f32).sqrt();
-    for (p, s) in scores[..len].iter_mut().enumerate() {
-        *s = ops::dot(qh, &keys[p * hd..(p + 1) * hd]) * scale;
+    let max_len = queries.iter().map(|&(len, _)| len).max().unwrap_or(0);
+    scores.clear();
+    scores.resize(queries.len() * max_len, 0.0);
+    for tile in (0..max_len).step_by(KEY_TILE) {
+        for (j, &(len, qh)) in queries.iter().enumerate() {
+            let s = &mut scores[j * max_len..][..len];
+            for p in tile..(tile + KEY_TILE).min(len) {
+                s[p] = ops::dot(qh, &keys[p * hd..(p + 1) * hd]) * scale;
+            }
+        }
     }
-    ops::softmax(&mut scores[..len]);
+    for (j, &(len, _)) in queries.iter().enumerate() {
+        ops::softmax(&mut scores[j * max_len..][..len]);
+    }
     o.fill(0.0);
-    for (p, &s) in scores[..len].iter().enumerate() {
-        o.iter_mut()
-            .zip(&vals[p * hd..(p + 1) * hd])
-            .for_each(|(a, &b)| *a += s * b);
+    for tile in (0..max_len).step_by(KEY_TILE) {
+        for (j, &(len, _)) in queries.iter().enumerate() {
+            let s = &scores[j * max_len..][..len];
+            let oj = &mut o[j * hd..(j + 1) * hd];
+            for p in tile..(tile + KEY_TILE).min(len) {
+                let sp = s[p];
+                oj.iter_mut()
+                    .zip(&vals[p * hd..(p + 1) * hd])
+                    .for_each(|(a, &b)| *a += sp * b);
+            }
+        }
     }
 }
