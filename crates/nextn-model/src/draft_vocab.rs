@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use nextn_gguf::GgmlType;
-use nextn_quant::kernels::{QMatrix, ThreadPool};
+use nextn_quant::kernels::ThreadPool;
 
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
@@ -19,8 +19,9 @@ use crate::ModelError;
 enum Rows {
     /// The ids are exactly `0..n`: rows are a prefix of the mapped matrix, no copy.
     Prefix(Linear),
-    /// Rows gathered from the mapped matrix (quantized rows are whole blocks: a byte copy).
-    Gathered(Vec<u8>),
+    /// Rows gathered from the mapped matrix (quantized rows are whole blocks: a byte copy), with
+    /// the full matrix they came from (its type, width and per-tensor scale).
+    Gathered { bytes: Vec<u8>, full: Linear },
 }
 
 /// The rows of an LM head for the token ids of a draft vocabulary.
@@ -30,14 +31,12 @@ pub struct DraftLmHead {
     rows: Rows,
     ty: GgmlType,
     cols: usize,
-    scale: Option<f32>,
     n_vocab: usize,
 }
 
 impl DraftLmHead {
-    /// Restrict `full` (rows = vocabulary) to `ids` (any order, duplicates ignored). `scale` is the
-    /// per-tensor scale the full matrix applies after its product, if any.
-    pub fn new(full: &Linear, scale: Option<f32>, ids: &[u32]) -> Result<DraftLmHead, ModelError> {
+    /// Restrict `full` (rows = vocabulary) to `ids` (any order, duplicates ignored).
+    pub fn new(full: &Linear, ids: &[u32]) -> Result<DraftLmHead, ModelError> {
         let n_vocab = full.rows;
         let mut ids = ids.to_vec();
         ids.sort_unstable();
@@ -70,14 +69,16 @@ impl DraftLmHead {
                 let at = id as usize * rb;
                 bytes.extend_from_slice(&all[at..at + rb]);
             }
-            Rows::Gathered(bytes)
+            Rows::Gathered {
+                bytes,
+                full: full.clone(),
+            }
         };
         Ok(DraftLmHead {
             ids,
             rows,
             ty: full.ty,
             cols: full.cols,
-            scale,
             n_vocab,
         })
     }
@@ -121,14 +122,8 @@ impl DraftLmHead {
     ) -> Result<(), ModelError> {
         match &self.rows {
             Rows::Prefix(l) => l.forward(x, n, out, pool),
-            Rows::Gathered(bytes) => {
-                let m = QMatrix::new(self.ty, self.ids.len(), self.cols, bytes)?;
-                let k = self.ids.len();
-                m.mul_rows(&x[..n * self.cols], n, &mut out[..n * k], pool)?;
-                if let Some(s) = self.scale {
-                    out[..n * k].iter_mut().for_each(|v| *v *= s);
-                }
-                Ok(())
+            Rows::Gathered { bytes, full } => {
+                full.forward_rows(bytes, self.ids.len(), x, n, out, pool)
             }
         }
     }

@@ -28,8 +28,6 @@ pub struct NextnHead {
     /// The full-vocabulary LM head; drafting goes through [`NextnHead::lm_head_logits`], which uses
     /// the trimmed rows when a draft vocabulary is set.
     pub lm_head: Linear,
-    /// The per-tensor scale `lm_head` applies after its product (NVFP4-style exports), if any.
-    lm_head_scale: Option<f32>,
     /// The LM head restricted to a draft vocabulary (`--spec-draft-vocab`).
     draft: Option<DraftLmHead>,
     n_embd: usize,
@@ -74,16 +72,10 @@ impl NextnHead {
             Some(l) => l,
             None => model.token_embd.clone(),
         };
-        let (lm_head, lm_head_file) =
-            match w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)? {
-                Some(l) => (l, w.file().clone()),
-                None => (model.lm_head.clone(), model.file.clone()),
-            };
-        // Linear applies its scale inside `forward`; a trimmed copy of its rows needs it too.
-        let scale_name = format!("{}.scale", lm_head.name.trim_end_matches(".weight"));
-        let lm_head_scale = WeightLoader::new(lm_head_file)
-            .optional_vector(&scale_name, &[1])?
-            .map(|v| v[0]);
+        let lm_head = match w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)? {
+            Some(l) => l,
+            None => model.lm_head.clone(),
+        };
         let shared_head_norm =
             match w.optional_vector(&p("shared_head_norm.weight"), &[e as u64])? {
                 Some(v) => v,
@@ -98,7 +90,6 @@ impl NextnHead {
             layer: DecoderLayer::load(&w, n, LayerKind::FullAttention, cfg)?,
             shared_head_norm,
             lm_head,
-            lm_head_scale,
             draft: None,
             n_embd: e,
             eps: cfg.rms_eps,
@@ -110,7 +101,7 @@ impl NextnHead {
     /// computes only those rows, and logits elsewhere are −∞. The target still verifies over the
     /// whole vocabulary, so speculative output is unchanged; only acceptance can drop.
     pub fn restrict_vocab(&mut self, ids: &[u32]) -> Result<(), ModelError> {
-        self.draft = Some(DraftLmHead::new(&self.lm_head, self.lm_head_scale, ids)?);
+        self.draft = Some(DraftLmHead::new(&self.lm_head, ids)?);
         Ok(())
     }
 

@@ -203,10 +203,25 @@ impl Linear {
         out: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        let m = QMatrix::new(self.ty, self.rows, self.cols, self.bytes())?;
-        m.mul_rows(&x[..n * self.cols], n, &mut out[..n * self.rows], pool)?;
+        self.forward_rows(self.bytes(), self.rows, x, n, out, pool)
+    }
+
+    /// The product of `forward` with other rows of this matrix's type and width: `bytes` holds
+    /// `rows` whole rows (for example a gathered subset of this matrix's rows); the per-tensor
+    /// scale applies as in `forward`.
+    pub fn forward_rows(
+        &self,
+        bytes: &[u8],
+        rows: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let m = QMatrix::new(self.ty, rows, self.cols, bytes)?;
+        m.mul_rows(&x[..n * self.cols], n, &mut out[..n * rows], pool)?;
         if let Some(s) = self.scale {
-            out[..n * self.rows].iter_mut().for_each(|v| *v *= s);
+            out[..n * rows].iter_mut().for_each(|v| *v *= s);
         }
         Ok(())
     }
