@@ -71,6 +71,14 @@ fn bench_floor_reports_every_pass_against_the_bandwidth_floor() {
 
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(&json_path).expect("json")).expect("parse");
+    // The instruction set the kernels ran with, as a CPU of this architecture names it.
+    let isa = report["kernels"].as_str().expect("kernels");
+    assert!(
+        ["scalar", "avx2", "avx512", "neon"]
+            .iter()
+            .any(|l| isa == *l || isa == format!("{l}+vnni")),
+        "kernels: {isa}"
+    );
     let floor = &report["floor"];
     let bw = floor["bandwidth_bytes_s"].as_f64().expect("bandwidth");
     let bw1 = floor["bandwidth_1_thread_bytes_s"]

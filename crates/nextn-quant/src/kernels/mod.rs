@@ -23,10 +23,10 @@
 //! rows therefore cost only their integer arithmetic, never another pass over memory or
 //! another decode, and since every (weight row, activation row) pair goes through the
 //! same function with the same operation order, a row's result does not depend on the
-//! other rows in its batch, on the thread count, or on the row split. At the AVX2 level,
-//! Q4_K, Q5_K, Q6_K and Q8_0 skip the stage: a fused kernel decodes each weight block in
-//! registers and multiplies it with every activation row of the pass, with the same
-//! operations per (weight row, activation row) as the staged path (`x86/fused.rs`).
+//! other rows in its batch, on the thread count, or on the row split. On x86-64, Q4_K,
+//! Q5_K, Q6_K and Q8_0 skip the stage: a fused kernel decodes each weight block in
+//! registers and multiplies it with every activation row of the pass (`x86/fused.rs`; on
+//! CPUs with VNNI, `x86/fused_vnni.rs` for Q4_K, Q6_K and Q8_0, same results bit for bit).
 //!
 //! Numerics: integer parts are exact and identical on every path; the f32 accumulation
 //! order differs between paths (and from ggml's), so results agree with the reference
@@ -52,3 +52,13 @@ mod x86;
 pub use matrix::{is_supported_weight_type, QMatrix, MAX_ROWS_PER_PASS, SUPPORTED_WEIGHT_TYPES};
 pub use pool::ThreadPool;
 pub use simd::{detected_simd_level, simd_level, SimdLevel};
+
+/// The instruction set the matrix kernels run with, for reports: the SIMD level
+/// ([`simd_level`]), with "+vnni" where Q4_K, Q6_K and Q8_0 use the VNNI kernels.
+pub fn kernel_isa() -> String {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(simd_level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
+        return x86::kernel_isa(simd_level());
+    }
+    simd_level().name().to_string()
+}

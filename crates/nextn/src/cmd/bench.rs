@@ -372,10 +372,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut full_runs = Vec::new();
     let max_n = args.n_max.iter().copied().max().unwrap_or(0);
     eprintln!(
-        "bench: {} prompts × {} tokens, {} threads, draft depths {:?}",
+        "bench: {} prompts × {} tokens, {} threads, {} kernels, draft depths {:?}",
         prompts.len(),
         args.n_predict,
         loaded.pool.n_threads(),
+        nextn_quant::kernels::kernel_isa(),
         args.n_max
     );
 
@@ -644,6 +645,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "model_file_bytes": loaded.file_bytes,
             "model": loaded.path.display().to_string(),
             "threads": loaded.pool.n_threads(),
+            "kernels": nextn_quant::kernels::kernel_isa(),
             "n_predict": args.n_predict,
             "prompts": prompts.iter().map(|p| json!({"name": p.name, "n_tokens": p.tokens.len()})).collect::<Vec<_>>(),
             "runs": rows,

@@ -26,13 +26,13 @@ use super::decode_legacy::f16_at;
 use super::dot_avx2::hsum_ps;
 
 /// Raw pointers to each activation row's quantized values, block scales and 16-sums.
-struct ActPtrs<const N: usize> {
-    x: [*const u8; N],
-    d: [*const f32; N],
-    bsums: [*const u8; N],
+pub(super) struct ActPtrs<const N: usize> {
+    pub(super) x: [*const u8; N],
+    pub(super) d: [*const f32; N],
+    pub(super) bsums: [*const u8; N],
 }
 
-fn act_ptrs<const N: usize>(act: &ActRows) -> ActPtrs<N> {
+pub(super) fn act_ptrs<const N: usize>(act: &ActRows) -> ActPtrs<N> {
     debug_assert!(act.n_rows == N);
     let rows: [_; N] = core::array::from_fn(|i| act.row(i));
     ActPtrs {
@@ -50,7 +50,7 @@ const PREFETCH_BYTES: usize = 1024;
 /// hardware prefetcher alone leaves the single-row kernels waiting on memory.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_ahead(p: *const u8, block_bytes: usize) {
+pub(super) unsafe fn prefetch_ahead(p: *const u8, block_bytes: usize) {
     let ahead = p.wrapping_add(PREFETCH_BYTES) as *const i8;
     _mm_prefetch::<_MM_HINT_T0>(ahead);
     if block_bytes > 64 {
@@ -64,7 +64,7 @@ unsafe fn prefetch_ahead(p: *const u8, block_bytes: usize) {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load(p: *const u8) -> __m256i {
+pub(super) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
@@ -87,7 +87,7 @@ unsafe fn scale_per32(both: __m256i, c: usize) -> __m256i {
 /// halves, and the per-16 min vector (each 32-weight min covers two 16-sums).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_header(blk: *const u8) -> (f32, f32, __m256i, __m256i) {
+pub(super) unsafe fn k4_header(blk: *const u8) -> (f32, f32, __m256i, __m256i) {
     let packed = core::slice::from_raw_parts(blk.add(4), 12);
     let (sc, mn) = k4_scales_mins_packed(packed);
     let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
@@ -100,7 +100,7 @@ unsafe fn k4_header(blk: *const u8) -> (f32, f32, __m256i, __m256i) {
 /// acc += d_w·d_a·Σ, then acc −= dmin_w·d_a·(bsums·mins).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn finish_k_scaled<const N: usize>(
+pub(super) unsafe fn finish_k_scaled<const N: usize>(
     a: &ActPtrs<N>,
     b: usize,
     (d, dmin, mins): (f32, f32, __m256i),
@@ -133,7 +133,6 @@ unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
     let permuted: [Vec<u8>; N] =
         core::array::from_fn(|i| q4_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
     let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
-    let m4 = _mm256_set1_epi8(0x0f);
     #[rustfmt::skip]
     let (pick_l, pick_h) = (
         _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
@@ -153,19 +152,7 @@ unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
                 _mm256_shuffle_epi8(scales, pick_l),
                 _mm256_shuffle_epi8(scales, pick_h),
             );
-            let c = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
-            let t0 = _mm256_unpacklo_epi32(c[0], c[1]);
-            let t1 = _mm256_unpackhi_epi32(c[0], c[1]);
-            let t2 = _mm256_unpacklo_epi32(c[2], c[3]);
-            let t3 = _mm256_unpackhi_epi32(c[2], c[3]);
-            let x = [
-                _mm256_unpacklo_epi64(t0, t2),
-                _mm256_unpackhi_epi64(t0, t2),
-                _mm256_unpacklo_epi64(t1, t3),
-                _mm256_unpackhi_epi64(t1, t3),
-            ];
-            let lo = x.map(|v| _mm256_and_si256(v, m4));
-            let hi = x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            let (lo, hi) = q4_k_quants(blk);
             let mut sumi = [_mm256_setzero_si256(); N];
             for i in 0..N {
                 let xb = xp[i].add(256 * b);
@@ -189,11 +176,41 @@ unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
     }
 }
 
+/// The 256 quants of a Q4_K block at `blk` as unsigned bytes, transposed as `q4_k_rows`
+/// describes: four vectors of low nibbles and four of high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_quants(blk: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let c = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
+    let x = transpose_dwords(c);
+    (
+        x.map(|v| _mm256_and_si256(v, m4)),
+        x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
+    )
+}
+
+/// Dword m of output j (within each 128-bit half) is dword j of input m.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_dwords(q: [__m256i; 4]) -> [__m256i; 4] {
+    let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
+    let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
+    let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
+    let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
+}
+
 /// One activation row (Q8_K values) in the order `q4_k_rows` multiplies them: per 256-block,
 /// for u in 0..4 the 32 values under the low nibbles of transposed vector u, then the 32
 /// under its high nibbles. Dword m < 4 of vector u is weights 4u..4u+4 of sub-block σ(m);
 /// dword m ≥ 4 is weights 16+4u..16+4u+4 of sub-block σ(m − 4).
-fn q4_k_permute_act(x: &[u8]) -> Vec<u8> {
+pub(super) fn q4_k_permute_act(x: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; x.len()];
     for (src, dst) in x.chunks_exact(256).zip(out.chunks_exact_mut(256)) {
         for u in 0..4 {
@@ -269,8 +286,6 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
     let permuted: [Vec<u8>; N] =
         core::array::from_fn(|i| q6_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
     let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2h = _mm256_set1_epi8(0x30);
     let sigma = _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 1, 1, 3, 3, 5, 5, 7, 7);
     for r in rows {
         let w = m.row(r);
@@ -288,39 +303,7 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
                     sc8,
                     _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
                 ));
-                let lo_a = load(p.add(64 * n));
-                let lo_b = load(p.add(64 * n + 32));
-                let h = load(p.add(128 + 32 * n));
-                // Two high bits 2c..2c+2 of h moved to bits 4..6 (16-bit shifts; the mask
-                // drops what crosses byte borders).
-                let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(lo_a, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(h, 4), m2h),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(lo_b, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(lo_a, 4), m4),
-                        _mm256_and_si256(h, m2h),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(lo_b, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
-                    ),
-                ];
-                let t0 = _mm256_unpacklo_epi32(q[0], q[1]);
-                let t1 = _mm256_unpackhi_epi32(q[0], q[1]);
-                let t2 = _mm256_unpacklo_epi32(q[2], q[3]);
-                let t3 = _mm256_unpackhi_epi32(q[2], q[3]);
-                let x = [
-                    _mm256_unpacklo_epi64(t0, t2),
-                    _mm256_unpackhi_epi64(t0, t2),
-                    _mm256_unpacklo_epi64(t1, t3),
-                    _mm256_unpackhi_epi64(t1, t3),
-                ];
+                let x = q6_k_quants(p, n);
                 for i in 0..N {
                     let xb = xp[i].add(256 * b + 128 * n);
                     let p01 = _mm256_add_epi16(
@@ -351,10 +334,42 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
     }
 }
 
+/// The quants of 128-weight half `n` of the Q6_K block at `p` as unsigned bytes 0..63,
+/// transposed as `q6_k_rows` describes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2h = _mm256_set1_epi8(0x30);
+    let lo_a = load(p.add(64 * n));
+    let lo_b = load(p.add(64 * n + 32));
+    let h = load(p.add(128 + 32 * n));
+    // Two high bits 2c..2c+2 of h moved to bits 4..6 (16-bit shifts; the mask drops what
+    // crosses byte borders).
+    transpose_dwords([
+        _mm256_or_si256(
+            _mm256_and_si256(lo_a, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 4), m2h),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(lo_b, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(lo_a, 4), m4),
+            _mm256_and_si256(h, m2h),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(lo_b, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
+        ),
+    ])
+}
+
 /// One activation row (Q8_K values) in the order `q6_k_rows` multiplies them: per 128-weight
 /// half, for u in 0..4 the 32 values under transposed vector u, whose dword m < 4 is weights
 /// 32m+4u..+4 of the half and dword m ≥ 4 is weights 32(m−4)+16+4u..+4.
-fn q6_k_permute_act(x: &[u8]) -> Vec<u8> {
+pub(super) fn q6_k_permute_act(x: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; x.len()];
     for (src, dst) in x.chunks_exact(128).zip(out.chunks_exact_mut(128)) {
         for u in 0..4 {
@@ -418,10 +433,11 @@ unsafe fn q8_0_block<const N: usize>(
     }
 }
 
-/// Defines `$name`, a `RowsFn` that runs `$kernel::<N>` for the pass's row count.
+/// Defines `$name`, a `RowsFn` (compiled for `$feat`) that runs `$kernel::<N>` for the
+/// pass's row count.
 macro_rules! by_row_count {
-    ($name:ident, $kernel:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($name:ident, $kernel:ident, $feat:literal) => {
+        #[target_feature(enable = $feat)]
         pub(super) unsafe fn $name(
             m: &QMatrix,
             rows: Range<usize>,
@@ -445,7 +461,9 @@ macro_rules! by_row_count {
     };
 }
 
-by_row_count!(rows_q4_k, q4_k_rows);
-by_row_count!(rows_q5_k, q5_k_rows);
-by_row_count!(rows_q6_k, q6_k_rows);
-by_row_count!(rows_q8_0, q8_0_rows);
+pub(super) use by_row_count;
+
+by_row_count!(rows_q4_k, q4_k_rows, "avx2,fma,f16c");
+by_row_count!(rows_q5_k, q5_k_rows, "avx2,fma,f16c");
+by_row_count!(rows_q6_k, q6_k_rows, "avx2,fma,f16c");
+by_row_count!(rows_q8_0, q8_0_rows, "avx2,fma,f16c");

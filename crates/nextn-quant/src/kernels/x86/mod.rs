@@ -2,9 +2,10 @@
 //!
 //! Per weight row: one decoder unpacks it into the stage, then one dot function runs per
 //! activation row. Decoders are AVX2 code that the AVX-512 kernels reuse (decoding is a
-//! small share of the work); the dot products have a version per level. At the AVX2
-//! level the common model types (Q4_K, Q5_K, Q6_K, Q8_0) use the fused kernels of
-//! `fused`, which give the same bits without the stage.
+//! small share of the work); the dot products have a version per level. At both levels
+//! the common model types (Q4_K, Q5_K, Q6_K, Q8_0) use the fused kernels of `fused`
+//! instead, which need no stage, and on CPUs with VNNI (Q4_K, Q6_K, Q8_0) those of
+//! `fused_vnni`, which give the same bits with half the integer multiplies per row.
 
 pub(crate) mod act_avx2;
 mod decode_k;
@@ -12,6 +13,7 @@ mod decode_legacy;
 mod dot_avx2;
 mod dot_avx512;
 mod fused;
+mod fused_vnni;
 
 use std::ops::Range;
 
@@ -100,19 +102,50 @@ kernels! {
 }
 
 /// The kernel for `ty` at `level` (Avx2 or Avx512; the caller has checked that the CPU
-/// supports it and that `ty` is supported): the fused AVX2 kernel for the common model
-/// types at the AVX2 level, the staged one otherwise.
+/// supports it and that `ty` is supported). Q4_K, Q6_K and Q8_0 take the VNNI kernels where
+/// the CPU has VNNI at that level (AVX512-VNNI at the AVX-512 level; AVX-VNNI on CPUs
+/// without AVX-512), else, like Q5_K, the fused AVX2 kernels — also at the AVX-512 level,
+/// since the staged kernels pay a store and re-load of every decoded weight row (1.9× the
+/// fused kernel's time for one activation row, measured on AVX2). Other types take the
+/// staged kernel of the level. All of these give the same results for Q4_K, Q5_K, Q6_K and
+/// Q8_0 at either level, bit for bit.
 pub(crate) fn rows_fn(level: SimdLevel, ty: GgmlType) -> RowsFn {
-    if level == SimdLevel::Avx2 {
-        match ty {
-            GgmlType::Q4_K => return fused::rows_q4_k,
-            GgmlType::Q5_K => return fused::rows_q5_k,
-            GgmlType::Q6_K => return fused::rows_q6_k,
-            GgmlType::Q8_0 => return fused::rows_q8_0,
-            _ => {}
-        }
+    if let Some(f) = vnni_rows_fn(level, ty) {
+        return f;
     }
-    staged_rows_fn(level, ty)
+    match ty {
+        GgmlType::Q4_K => fused::rows_q4_k,
+        GgmlType::Q5_K => fused::rows_q5_k,
+        GgmlType::Q6_K => fused::rows_q6_k,
+        GgmlType::Q8_0 => fused::rows_q8_0,
+        _ => staged_rows_fn(level, ty),
+    }
+}
+
+/// The VNNI kernel for `ty` at `level`, if the CPU and the type have one. A CPU with AVX-512
+/// run at the AVX2 level (`NEXTN_SIMD=avx2`) gets plain AVX2.
+fn vnni_rows_fn(level: SimdLevel, ty: GgmlType) -> Option<RowsFn> {
+    use fused_vnni::Vnni;
+    let vnni = fused_vnni::detected_vnni()?;
+    let allowed = match level {
+        SimdLevel::Avx512 => true,
+        SimdLevel::Avx2 => vnni == Vnni::Avx && !SimdLevel::Avx512.is_supported(),
+        _ => false,
+    };
+    if allowed {
+        fused_vnni::rows_fn(vnni, ty)
+    } else {
+        None
+    }
+}
+
+/// The instruction set the matrix kernels run at `level`, for reports: the level's name,
+/// with "+vnni" where the VNNI kernels run (for Q4_K, Q6_K and Q8_0).
+pub(crate) fn kernel_isa(level: SimdLevel) -> String {
+    match vnni_rows_fn(level, GgmlType::Q4_K) {
+        Some(_) => format!("{level}+vnni"),
+        None => level.name().to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +191,66 @@ mod tests {
         out.iter().map(|v| v.to_bits()).collect()
     }
 
+    /// The VNNI kernels give the fused AVX2 kernels' results bit for bit, for every row
+    /// count: their arithmetic with the VNNI instructions emulated in AVX2 always, and with
+    /// the real instructions where the CPU has them.
+    #[test]
+    fn vnni_kernels_match_fused_bit_for_bit() {
+        if !SimdLevel::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let detected = fused_vnni::detected_vnni();
+        if detected.is_none() {
+            eprintln!("this CPU has no VNNI: checking the emulated VNNI kernels only");
+        }
+        // Extreme activations (±127, −128 after rounding) and the largest quants exercise
+        // the i16 bounds the VNNI kernels rely on.
+        let cases: [(GgmlType, usize, &[usize]); 3] = [
+            (GgmlType::Q4_K, 768, &[0, 2]),
+            (GgmlType::Q6_K, 768, &[208]),
+            (GgmlType::Q8_0, 800, &[0]),
+        ];
+        let rows = 19;
+        for (ty, cols, fields) in cases {
+            let mut data = random_matrix(ty, rows, cols, fields);
+            // First row: every quant at its maximum.
+            let blocks = cols / ty.block_size();
+            for blk in data.chunks_exact_mut(ty.type_size()).take(blocks) {
+                match ty {
+                    GgmlType::Q4_K => blk[16..].fill(0xff),
+                    GgmlType::Q6_K => blk[..192].fill(0xff),
+                    _ => blk[2..].fill(0x80),
+                }
+            }
+            let m = QMatrix::new(ty, rows, cols, &data).unwrap();
+            let kind = ActKind::for_weight(ty).unwrap();
+            let fused_fn = match ty {
+                GgmlType::Q4_K => fused::rows_q4_k as RowsFn,
+                GgmlType::Q6_K => fused::rows_q6_k,
+                _ => fused::rows_q8_0,
+            };
+            let mut variants = vec![("emulated", fused_vnni::emulated_rows_fn(ty).unwrap())];
+            if let Some(v) = detected {
+                variants.push(("hardware", fused_vnni::rows_fn(v, ty).unwrap()));
+            }
+            let mut rng = Rng(91);
+            for n in 1..=8 {
+                let mut x: Vec<f32> = (0..n * cols).map(|_| 3.0 * rng.uniform()).collect();
+                // Row 0 at the extremes: one large value sets the block scale, the rest sit
+                // at ±max of the range.
+                for (k, v) in x[..cols].iter_mut().enumerate() {
+                    *v = if k % 2 == 0 { -3.0 } else { 3.0 };
+                }
+                let act = ActRows::quantize(kind, &x, n, cols, true);
+                let want = run(fused_fn, &m, &act);
+                for (name, f) in &variants {
+                    assert_eq!(run(*f, &m, &act), want, "{ty} {name} VNNI with {n} rows");
+                }
+            }
+        }
+    }
+
     /// The fused kernels compute exactly what the staged ones do, for every row count
     /// (including odd block counts, which take the Q8_0 kernel's tail path) — except Q4_K
     /// and Q6_K, whose fused kernels group the exact integer sums into different f32 lanes
@@ -180,7 +273,12 @@ mod tests {
             let data = random_matrix(ty, rows, cols, fields);
             let m = QMatrix::new(ty, rows, cols, &data).unwrap();
             let kind = ActKind::for_weight(ty).unwrap();
-            let fused_fn = rows_fn(SimdLevel::Avx2, ty);
+            let fused_fn = match ty {
+                GgmlType::Q4_K => fused::rows_q4_k as RowsFn,
+                GgmlType::Q5_K => fused::rows_q5_k,
+                GgmlType::Q6_K => fused::rows_q6_k,
+                _ => fused::rows_q8_0,
+            };
             let staged_fn = staged_rows_fn(SimdLevel::Avx2, ty);
             assert_ne!(
                 fused_fn as usize, staged_fn as usize,
