@@ -65,7 +65,7 @@ pub fn blocks_as_bytes<B: Block>(blocks: &[B]) -> &[u8] {
 }
 
 fn whole_blocks<B: Block>(len: usize) -> Result<usize, QuantError> {
-    if len % B::BYTES != 0 {
+    if !len.is_multiple_of(B::BYTES) {
         return Err(QuantError::SizeMismatch {
             what: "block bytes (a multiple of the block size)",
             expected: len - len % B::BYTES + B::BYTES,

@@ -157,7 +157,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
 /// Bytes of `n` elements of `ty`, or `PartialBlock` when `n` is not a whole number of blocks.
 fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(QuantError::PartialBlock { ty, n, block });
     }
     // n / block * type_size cannot overflow: it is at most n * 4 for every format we handle

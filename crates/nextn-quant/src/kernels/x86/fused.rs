@@ -384,28 +384,76 @@ pub(super) fn q6_k_permute_act(x: &[u8]) -> Vec<u8> {
 }
 
 /// Q8_0 against Q8_0 activations: |w|·sign(x, w) pairs; even and odd blocks feed separate
-/// accumulators (as `dot_legacy` does) to hide the FMA latency.
+/// accumulators (as `dot_legacy` does) to hide the FMA latency. Two accumulators per row do
+/// not fit 16 ymm registers beyond four rows, so larger passes run each weight row against
+/// groups of at most four activation rows (`q8_0_groups`); a row's operations are the same
+/// in every group, so its result does not depend on the pass.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
-    let nb = m.cols / 32;
     let a = act_ptrs::<N>(act);
     for r in rows {
-        let w = m.row(r);
-        debug_assert!(w.len() == 34 * nb);
-        // Even blocks accumulate into `acc0`, odd ones into `acc1`; indexing one array by
-        // parity would keep the accumulators in memory.
-        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-        let mut b = 0;
-        while b + 2 <= nb {
-            q8_0_block(w.as_ptr(), &a, b, &mut acc0);
-            q8_0_block(w.as_ptr(), &a, b + 1, &mut acc1);
-            b += 2;
-        }
-        if b < nb {
-            q8_0_block(w.as_ptr(), &a, b, &mut acc0);
-        }
-        for i in 0..N {
-            out.write(i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
+        q8_0_groups(&a, |g, first| match g.len() {
+            1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
+            2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
+            3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
+            _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
+        });
+    }
+}
+
+/// Weight row `r` of a Q8_0 matrix against the activation rows of `a`, which are rows
+/// `first..` of the pass.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_row<const N: usize>(
+    m: &QMatrix,
+    r: usize,
+    a: &ActPtrs<N>,
+    first: usize,
+    out: &OutSink,
+) {
+    let nb = m.cols / 32;
+    let w = m.row(r);
+    debug_assert!(w.len() == 34 * nb);
+    // Even blocks accumulate into `acc0`, odd ones into `acc1`; indexing one array by
+    // parity would keep the accumulators in memory.
+    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+    let mut b = 0;
+    while b + 2 <= nb {
+        q8_0_block(w.as_ptr(), a, b, &mut acc0);
+        q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
+        b += 2;
+    }
+    if b < nb {
+        q8_0_block(w.as_ptr(), a, b, &mut acc0);
+    }
+    for i in 0..N {
+        out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
+    }
+}
+
+/// Calls `f(group, first)` for the activation rows of `a` in groups of at most four, `first`
+/// being the group's first row in the pass.
+#[inline]
+pub(super) fn q8_0_groups<const N: usize>(
+    a: &ActPtrs<N>,
+    mut f: impl FnMut(&[(*const u8, *const f32)], usize),
+) {
+    let rows: [(*const u8, *const f32); N] = core::array::from_fn(|i| (a.x[i], a.d[i]));
+    for (k, g) in rows.chunks(4).enumerate() {
+        f(g, 4 * k);
+    }
+}
+
+impl<const N: usize> ActPtrs<N> {
+    /// The rows `g` (quant and scale pointers; Q8_0 activations have no 16-sums).
+    #[inline]
+    pub(super) fn pick(g: &[(*const u8, *const f32)]) -> ActPtrs<N> {
+        debug_assert!(g.len() == N);
+        ActPtrs {
+            x: core::array::from_fn(|i| g[i].0),
+            d: core::array::from_fn(|i| g[i].1),
+            bsums: [core::ptr::null(); N],
         }
     }
 }

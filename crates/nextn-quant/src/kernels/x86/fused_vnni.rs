@@ -36,7 +36,8 @@ macro_rules! vnni_kernels {
             use super::super::dot_avx2::hsum_ps;
             use super::super::fused::{
                 act_ptrs, by_row_count, finish_k_scaled, k4_header, load, prefetch_ahead,
-                q4_k_permute_act, q4_k_quants, q6_k_permute_act, q6_k_quants, ActPtrs,
+                q4_k_permute_act, q4_k_quants, q6_k_permute_act, q6_k_quants, q8_0_groups,
+                ActPtrs,
             };
 
             #[inline]
@@ -178,24 +179,41 @@ macro_rules! vnni_kernels {
                 act: &ActRows,
                 out: &OutSink,
             ) {
-                let nb = m.cols / 32;
                 let a = act_ptrs::<N>(act);
                 for r in rows {
-                    let w = m.row(r);
-                    debug_assert!(w.len() == 34 * nb);
-                    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-                    let mut b = 0;
-                    while b + 2 <= nb {
-                        q8_0_block(w.as_ptr(), &a, b, &mut acc0);
-                        q8_0_block(w.as_ptr(), &a, b + 1, &mut acc1);
-                        b += 2;
-                    }
-                    if b < nb {
-                        q8_0_block(w.as_ptr(), &a, b, &mut acc0);
-                    }
-                    for i in 0..N {
-                        out.write(i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
-                    }
+                    q8_0_groups(&a, |g, first| match g.len() {
+                        1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
+                        2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
+                        3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
+                        _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
+                    });
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn q8_0_row<const N: usize>(
+                m: &QMatrix,
+                r: usize,
+                a: &ActPtrs<N>,
+                first: usize,
+                out: &OutSink,
+            ) {
+                let nb = m.cols / 32;
+                let w = m.row(r);
+                debug_assert!(w.len() == 34 * nb);
+                let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+                let mut b = 0;
+                while b + 2 <= nb {
+                    q8_0_block(w.as_ptr(), a, b, &mut acc0);
+                    q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
+                    b += 2;
+                }
+                if b < nb {
+                    q8_0_block(w.as_ptr(), a, b, &mut acc0);
+                }
+                for i in 0..N {
+                    out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
                 }
             }
 
