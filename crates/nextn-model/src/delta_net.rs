@@ -322,10 +322,11 @@ impl GatedDeltaNet {
     }
 }
 
+crate::wide::avx2_and_baseline! {
+baseline = delta_rule_step_baseline;
 /// One delta-rule step on a head's state `s` (dk × dv, row i = key dim):
 /// `S ← decay·S; u = Sᵀk; δ = β(v − u); S += k δᵀ`, and with `readout = (q, o)`, `o = Sᵀq` on the
 /// updated state. The state update is the same float sequence with or without the readout.
-#[inline]
 fn delta_rule_step(
     s: &mut [f32],
     k: &[f32],
@@ -364,6 +365,48 @@ fn delta_rule_step(
                 for (sij, &dj) in row.iter_mut().zip(u.iter()) {
                     *sij += ki * dj;
                 }
+            }
+        }
+    }
+}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The copy the CPU runs (AVX2 where available) and the baseline copy of the delta rule
+    /// give the same bits, with and without the readout.
+    #[test]
+    fn delta_rule_copies_agree_bit_for_bit() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for d in [16usize, 128, 130] {
+            let s0: Vec<f32> = (0..d * d).map(|_| next()).collect();
+            let (k, v, q): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..d).map(|_| next()).collect(),
+                (0..d).map(|_| next()).collect(),
+                (0..d).map(|_| next()).collect(),
+            );
+            for readout in [false, true] {
+                let (mut s_a, mut s_b) = (s0.clone(), s0.clone());
+                let (mut u_a, mut u_b) = (vec![0.0; d], vec![0.0; d]);
+                let (mut o_a, mut o_b) = (vec![0.0; d], vec![0.0; d]);
+                let (ro_a, ro_b) = if readout {
+                    (Some((&q[..], &mut o_a[..])), Some((&q[..], &mut o_b[..])))
+                } else {
+                    (None, None)
+                };
+                delta_rule_step(&mut s_a, &k, &v, 0.7, 0.93, &mut u_a, ro_a);
+                delta_rule_step_baseline(&mut s_b, &k, &v, 0.7, 0.93, &mut u_b, ro_b);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&s_a), bits(&s_b), "state, d = {d}");
+                assert_eq!(bits(&o_a), bits(&o_b), "readout, d = {d}");
             }
         }
     }

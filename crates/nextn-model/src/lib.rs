@@ -14,6 +14,7 @@ pub mod ops;
 pub mod synth;
 pub mod traffic;
 pub mod weights;
+mod wide;
 
 pub use cache::{KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};
 pub use config::{Arch, LayerKind, Qwen35Config};

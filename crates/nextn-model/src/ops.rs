@@ -63,6 +63,7 @@ pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
     acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b);
 }
 
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Four partial sums: keeps the compiler free to vectorise while staying deterministic.
     let mut acc = [0.0f32; 8];

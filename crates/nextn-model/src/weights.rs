@@ -84,10 +84,7 @@ impl WeightLoader {
         formats::check_supported(t.ty, &t.name)?;
         // A per-tensor `.scale` multiplies the product (NVFP4-style exports).
         let scale_name = format!("{}.scale", name.trim_end_matches(".weight"));
-        let scale = match self.optional_vector(&scale_name, &[1])? {
-            Some(v) => Some(v[0]),
-            None => None,
-        };
+        let scale = self.optional_vector(&scale_name, &[1])?.map(|v| v[0]);
         Ok(Linear {
             file: self.file.clone(),
             tensor: self.index_of(name)?,

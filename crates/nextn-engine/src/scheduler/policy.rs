@@ -101,7 +101,7 @@ pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -
                 continue;
             }
             let g: f64 = members.iter().map(|&i| gain(&cands[i], depth)).sum();
-            let extra: usize = members.iter().count();
+            let extra: usize = members.len();
             let dt = price(members.len(), depth, extra);
             consider(members, g, dt, &mut best);
         }

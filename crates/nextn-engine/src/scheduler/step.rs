@@ -239,7 +239,9 @@ impl<'e> Core<'e> {
             // The cost curves are only learned at the row counts steps actually use: now and then
             // a step without drafts, and a step where one more slot drafts fully, keep both sides
             // of the plan measured, so a wrong curve cannot hold the plan at one end for good.
-            DraftPolicy::Auto if self.step_no % EXPLORE_PERIOD == 0 => vec![0; decoding.len()],
+            DraftPolicy::Auto if self.step_no.is_multiple_of(EXPLORE_PERIOD) => {
+                vec![0; decoding.len()]
+            }
             DraftPolicy::Auto => {
                 let prior = vec![super::core::PRIOR_ACCEPTANCE; spec.n_max];
                 let global = self
