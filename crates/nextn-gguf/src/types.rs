@@ -92,12 +92,11 @@ impl GgmlType {
         TABLE.iter().map(|e| e.0)
     }
 
+    #[inline]
     fn entry(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
-        // TABLE lists every variant exactly once (checked by a unit test).
-        TABLE
-            .iter()
-            .find(|e| e.0 == self)
-            .expect("GgmlType missing from TABLE")
+        // TABLE lists every variant exactly once, in declaration order (checked by a unit
+        // test), so the discriminant is the index: kernels ask for sizes once per weight row.
+        &TABLE[self as usize]
     }
 
     /// The type for a ggml id, or `None` for ids ggml never assigned or retired.
@@ -122,11 +121,13 @@ impl GgmlType {
     }
 
     /// Elements per block (1 for plain types, 32 or 256 for most quantized ones).
+    #[inline]
     pub fn block_size(self) -> usize {
         self.entry().3
     }
 
     /// Bytes per block.
+    #[inline]
     pub fn type_size(self) -> usize {
         self.entry().4
     }
@@ -158,6 +159,7 @@ mod tests {
     #[test]
     fn table_is_consistent() {
         for (i, a) in TABLE.iter().enumerate() {
+            assert_eq!(a.0 as usize, i, "TABLE out of declaration order at {}", a.2);
             for b in &TABLE[i + 1..] {
                 assert_ne!(a.0, b.0);
                 assert_ne!(a.1, b.1);
