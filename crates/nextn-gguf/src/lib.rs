@@ -280,6 +280,33 @@ impl GgufFile {
         bytes.get(start..start.checked_add(len)?)
     }
 
+    /// Tell the OS that this process no longer needs the mapped pages wholly inside tensor
+    /// `t`'s bytes (for example after copying them into another layout), so they leave its
+    /// resident set. The data stays readable: a later access maps the pages again from the
+    /// file. Best effort: nothing happens for owned buffers, or when the OS declines.
+    pub fn release_tensor_pages(&self, t: &TensorInfo) {
+        let Some(shard) = self.shards.get(t.shard) else {
+            return;
+        };
+        let ShardBytes::Mapped(map) = &shard.bytes else {
+            return;
+        };
+        let (Ok(start), Ok(len)) = (usize::try_from(t.file_offset), usize::try_from(t.n_bytes))
+        else {
+            return;
+        };
+        const PAGE: usize = 4096;
+        let first = start.div_ceil(PAGE) * PAGE;
+        let end = (start.saturating_add(len) / PAGE * PAGE).min(map.len());
+        if end > first {
+            // SAFETY: a read-only shared file mapping; MADV_DONTNEED only drops this process's
+            // page-table entries, and later reads fault the same file bytes back in.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+            };
+        }
+    }
+
     /// Data of the tensor called `name`.
     pub fn tensor_data_by_name(&self, name: &str) -> Option<&[u8]> {
         self.tensor(name).map(|t| self.tensor_data(t))

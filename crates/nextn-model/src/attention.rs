@@ -239,8 +239,8 @@ fn attend_tiled(
                 }
                 p += 4;
             }
-            for p in p..end {
-                s[p] = ops::dot(qh, key(p)) * scale;
+            for (p, sp) in s.iter_mut().enumerate().take(end).skip(p) {
+                *sp = ops::dot(qh, key(p)) * scale;
             }
         }
     }

@@ -164,10 +164,11 @@ impl Model {
                 found: embd_info.dims.clone(),
             });
         }
-        let token_embd = w.linear("token_embd.weight", n_vocab, e)?;
+        let token_embd = w.embedding("token_embd.weight", n_vocab, e)?;
         let lm_head = match w.optional_linear("output.weight", n_vocab, e)? {
             Some(l) => l,
-            None => token_embd.clone(),
+            // Tied: the same tensor, loaded for products (repacked where the kernels want it).
+            None => w.linear("token_embd.weight", n_vocab, e)?,
         };
         let layers = config
             .layer_kinds

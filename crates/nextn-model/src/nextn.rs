@@ -68,7 +68,7 @@ impl NextnHead {
         let w = WeightLoader::new(file);
         let e = cfg.n_embd;
         let p = |x: &str| format!("blk.{n}.nextn.{x}");
-        let embed = match w.optional_linear(&p("embed_tokens.weight"), model.n_vocab, e)? {
+        let embed = match w.optional_embedding(&p("embed_tokens.weight"), model.n_vocab, e)? {
             Some(l) => l,
             None => model.token_embd.clone(),
         };

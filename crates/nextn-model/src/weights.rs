@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use nextn_gguf::{GgmlType, GgufFile, TensorInfo};
 use nextn_quant::formats;
-use nextn_quant::kernels::{QMatrix, ThreadPool};
+use nextn_quant::kernels::{repack, QMatrix, ThreadPool};
 
 use crate::ModelError;
 
@@ -79,12 +79,50 @@ impl WeightLoader {
 
     /// A matrix with math shape `rows × cols` (GGUF `ne = [cols, rows]`).
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        self.matrix(name, rows, cols, true)
+    }
+
+    /// A matrix read only row by row (an embedding table): never repacked for the kernels.
+    pub fn embedding(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        self.matrix(name, rows, cols, false)
+    }
+
+    /// An embedding table if the file has it.
+    pub fn optional_embedding(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Linear>, ModelError> {
+        if self.has(name) {
+            self.embedding(name, rows, cols).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        for_products: bool,
+    ) -> Result<Linear, ModelError> {
         let t = self.info(name)?;
         self.check_shape(t, &[cols as u64, rows as u64])?;
         formats::check_supported(t.ty, &t.name)?;
         // A per-tensor `.scale` multiplies the product (NVFP4-style exports).
         let scale_name = format!("{}.scale", name.trim_end_matches(".weight"));
         let scale = self.optional_vector(&scale_name, &[1])?.map(|v| v[0]);
+        // The kernels' own block arrangement where they have one: decoded in fewer steps,
+        // same results. The mapped pages it was copied from are handed back to the OS.
+        let repacked = for_products
+            .then(|| repack(t.ty, self.file.tensor_data(t)))
+            .flatten()
+            .map(Arc::new);
+        if repacked.is_some() {
+            self.file.release_tensor_pages(t);
+        }
         Ok(Linear {
             file: self.file.clone(),
             tensor: self.index_of(name)?,
@@ -94,6 +132,7 @@ impl WeightLoader {
             cols,
             byte_offset: 0,
             scale,
+            repacked,
         })
     }
 
@@ -135,6 +174,7 @@ impl WeightLoader {
                 cols,
                 byte_offset: e * per_expert,
                 scale: scales.as_ref().map(|s| s[e]),
+                repacked: None,
             })
             .collect())
     }
@@ -154,6 +194,7 @@ impl WeightLoader {
                     cols: l.cols,
                     byte_offset: l.byte_offset + first * row_bytes,
                     scale: l.scale,
+                    repacked: None,
                 }
             })
             .collect()
@@ -179,6 +220,8 @@ pub struct Linear {
     pub cols: usize,
     byte_offset: usize,
     scale: Option<f32>,
+    /// The whole matrix in the kernels' repacked layout, when they have one for this type.
+    repacked: Option<Arc<Vec<u8>>>,
 }
 
 impl Linear {
@@ -200,7 +243,11 @@ impl Linear {
         out: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        self.forward_rows(self.bytes(), self.rows, x, n, out, pool)
+        let Some(packed) = &self.repacked else {
+            return self.forward_rows(self.bytes(), self.rows, x, n, out, pool);
+        };
+        let m = QMatrix::new_repacked(self.ty, self.rows, self.cols, packed)?;
+        self.finish(m, x, n, out, pool)
     }
 
     /// The product of `forward` with other rows of this matrix's type and width: `bytes` holds
@@ -216,9 +263,21 @@ impl Linear {
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         let m = QMatrix::new(self.ty, rows, self.cols, bytes)?;
-        m.mul_rows(&x[..n * self.cols], n, &mut out[..n * rows], pool)?;
+        self.finish(m, x, n, out, pool)
+    }
+
+    /// `out = m · x` for `n` rows, times the per-tensor scale.
+    fn finish(
+        &self,
+        m: QMatrix,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        m.mul_rows(&x[..n * self.cols], n, &mut out[..n * m.rows], pool)?;
         if let Some(s) = self.scale {
-            out[..n * rows].iter_mut().for_each(|v| *v *= s);
+            out[..n * m.rows].iter_mut().for_each(|v| *v *= s);
         }
         Ok(())
     }

@@ -98,6 +98,7 @@ fn shape_and_type_errors() {
     assert!(m.mul_rows(&[], 0, &mut [], &pool).is_ok());
     // A hand-built inconsistent matrix is refused, not read out of bounds.
     let bad = QMatrix {
+        layout: nextn_quant::kernels::Layout::Ggml,
         ty: GgmlType::Q4_0,
         rows: 3,
         cols: 64,

@@ -54,6 +54,55 @@ pub struct QMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    /// How the bytes inside each block are arranged.
+    pub layout: Layout,
+}
+
+/// The arrangement of the bytes inside a matrix's blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// ggml's own block layout (what a GGUF file holds).
+    Ggml,
+    /// Blocks rearranged by [`repack`] for the fused x86 kernels: the same bytes per block and
+    /// the same results, minus the per-block shuffles those kernels would otherwise do.
+    Repacked,
+}
+
+/// `data` (whole blocks of `ty`) rearranged into [`Layout::Repacked`], when the kernels this
+/// process uses have a repacked form for `ty` (Q4_K and Q6_K at the AVX2 and AVX-512 levels on
+/// x86-64) and the environment variable `NEXTN_REPACK` is not `0`; `None` otherwise. The
+/// product of the repacked matrix equals that of `data` bit for bit.
+pub fn repack(ty: GgmlType, data: &[u8]) -> Option<Vec<u8>> {
+    if std::env::var("NEXTN_REPACK").is_ok_and(|v| v.trim() == "0")
+        || !has_repacked_kernel(simd_level(), ty)
+        || !data.len().is_multiple_of(ty.type_size())
+    {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    let out = super::x86::repack(ty, data);
+    #[cfg(not(target_arch = "x86_64"))]
+    let out: Option<Vec<u8>> = None;
+    if out.is_some() {
+        REPACKED_BYTES.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+    out
+}
+
+static REPACKED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes of weights [`repack`] has copied into the repacked layout in this process (memory
+/// the process holds in addition to, and instead of touching, the mapped file).
+pub fn repacked_bytes() -> u64 {
+    REPACKED_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether `level` has kernels for `ty` in [`Layout::Repacked`].
+fn has_repacked_kernel(level: SimdLevel, ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64")
+        && matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512)
+        && level.is_supported()
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// Writes results into the caller's `out`: `out[i*rows + r]` for activation row `i` of
@@ -108,11 +157,11 @@ fn rows_scalar(m: &QMatrix, rows: Range<usize>, act: &ActRows, _stage: &mut Stag
     }
 }
 
-fn rows_fn_for(level: SimdLevel, ty: GgmlType) -> RowsFn {
+fn rows_fn_for(level: SimdLevel, ty: GgmlType, layout: Layout) -> RowsFn {
     match level {
         SimdLevel::Scalar => rows_scalar,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 | SimdLevel::Avx512 => super::x86::rows_fn(level, ty),
+        SimdLevel::Avx2 | SimdLevel::Avx512 => super::x86::rows_fn(level, ty, layout),
         #[cfg(target_arch = "aarch64")]
         SimdLevel::Neon => super::neon::rows_fn(ty),
         #[allow(unreachable_patterns)]
@@ -129,9 +178,36 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             data,
+            layout: Layout::Ggml,
         };
         m.validate()?;
         Ok(m)
+    }
+
+    /// As [`new`](Self::new), for `data` produced by [`repack`].
+    pub fn new_repacked(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, QuantError> {
+        let m = QMatrix {
+            layout: Layout::Repacked,
+            ..QMatrix::new(ty, rows, cols, data)?
+        };
+        m.check_layout(simd_level())?;
+        Ok(m)
+    }
+
+    /// A repacked matrix can only be multiplied by the kernels it was repacked for.
+    fn check_layout(&self, level: SimdLevel) -> Result<(), QuantError> {
+        if self.layout == Layout::Repacked && !has_repacked_kernel(level, self.ty) {
+            return Err(QuantError::NoSuchOp {
+                ty: self.ty,
+                op: "a repacked matrix product at this SIMD level",
+            });
+        }
+        Ok(())
     }
 
     /// Bytes of one row.
@@ -244,8 +320,9 @@ impl<'a> QMatrix<'a> {
                 level: level.name(),
             });
         }
+        self.check_layout(level)?;
         let kind = act_kind(self.ty);
-        let rows_fn = rows_fn_for(level, self.ty);
+        let rows_fn = rows_fn_for(level, self.ty, self.layout);
         for first in (0..n_rows).step_by(MAX_ROWS_PER_PASS) {
             let n = MAX_ROWS_PER_PASS.min(n_rows - first);
             let rows_x = &x[first * self.cols..(first + n) * self.cols];
@@ -297,6 +374,7 @@ impl<'a> QMatrix<'a> {
         out: &mut [f32],
     ) -> Result<(), QuantError> {
         self.check_io(x, n_rows, out)?;
+        self.check_layout(SimdLevel::Scalar)?;
         if n_rows == 0 {
             return Ok(());
         }

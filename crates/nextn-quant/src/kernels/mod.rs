@@ -49,7 +49,10 @@ mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use matrix::{is_supported_weight_type, QMatrix, MAX_ROWS_PER_PASS, SUPPORTED_WEIGHT_TYPES};
+pub use matrix::{
+    is_supported_weight_type, repack, repacked_bytes, Layout, QMatrix, MAX_ROWS_PER_PASS,
+    SUPPORTED_WEIGHT_TYPES,
+};
 pub use pool::ThreadPool;
 pub use simd::{detected_simd_level, simd_level, SimdLevel};
 

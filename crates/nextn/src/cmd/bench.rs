@@ -586,9 +586,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(b) = peak_rss {
         println!();
         println!(
-            "peak RSS {:.1} MiB (model file {:.1} MiB, mapped: weights are not copied)",
+            "peak RSS {:.1} MiB (model file {:.1} MiB, mapped; {:.1} MiB of it repacked for the kernels)",
             b as f64 / (1 << 20) as f64,
-            loaded.file_bytes as f64 / (1 << 20) as f64
+            loaded.file_bytes as f64 / (1 << 20) as f64,
+            nextn_quant::kernels::repacked_bytes() as f64 / (1 << 20) as f64
         );
     }
     let mut check = Value::Null;
@@ -642,6 +643,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let report = json!({
             "check": check,
             "peak_rss_bytes": peak_rss,
+            "repacked_bytes": nextn_quant::kernels::repacked_bytes(),
             "model_file_bytes": loaded.file_bytes,
             "model": loaded.path.display().to_string(),
             "threads": loaded.pool.n_threads(),

@@ -127,7 +127,12 @@ pub(super) unsafe fn finish_k_scaled<const N: usize>(
 /// the sub-blocks σL(m), σH(m); its value, and the f32 steps after it, are the same for
 /// every row count, so a row's result does not depend on its batch.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
+unsafe fn q4_k_rows<const N: usize, const PACKED: bool>(
+    m: &QMatrix,
+    rows: Range<usize>,
+    act: &ActRows,
+    out: &OutSink,
+) {
     let nb = m.cols / 256;
     let a = act_ptrs::<N>(act);
     let permuted: [Vec<u8>; N] =
@@ -152,7 +157,11 @@ unsafe fn q4_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
                 _mm256_shuffle_epi8(scales, pick_l),
                 _mm256_shuffle_epi8(scales, pick_h),
             );
-            let (lo, hi) = q4_k_quants(blk);
+            let (lo, hi) = if PACKED {
+                q4_k_quants_packed(blk)
+            } else {
+                q4_k_quants(blk)
+            };
             let mut sumi = [_mm256_setzero_si256(); N];
             for i in 0..N {
                 let xb = xp[i].add(256 * b);
@@ -188,6 +197,31 @@ pub(super) unsafe fn q4_k_quants(blk: *const u8) -> ([__m256i; 4], [__m256i; 4])
         x.map(|v| _mm256_and_si256(v, m4)),
         x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
     )
+}
+
+/// `q4_k_quants` of a block repacked by `repack_q4_k`: its quant bytes are already transposed.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_quants_packed(blk: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let x = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
+    (
+        x.map(|v| _mm256_and_si256(v, m4)),
+        x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
+    )
+}
+
+/// Q4_K blocks rearranged for `q4_k_quants_packed`: header as is, quant bytes transposed by
+/// dwords within 128-bit halves. `src` and `dst` hold the same whole number of blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn repack_q4_k(src: &[u8], dst: &mut [u8]) {
+    for (s, d) in src.chunks_exact(144).zip(dst.chunks_exact_mut(144)) {
+        d[..16].copy_from_slice(&s[..16]);
+        let c = [0, 1, 2, 3].map(|j| load(s.as_ptr().add(16 + 32 * j)));
+        for (j, v) in transpose_dwords(c).into_iter().enumerate() {
+            _mm256_storeu_si256(d.as_mut_ptr().add(16 + 32 * j) as *mut __m256i, v);
+        }
+    }
 }
 
 /// Dword m of output j (within each 128-bit half) is dword j of input m.
@@ -280,7 +314,12 @@ unsafe fn q5_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
 /// 1 offset `madd` per block and row instead of 8 + 8 + 1. Activations are permuted to match
 /// once per call (`q6_k_permute_act`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
+unsafe fn q6_k_rows<const N: usize, const PACKED: bool>(
+    m: &QMatrix,
+    rows: Range<usize>,
+    act: &ActRows,
+    out: &OutSink,
+) {
     let nb = m.cols / 256;
     let a = act_ptrs::<N>(act);
     let permuted: [Vec<u8>; N] =
@@ -303,7 +342,11 @@ unsafe fn q6_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRo
                     sc8,
                     _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
                 ));
-                let x = q6_k_quants(p, n);
+                let x = if PACKED {
+                    q6_k_quants_packed(p, n)
+                } else {
+                    q6_k_quants(p, n)
+                };
                 for i in 0..N {
                     let xb = xp[i].add(256 * b + 128 * n);
                     let p01 = _mm256_add_epi16(
@@ -364,6 +407,68 @@ pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
             _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
         ),
     ])
+}
+
+/// `q6_k_quants` of a block repacked by `repack_q6_k`: the same bit operations, on bytes
+/// already arranged so that they give the transposed vectors directly.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_quants_packed(p: *const u8, n: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2h = _mm256_set1_epi8(0x30);
+    let a = load(p.add(64 * n));
+    let b = load(p.add(64 * n + 32));
+    let h = load(p.add(128 + 32 * n));
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(a, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 4), m2h),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(b, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+            _mm256_and_si256(h, m2h),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
+        ),
+    ]
+}
+
+/// Q6_K blocks rearranged for `q6_k_quants_packed`: per 128-weight half, the transposed 6-bit
+/// vectors x0..x3 of `q6_k_quants` stored as low nibbles (x0 | x2 << 4, then x1 | x3 << 4) and
+/// high bit pairs (x0, x1, x2, x3 in bits 0–1, 2–3, 4–5, 6–7), in place of ql and qh; scales and
+/// d as they are. `src` and `dst` hold the same whole number of blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn repack_q6_k(src: &[u8], dst: &mut [u8]) {
+    for (s, d) in src.chunks_exact(210).zip(dst.chunks_exact_mut(210)) {
+        d[192..].copy_from_slice(&s[192..]);
+        let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x03));
+        // Values are at most 63, so masked 16-bit shifts keep every bit in its byte.
+        let nib = |v: __m256i| _mm256_and_si256(v, m4);
+        let top = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16(v, 4), m2);
+        let dp = d.as_mut_ptr();
+        for n in 0..2 {
+            let x = q6_k_quants(s.as_ptr(), n);
+            let a = _mm256_or_si256(nib(x[0]), _mm256_slli_epi16(nib(x[2]), 4));
+            let b = _mm256_or_si256(nib(x[1]), _mm256_slli_epi16(nib(x[3]), 4));
+            let h01 = _mm256_or_si256(top(x[0]), _mm256_slli_epi16(top(x[1]), 2));
+            let h23 = _mm256_or_si256(
+                _mm256_slli_epi16(top(x[2]), 4),
+                _mm256_slli_epi16(top(x[3]), 6),
+            );
+            _mm256_storeu_si256(dp.add(64 * n) as *mut __m256i, a);
+            _mm256_storeu_si256(dp.add(64 * n + 32) as *mut __m256i, b);
+            _mm256_storeu_si256(
+                dp.add(128 + 32 * n) as *mut __m256i,
+                _mm256_or_si256(h01, h23),
+            );
+        }
+    }
 }
 
 /// One activation row (Q8_K values) in the order `q6_k_rows` multiplies them: per 128-weight
@@ -484,7 +589,7 @@ unsafe fn q8_0_block<const N: usize>(
 /// Defines `$name`, a `RowsFn` (compiled for `$feat`) that runs `$kernel::<N>` for the
 /// pass's row count.
 macro_rules! by_row_count {
-    ($name:ident, $kernel:ident, $feat:literal) => {
+    ($name:ident, $kernel:ident $(<$packed:literal>)?, $feat:literal) => {
         #[target_feature(enable = $feat)]
         pub(super) unsafe fn $name(
             m: &QMatrix,
@@ -495,14 +600,14 @@ macro_rules! by_row_count {
         ) {
             match act.n_rows {
                 0 => {}
-                1 => $kernel::<1>(m, rows, act, out),
-                2 => $kernel::<2>(m, rows, act, out),
-                3 => $kernel::<3>(m, rows, act, out),
-                4 => $kernel::<4>(m, rows, act, out),
-                5 => $kernel::<5>(m, rows, act, out),
-                6 => $kernel::<6>(m, rows, act, out),
-                7 => $kernel::<7>(m, rows, act, out),
-                8 => $kernel::<8>(m, rows, act, out),
+                1 => $kernel::<1 $(, $packed)?>(m, rows, act, out),
+                2 => $kernel::<2 $(, $packed)?>(m, rows, act, out),
+                3 => $kernel::<3 $(, $packed)?>(m, rows, act, out),
+                4 => $kernel::<4 $(, $packed)?>(m, rows, act, out),
+                5 => $kernel::<5 $(, $packed)?>(m, rows, act, out),
+                6 => $kernel::<6 $(, $packed)?>(m, rows, act, out),
+                7 => $kernel::<7 $(, $packed)?>(m, rows, act, out),
+                8 => $kernel::<8 $(, $packed)?>(m, rows, act, out),
                 n => unreachable!("{n} activation rows in one pass (at most 8)"),
             }
         }
@@ -511,7 +616,9 @@ macro_rules! by_row_count {
 
 pub(super) use by_row_count;
 
-by_row_count!(rows_q4_k, q4_k_rows, "avx2,fma,f16c");
+by_row_count!(rows_q4_k, q4_k_rows<false>, "avx2,fma,f16c");
+by_row_count!(rows_q4_k_packed, q4_k_rows<true>, "avx2,fma,f16c");
 by_row_count!(rows_q5_k, q5_k_rows, "avx2,fma,f16c");
-by_row_count!(rows_q6_k, q6_k_rows, "avx2,fma,f16c");
+by_row_count!(rows_q6_k, q6_k_rows<false>, "avx2,fma,f16c");
+by_row_count!(rows_q6_k_packed, q6_k_rows<true>, "avx2,fma,f16c");
 by_row_count!(rows_q8_0, q8_0_rows, "avx2,fma,f16c");

@@ -37,7 +37,8 @@ macro_rules! vnni_kernels {
             use super::super::dot_avx2::hsum_ps;
             use super::super::fused::{
                 act_ptrs, by_row_count, finish_k_scaled, k4_header, load, prefetch_ahead,
-                q4_k_permute_act, q4_k_quants, q6_k_permute_act, q6_k_quants, q8_0_groups,
+                q4_k_permute_act, q4_k_quants, q4_k_quants_packed, q6_k_permute_act, q6_k_quants,
+                q6_k_quants_packed, q8_0_groups,
                 ActPtrs,
             };
 
@@ -58,7 +59,7 @@ macro_rules! vnni_kernels {
             /// `dpwssd` against a dword holding (scale, 0) multiplies them by their
             /// sub-block scale exactly; likewise the high nibbles.
             #[target_feature(enable = $feat)]
-            unsafe fn q4_k_rows<const N: usize>(
+            unsafe fn q4_k_rows<const N: usize, const PACKED: bool>(
                 m: &QMatrix,
                 rows: Range<usize>,
                 act: &ActRows,
@@ -91,7 +92,11 @@ macro_rules! vnni_kernels {
                             _mm256_shuffle_epi8(scales, pick_l),
                             _mm256_shuffle_epi8(scales, pick_h),
                         );
-                        let (lo, hi) = q4_k_quants(blk);
+                        let (lo, hi) = if PACKED {
+                            q4_k_quants_packed(blk)
+                        } else {
+                            q4_k_quants(blk)
+                        };
                         let mut sumi = [_mm256_setzero_si256(); N];
                         for i in 0..N {
                             let xb = xp[i].add(256 * b);
@@ -114,7 +119,7 @@ macro_rules! vnni_kernels {
             /// As `fused::q6_k_rows`. A lane's 16 products per 128-weight half can reach
             /// 16·63·128 > 2^15, so the scale is applied with one i32 multiply.
             #[target_feature(enable = $feat)]
-            unsafe fn q6_k_rows<const N: usize>(
+            unsafe fn q6_k_rows<const N: usize, const PACKED: bool>(
                 m: &QMatrix,
                 rows: Range<usize>,
                 act: &ActRows,
@@ -144,7 +149,11 @@ macro_rules! vnni_kernels {
                                 sc8,
                                 _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
                             ));
-                            let x = q6_k_quants(p, n);
+                            let x = if PACKED {
+                                q6_k_quants_packed(p, n)
+                            } else {
+                                q6_k_quants(p, n)
+                            };
                             for i in 0..N {
                                 let xb = xp[i].add(256 * b + 128 * n);
                                 let mut s = _mm256_setzero_si256();
@@ -239,9 +248,20 @@ macro_rules! vnni_kernels {
                 }
             }
 
-            by_row_count!(rows_q4_k, q4_k_rows, $feat);
-            by_row_count!(rows_q6_k, q6_k_rows, $feat);
+            by_row_count!(rows_q4_k, q4_k_rows<false>, $feat);
+            by_row_count!(rows_q6_k, q6_k_rows<false>, $feat);
+            by_row_count!(rows_q4_k_packed, q4_k_rows<true>, $feat);
+            by_row_count!(rows_q6_k_packed, q6_k_rows<true>, $feat);
             by_row_count!(rows_q8_0, q8_0_rows, $feat);
+
+            /// This family's kernel for `ty` on matrices repacked by `repack`, if it has one.
+            pub(super) fn packed_rows_fn(ty: crate::GgmlType) -> Option<super::RowsFn> {
+                match ty {
+                    crate::GgmlType::Q4_K => Some(rows_q4_k_packed),
+                    crate::GgmlType::Q6_K => Some(rows_q6_k_packed),
+                    _ => None,
+                }
+            }
 
             /// This family's kernel for `ty`, if it has one.
             pub(super) fn rows_fn(ty: crate::GgmlType) -> Option<super::RowsFn> {
@@ -334,7 +354,20 @@ pub(crate) fn rows_fn(vnni: Vnni, ty: GgmlType) -> Option<RowsFn> {
     }
 }
 
+/// The VNNI kernel for `ty` on repacked matrices with the instructions `vnni`, if any.
+pub(crate) fn packed_rows_fn(vnni: Vnni, ty: GgmlType) -> Option<RowsFn> {
+    match vnni {
+        Vnni::Avx512 => avx512vnni::packed_rows_fn(ty),
+        Vnni::Avx => avxvnni::packed_rows_fn(ty),
+    }
+}
+
 #[cfg(test)]
 pub(super) fn emulated_rows_fn(ty: GgmlType) -> Option<RowsFn> {
     emulated::rows_fn(ty)
+}
+
+#[cfg(test)]
+pub(super) fn emulated_packed_rows_fn(ty: GgmlType) -> Option<RowsFn> {
+    emulated::packed_rows_fn(ty)
 }

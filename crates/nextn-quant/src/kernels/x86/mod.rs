@@ -18,7 +18,7 @@ mod fused_vnni;
 use std::ops::Range;
 
 use super::act::ActRows;
-use super::matrix::{OutSink, QMatrix, RowsFn};
+use super::matrix::{Layout, OutSink, QMatrix, RowsFn};
 use super::simd::SimdLevel;
 use super::stage::Stage;
 use crate::GgmlType;
@@ -109,8 +109,19 @@ kernels! {
 /// fused kernel's time for one activation row, measured on AVX2). Other types take the
 /// staged kernel of the level. All of these give the same results for Q4_K, Q5_K, Q6_K and
 /// Q8_0 at either level, bit for bit.
-pub(crate) fn rows_fn(level: SimdLevel, ty: GgmlType) -> RowsFn {
-    if let Some(f) = vnni_rows_fn(level, ty) {
+pub(crate) fn rows_fn(level: SimdLevel, ty: GgmlType, layout: Layout) -> RowsFn {
+    if layout == Layout::Repacked {
+        // The caller checked that `ty` has a repacked kernel at this level.
+        if let Some(f) = vnni_rows_fn(level, ty, layout) {
+            return f;
+        }
+        return match ty {
+            GgmlType::Q4_K => fused::rows_q4_k_packed,
+            GgmlType::Q6_K => fused::rows_q6_k_packed,
+            _ => unreachable!("no repacked kernel for {ty}"),
+        };
+    }
+    if let Some(f) = vnni_rows_fn(level, ty, layout) {
         return f;
     }
     match ty {
@@ -124,7 +135,7 @@ pub(crate) fn rows_fn(level: SimdLevel, ty: GgmlType) -> RowsFn {
 
 /// The VNNI kernel for `ty` at `level`, if the CPU and the type have one. A CPU with AVX-512
 /// run at the AVX2 level (`NEXTN_SIMD=avx2`) gets plain AVX2.
-fn vnni_rows_fn(level: SimdLevel, ty: GgmlType) -> Option<RowsFn> {
+fn vnni_rows_fn(level: SimdLevel, ty: GgmlType, layout: Layout) -> Option<RowsFn> {
     use fused_vnni::Vnni;
     let vnni = fused_vnni::detected_vnni()?;
     let allowed = match level {
@@ -132,17 +143,43 @@ fn vnni_rows_fn(level: SimdLevel, ty: GgmlType) -> Option<RowsFn> {
         SimdLevel::Avx2 => vnni == Vnni::Avx && !SimdLevel::Avx512.is_supported(),
         _ => false,
     };
-    if allowed {
-        fused_vnni::rows_fn(vnni, ty)
-    } else {
-        None
+    match (allowed, layout) {
+        (false, _) => None,
+        (true, Layout::Ggml) => fused_vnni::rows_fn(vnni, ty),
+        (true, Layout::Repacked) => fused_vnni::packed_rows_fn(vnni, ty),
     }
+}
+
+/// `data` (whole blocks of `ty`) in [`Layout::Repacked`], for the types that have it.
+pub(crate) fn repack(ty: GgmlType, data: &[u8]) -> Option<Vec<u8>> {
+    if !SimdLevel::Avx2.is_supported() {
+        return None;
+    }
+    let f: unsafe fn(&[u8], &mut [u8]) = match ty {
+        GgmlType::Q4_K => fused::repack_q4_k,
+        GgmlType::Q6_K => fused::repack_q6_k,
+        _ => return None,
+    };
+    let mut out = vec![0u8; data.len()];
+    // Big matrices are split over the cores in whole blocks: loading a large model repacks
+    // gigabytes.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let blocks = data.len() / ty.type_size();
+    let per = blocks.div_ceil(threads).max(1 << 14) * ty.type_size();
+    std::thread::scope(|scope| {
+        for (src, dst) in data.chunks(per).zip(out.chunks_mut(per)) {
+            // SAFETY: AVX2 checked above; `src` and `dst` hold the same whole number of
+            // blocks (the caller checked `data`; `per` is a multiple of the block size).
+            scope.spawn(move || unsafe { f(src, dst) });
+        }
+    });
+    Some(out)
 }
 
 /// The instruction set the matrix kernels run at `level`, for reports: the level's name,
 /// with "+vnni" where the VNNI kernels run (for Q4_K, Q6_K and Q8_0).
 pub(crate) fn kernel_isa(level: SimdLevel) -> String {
-    match vnni_rows_fn(level, GgmlType::Q4_K) {
+    match vnni_rows_fn(level, GgmlType::Q4_K, Layout::Ggml) {
         Some(_) => format!("{level}+vnni"),
         None => level.name().to_string(),
     }
@@ -151,6 +188,7 @@ pub(crate) fn kernel_isa(level: SimdLevel) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::act::{ActKind, ActRows};
+    use super::super::matrix::repack;
     use super::*;
 
     /// xorshift64*: deterministic test data without a dependency.
@@ -249,6 +287,85 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Repacked Q4_K / Q6_K matrices give the ggml-layout fused kernels' results bit for bit,
+    /// with the AVX2 kernels, the emulated VNNI ones and (where the CPU has them) the real
+    /// VNNI ones; through `QMatrix` too, which refuses them at a level without such kernels.
+    #[test]
+    fn repacked_kernels_match_bit_for_bit() {
+        if !SimdLevel::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let cases: [(GgmlType, usize, &[usize]); 2] = [
+            (GgmlType::Q4_K, 768, &[0, 2]),
+            (GgmlType::Q6_K, 1024, &[208]),
+        ];
+        let rows = 23;
+        for (ty, cols, fields) in cases {
+            let mut data = random_matrix(ty, rows, cols, fields);
+            let blocks = cols / ty.block_size();
+            for blk in data.chunks_exact_mut(ty.type_size()).take(blocks) {
+                match ty {
+                    GgmlType::Q4_K => blk[16..].fill(0xff),
+                    _ => blk[..192].fill(0xff),
+                }
+            }
+            let packed = repack(ty, &data).expect("repack");
+            assert_ne!(packed, data, "{ty}: repacking changed nothing");
+            let m = QMatrix::new(ty, rows, cols, &data).unwrap();
+            let mp = QMatrix {
+                layout: Layout::Repacked,
+                ..QMatrix::new(ty, rows, cols, &packed).unwrap()
+            };
+            let kind = ActKind::for_weight(ty).unwrap();
+            let mut pairs = vec![(
+                "avx2",
+                rows_fn(SimdLevel::Avx2, ty, Layout::Ggml),
+                match ty {
+                    GgmlType::Q4_K => fused::rows_q4_k_packed as RowsFn,
+                    _ => fused::rows_q6_k_packed,
+                },
+            )];
+            pairs.push((
+                "emulated vnni",
+                fused_vnni::emulated_rows_fn(ty).unwrap(),
+                fused_vnni::emulated_packed_rows_fn(ty).unwrap(),
+            ));
+            if let Some(v) = fused_vnni::detected_vnni() {
+                pairs.push((
+                    "vnni",
+                    fused_vnni::rows_fn(v, ty).unwrap(),
+                    fused_vnni::packed_rows_fn(v, ty).unwrap(),
+                ));
+            }
+            let mut rng = Rng(5);
+            for n in 1..=8 {
+                let x: Vec<f32> = (0..n * cols).map(|_| 3.0 * rng.uniform()).collect();
+                let act = ActRows::quantize(kind, &x, n, cols, true);
+                for (name, plain, repacked) in &pairs {
+                    assert_eq!(
+                        run(*repacked, &mp, &act),
+                        run(*plain, &m, &act),
+                        "{ty} {name} with {n} rows"
+                    );
+                }
+                // The public path: same bits, and no product below the AVX2 level.
+                let pool = crate::kernels::ThreadPool::new(2);
+                let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                let mr = QMatrix::new_repacked(ty, rows, cols, &packed).unwrap();
+                mr.mul_rows(&x, n, &mut a, &pool).unwrap();
+                m.mul_rows(&x, n, &mut b, &pool).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{ty} mul_rows with {n} rows");
+                assert!(mr
+                    .mul_rows_with(SimdLevel::Scalar, &x, n, &mut a, &pool)
+                    .is_err());
+                assert!(mr.mul_rows_reference(&x, n, &mut a).is_err());
+            }
+        }
+        assert!(repack(GgmlType::Q8_0, &[0u8; 34]).is_none());
     }
 
     /// The fused kernels compute exactly what the staged ones do, for every row count
