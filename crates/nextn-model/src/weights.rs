@@ -14,11 +14,15 @@ use crate::ModelError;
 /// Looks tensors up by name and checks their shapes; the only way layers get their weights.
 pub struct WeightLoader {
     file: Arc<GgufFile>,
+    /// Whether matrices for products are copied into the kernels' repacked layout.
+    repack: bool,
 }
 
 impl WeightLoader {
     pub fn new(file: Arc<GgufFile>) -> Self {
-        WeightLoader { file }
+        let weights: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+        let repack = should_repack(weights, std::env::var("NEXTN_REPACK").ok().as_deref());
+        WeightLoader { file, repack }
     }
 
     pub fn file(&self) -> &Arc<GgufFile> {
@@ -116,7 +120,7 @@ impl WeightLoader {
         let scale = self.optional_vector(&scale_name, &[1])?.map(|v| v[0]);
         // The kernels' own block arrangement where they have one: decoded in fewer steps,
         // same results. The mapped pages it was copied from are handed back to the OS.
-        let repacked = for_products
+        let repacked = (for_products && self.repack)
             .then(|| repack(t.ty, self.file.tensor_data(t)))
             .flatten()
             .map(Arc::new);
@@ -209,6 +213,28 @@ impl WeightLoader {
     }
 }
 
+/// Whether to repack a model with `weights` bytes of tensors: `NEXTN_REPACK=0` never, `1`
+/// always; otherwise only when the weights take at most 40 % of the machine's memory. A repacked
+/// copy lives in the process's own memory, so the OS can no longer keep the file cached next to
+/// it: a model near the memory size would be read from disk at every start, where a mapped one
+/// starts from the page cache.
+fn should_repack(weights: u64, setting: Option<&str>) -> bool {
+    match setting.map(str::trim) {
+        Some("0") => false,
+        Some("1") => true,
+        _ => total_memory_bytes()
+            .is_none_or(|mem| weights.saturating_mul(5) <= mem.saturating_mul(2)),
+    }
+}
+
+/// Physical memory (Linux `MemTotal`), if known.
+fn total_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// A weight matrix `rows × cols` in any supported ggml type, borrowed from the mapped file.
 #[derive(Clone)]
 pub struct Linear {
@@ -297,5 +323,21 @@ impl Linear {
             out[..self.cols].iter_mut().for_each(|v| *v *= s);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod repack_policy_tests {
+    use super::*;
+
+    #[test]
+    fn repack_follows_the_setting_then_the_memory_size() {
+        assert!(!should_repack(1, Some("0")));
+        assert!(should_repack(u64::MAX, Some("1")));
+        if let Some(mem) = total_memory_bytes() {
+            assert!(should_repack(mem / 3, None));
+            assert!(!should_repack(mem / 2, None));
+            assert!(!should_repack(mem / 2, Some("auto")));
+        }
     }
 }
