@@ -190,9 +190,15 @@ unsafe fn q4_k_rows<const N: usize, const PACKED: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_quants(blk: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
-    let m4 = _mm256_set1_epi8(0x0f);
     let c = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
-    let x = transpose_dwords(c);
+    nibbles(transpose_dwords(c))
+}
+
+/// Low and high nibbles of four vectors of packed 4-bit quants.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(x: [__m256i; 4]) -> ([__m256i; 4], [__m256i; 4]) {
+    let m4 = _mm256_set1_epi8(0x0f);
     (
         x.map(|v| _mm256_and_si256(v, m4)),
         x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
@@ -203,12 +209,7 @@ pub(super) unsafe fn q4_k_quants(blk: *const u8) -> ([__m256i; 4], [__m256i; 4])
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_quants_packed(blk: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let x = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
-    (
-        x.map(|v| _mm256_and_si256(v, m4)),
-        x.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
-    )
+    nibbles([0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j))))
 }
 
 /// Q4_K blocks rearranged for `q4_k_quants_packed`: header as is, quant bytes transposed by
@@ -382,40 +383,20 @@ unsafe fn q6_k_rows<const N: usize, const PACKED: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2h = _mm256_set1_epi8(0x30);
-    let lo_a = load(p.add(64 * n));
-    let lo_b = load(p.add(64 * n + 32));
-    let h = load(p.add(128 + 32 * n));
-    // Two high bits 2c..2c+2 of h moved to bits 4..6 (16-bit shifts; the mask drops what
-    // crosses byte borders).
-    transpose_dwords([
-        _mm256_or_si256(
-            _mm256_and_si256(lo_a, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 4), m2h),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(lo_b, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(lo_a, 4), m4),
-            _mm256_and_si256(h, m2h),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(lo_b, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
-        ),
-    ])
+    // The ggml bytes decoded in place are the vectors before the transposition.
+    transpose_dwords(q6_k_quants_packed(p, n))
 }
 
-/// `q6_k_quants` of a block repacked by `repack_q6_k`: the same bit operations, on bytes
-/// already arranged so that they give the transposed vectors directly.
+/// The four 6-bit vectors of half `n` decoded where they lie: weights 0..32, 32..64, 64..96,
+/// 96..128 of the half for a ggml block; for a block repacked by `repack_q6_k`, whose bytes
+/// were arranged for it, directly `q6_k_quants`' transposed vectors.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k_quants_packed(p: *const u8, n: usize) -> [__m256i; 4] {
     let m4 = _mm256_set1_epi8(0x0f);
     let m2h = _mm256_set1_epi8(0x30);
+    // Two high bits 2c..2c+2 of h moved to bits 4..6 (16-bit shifts; the mask drops what
+    // crosses byte borders).
     let a = load(p.add(64 * n));
     let b = load(p.add(64 * n + 32));
     let h = load(p.add(128 + 32 * n));

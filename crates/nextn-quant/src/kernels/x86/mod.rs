@@ -219,6 +219,26 @@ mod tests {
         data
     }
 
+    /// `random_matrix` with every quant of the first row at its largest magnitude (Q4_K 15,
+    /// Q6_K 63, Q8_0 −128): the bounds the kernels' integer sums rely on.
+    fn random_matrix_extreme_first_row(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        fields: &[usize],
+    ) -> Vec<u8> {
+        let mut data = random_matrix(ty, rows, cols, fields);
+        let blocks = cols / ty.block_size();
+        for blk in data.chunks_exact_mut(ty.type_size()).take(blocks) {
+            match ty {
+                GgmlType::Q4_K => blk[16..].fill(0xff),
+                GgmlType::Q6_K => blk[..192].fill(0xff),
+                _ => blk[2..].fill(0x80),
+            }
+        }
+        data
+    }
+
     fn run(f: RowsFn, m: &QMatrix, act: &ActRows) -> Vec<u32> {
         let mut out = vec![0f32; m.rows * act.n_rows];
         let sink = OutSink::new(&mut out, m.rows, act.n_rows);
@@ -251,16 +271,7 @@ mod tests {
         ];
         let rows = 19;
         for (ty, cols, fields) in cases {
-            let mut data = random_matrix(ty, rows, cols, fields);
-            // First row: every quant at its maximum.
-            let blocks = cols / ty.block_size();
-            for blk in data.chunks_exact_mut(ty.type_size()).take(blocks) {
-                match ty {
-                    GgmlType::Q4_K => blk[16..].fill(0xff),
-                    GgmlType::Q6_K => blk[..192].fill(0xff),
-                    _ => blk[2..].fill(0x80),
-                }
-            }
+            let data = random_matrix_extreme_first_row(ty, rows, cols, fields);
             let m = QMatrix::new(ty, rows, cols, &data).unwrap();
             let kind = ActKind::for_weight(ty).unwrap();
             let fused_fn = match ty {
@@ -304,14 +315,7 @@ mod tests {
         ];
         let rows = 23;
         for (ty, cols, fields) in cases {
-            let mut data = random_matrix(ty, rows, cols, fields);
-            let blocks = cols / ty.block_size();
-            for blk in data.chunks_exact_mut(ty.type_size()).take(blocks) {
-                match ty {
-                    GgmlType::Q4_K => blk[16..].fill(0xff),
-                    _ => blk[..192].fill(0xff),
-                }
-            }
+            let data = random_matrix_extreme_first_row(ty, rows, cols, fields);
             let packed = repack(ty, &data).expect("repack");
             assert_ne!(packed, data, "{ty}: repacking changed nothing");
             let m = QMatrix::new(ty, rows, cols, &data).unwrap();
