@@ -247,3 +247,131 @@ fn bad_input_gives_clear_errors() {
         assert!(!stderr(o).contains("panicked"));
     }
 }
+
+/// The keys of a JSON object, sorted.
+fn keys(v: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .expect("a JSON object")
+        .keys()
+        .cloned()
+        .collect();
+    k.sort();
+    k
+}
+
+/// `run`'s output is an interface: the `--json` fields, the streamed text on stdout and the two
+/// statistics lines on stderr keep their shape.
+#[test]
+fn run_output_shape_is_pinned() {
+    let model = bundled();
+    let m = model.to_str().unwrap();
+    let prompt = "import os\nimport sys\n";
+    let o = run(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        prompt,
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "--json",
+        "--spec-type",
+        "nextn",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        keys(&v),
+        [
+            "finish_reason",
+            "model",
+            "prompt_tokens",
+            "spec",
+            "text",
+            "timings",
+            "tokens"
+        ]
+    );
+    assert_eq!(
+        keys(&v["timings"]),
+        [
+            "draft_n",
+            "draft_n_accepted",
+            "predicted_ms",
+            "predicted_n",
+            "predicted_per_second",
+            "predicted_per_token_ms",
+            "prompt_ms",
+            "prompt_n",
+            "prompt_per_second",
+            "prompt_per_token_ms"
+        ]
+    );
+    assert_eq!(
+        keys(&v["spec"]),
+        [
+            "acceptance_per_pos",
+            "acceptance_rate",
+            "accepted_per_pos",
+            "accepted_per_token",
+            "draft_ms",
+            "draft_n",
+            "draft_n_accepted",
+            "draft_vocab",
+            "drafted_per_pos",
+            "drafts_per_token",
+            "mean_accepted_len",
+            "n_vocab",
+            "steps",
+            "verify_ms"
+        ]
+    );
+    assert_eq!(v["finish_reason"], "length");
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 16);
+    assert_eq!(v["timings"]["predicted_n"], 16);
+    assert_eq!(v["timings"]["prompt_n"], v["prompt_tokens"].as_array().unwrap().len());
+    assert_eq!(v["spec"]["accepted_per_pos"].as_array().unwrap().len(), 3);
+    let s = v["spec"]["steps"].as_u64().unwrap();
+    let (d, a) = (
+        v["spec"]["draft_n"].as_u64().unwrap(),
+        v["spec"]["draft_n_accepted"].as_u64().unwrap(),
+    );
+    assert!(s > 0 && a <= d && d <= 3 * s, "{}", v["spec"]);
+    // Every generated token is one of: the first token, an accepted draft, a bonus token.
+    assert!(a + s < 16, "{}", v["spec"]);
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    let stats = lines
+        .iter()
+        .find(|l| l.starts_with("prompt "))
+        .expect("timings line");
+    assert!(
+        stats.contains(" tokens in ")
+            && stats.contains(" tok/s); generated 16 tokens in ")
+            && stats.ends_with("tok/s); finish: length"),
+        "{stats}"
+    );
+    let spec = lines
+        .iter()
+        .find(|l| l.starts_with("draft acceptance = "))
+        .expect("draft statistics line");
+    assert!(
+        spec.contains(" accepted / ")
+            && spec.contains(" drafted), ")
+            && spec.contains(" steps, mean len = ")
+            && spec.contains(", per position [")
+            && spec.contains("], draft ")
+            && spec.ends_with(" ms"),
+        "{spec}"
+    );
+
+    // Streaming: the text on stdout, then a newline; plain decoding prints no draft line.
+    let o = run(&["run", "-m", m, "-p", prompt, "-n", "16", "--temp", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("{}\n", v["text"].as_str().unwrap()));
+    assert!(!stderr(&o).contains("draft acceptance"));
+    assert!(stderr(&o).contains("generated 16 tokens in "));
+}
