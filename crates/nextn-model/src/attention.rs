@@ -1,6 +1,6 @@
-//! Gated full attention (spec §4.4): per-head interleaved query/gate projection, q/k RMSNorm,
-//! partial rotary embedding, grouped-query causal softmax attention over the layer's KV cache,
-//! and a sigmoid output gate.
+//! Gated full attention (docs/MODEL.md, "Gated full attention"): per-head interleaved query/gate
+//! projection, q/k RMSNorm, partial rotary embedding, grouped-query causal softmax attention over
+//! the layer's KV cache, and a sigmoid output gate.
 
 use std::sync::Mutex;
 

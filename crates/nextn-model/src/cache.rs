@@ -1,5 +1,6 @@
 //! Per-sequence caches: the attention KV cache of each full-attention layer and the recurrent
-//! state (causal-conv window + delta-net state) of each gated-delta-net layer (spec §1.2, §6).
+//! state (causal-conv window + delta-net state) of each gated-delta-net layer (docs/MODEL.md,
+//! "Caches" and "Speculative verify rollback").
 
 use half::f16;
 

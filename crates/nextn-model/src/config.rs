@@ -1,4 +1,5 @@
-//! Hyper-parameters read from GGUF metadata (spec §1.2), with llama.cpp's defaults and derived values.
+//! Hyper-parameters read from GGUF metadata (docs/MODEL.md, "GGUF metadata"), with llama.cpp's
+//! defaults and derived values.
 
 use nextn_gguf::{GgufFile, MetadataValue};
 

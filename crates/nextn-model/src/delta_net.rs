@@ -1,6 +1,7 @@
-//! The gated delta net (spec §4.6): causal depthwise conv over the raw q|k|v projection, L2-normalised
-//! q/k, per-v-head decay and β, the delta-rule recurrence on a dk×dv state, a gated RMSNorm and the
-//! output projection. V head m reads q/k head `m mod Hk` (GGUF's tiled order).
+//! The gated delta net (docs/MODEL.md, "Gated delta-net"): causal depthwise conv over the raw
+//! q|k|v projection, L2-normalised q/k, per-v-head decay and β, the delta-rule recurrence on a
+//! dk×dv state, a gated RMSNorm and the output projection. V head m reads q/k head `m mod Hk`
+//! (GGUF's tiled order).
 
 use std::sync::Mutex;
 

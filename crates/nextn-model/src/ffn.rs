@@ -1,5 +1,6 @@
-//! Feed-forward blocks: dense SwiGLU (spec §4.7) and the routed mixture of experts with a
-//! sigmoid-gated shared expert (spec §4.8).
+//! Feed-forward blocks: dense SwiGLU (docs/MODEL.md, "Dense SwiGLU") and the routed mixture of
+//! experts with a sigmoid-gated shared expert (docs/MODEL.md, "Mixture of experts with shared
+//! expert").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

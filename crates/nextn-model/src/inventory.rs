@@ -1,5 +1,5 @@
-//! The tensor inventory a configuration implies (spec §2): used to check a file without reading
-//! any tensor data (`nextn verify`, `nextn inspect`).
+//! The tensor inventory a configuration implies (docs/MODEL.md, "Tensor names"): used to check a
+//! file without reading any tensor data (`nextn verify`, `nextn inspect`).
 
 use nextn_gguf::{GgmlType, GgufFile};
 use nextn_quant::formats;
@@ -116,7 +116,8 @@ pub fn trunk_tensors(cfg: &Qwen35Config, f: &GgufFile, n_vocab: usize) -> Vec<Ex
     out
 }
 
-/// The NextN block `blk.N` (spec §2.5): a full-attention decoder layer plus the nextn.* tensors.
+/// The NextN block `blk.N` (docs/MODEL.md, "NextN block tensors"): a full-attention decoder layer
+/// plus the nextn.* tensors.
 pub fn nextn_tensors(cfg: &Qwen35Config, f: &GgufFile, n_vocab: usize) -> Vec<ExpectedTensor> {
     let Some(n) = cfg.nextn_block() else {
         return Vec::new();

@@ -1,4 +1,5 @@
-//! The Qwen3.5 trunk: embedding, decoder layers (spec §4.3), final norm and LM head (§4.9).
+//! The Qwen3.5 trunk: embedding, decoder layers (docs/MODEL.md, "Decoder layer"), final norm and
+//! LM head (docs/MODEL.md, "Final norm and LM head").
 
 use std::sync::Arc;
 

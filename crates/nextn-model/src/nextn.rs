@@ -1,5 +1,6 @@
-//! The NextN / MTP head (spec §5): one full-attention decoder block that takes the target's
-//! post-final-norm hidden state at position p−1 and the embedding of token p, and predicts p+1.
+//! The NextN / MTP head (docs/MODEL.md, "NextN (MTP) head"): one full-attention decoder block
+//! that takes the target's post-final-norm hidden state at position p−1 and the embedding of
+//! token p, and predicts p+1.
 //! It borrows the target's mapped weights (embedding, LM head) unless the file carries its own.
 
 use std::sync::Arc;

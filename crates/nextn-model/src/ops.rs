@@ -1,5 +1,6 @@
-//! Elementwise and per-row primitives of spec §4.1, with ggml's accumulation choices
-//! (norm sums in f64, RoPE angles by repeated f32 multiplication) so results track llama.cpp.
+//! Elementwise and per-row primitives (docs/MODEL.md, "Primitives"), with ggml's accumulation
+//! choices (norm sums in f64, RoPE angles by repeated f32 multiplication) so results track
+//! llama.cpp.
 
 /// `y = x / sqrt(mean(x²) + eps) ⊙ w`. The weight already carries the +1 of Qwen's zero-centred norm.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
@@ -65,7 +66,8 @@ pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
 
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Four partial sums: keeps the compiler free to vectorise while staying deterministic.
+    // Eight lane sums over chunks of eight, reduced in a fixed pairwise order, then the tail:
+    // keeps the compiler free to vectorise while staying deterministic.
     let mut acc = [0.0f32; 8];
     let chunks = a.len() / 8;
     for c in 0..chunks {
@@ -80,8 +82,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// Rotary tables for one position: the interleaved multi-section RoPE of spec §4.5 for a text token
-/// (position vector (p, p, p, 0)), which reduces to NeoX-style partial rotation of the first `n_rot` dims.
+/// Rotary tables for one position: the interleaved multi-section RoPE (docs/MODEL.md, "Rotary
+/// position embedding") for a text token (position vector (p, p, p, 0)), which reduces to
+/// NeoX-style partial rotation of the first `n_rot` dims.
 pub struct RopeTable {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,

@@ -1,4 +1,5 @@
-//! Binding GGUF tensors to the weights a layer holds, with shape checks (spec §2).
+//! Binding GGUF tensors to the weights a layer holds, with shape checks (docs/MODEL.md, "Tensor
+//! names").
 //!
 //! Weights stay in the memory map: a [`Linear`] keeps the file alive through an `Arc` and borrows
 //! its bytes only for the duration of a product.

@@ -1,8 +1,9 @@
 //! Random-weight Qwen3.5 / Qwen3.6 GGUF files with real shapes (`nextn synth`): benchmarks and
 //! memory planning without downloading checkpoints.
 //!
-//! A file is: the metadata of spec §1.2 for a [`SynthSpec`], the real Qwen tokenizer
-//! ([`vocab`]), and every tensor of spec §2 in llama-quantize's order and per-tensor type mix
+//! A file is: the metadata of docs/MODEL.md, "GGUF metadata", for a [`SynthSpec`], the real Qwen
+//! tokenizer ([`vocab`]), and every tensor of docs/MODEL.md, "Tensor names", in llama-quantize's
+//! order and per-tensor type mix
 //! ([`plan`]), filled with deterministic random values scaled so that activations stay O(1) and
 //! the logits are finite and far from uniform ([`random`]). Big presets stream to disk tensor by
 //! tensor ([`write`]).

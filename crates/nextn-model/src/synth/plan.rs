@@ -1,5 +1,6 @@
 //! Which tensors a synthesized file holds, in which order, with which ggml type and which random
-//! initialisation: the full tensor inventory of spec §2 and llama-quantize's per-tensor type mix.
+//! initialisation: the full tensor inventory of docs/MODEL.md, "Tensor names", and
+//! llama-quantize's per-tensor type mix.
 
 use nextn_gguf::GgmlType;
 
@@ -257,7 +258,8 @@ pub fn tensor_shapes(s: &SynthSpec) -> Vec<TensorShape> {
 }
 
 /// What llama-quantize keeps in its source type (F32 here): 1-D tensors, non-`weight` tensors,
-/// norms, the router and the conv kernel (spec §2, `tensor_allows_quantization`).
+/// norms, the router and the conv kernel (docs/MODEL.md, "Tensor types and scales"; llama.cpp's
+/// `tensor_allows_quantization`).
 fn stays_f32(name: &str, dims: &[u64]) -> bool {
     dims.len() < 2
         || !name.ends_with("weight")

@@ -1,5 +1,6 @@
 //! What a synthesized model looks like: its hyper-parameters, the named presets with the shapes of
-//! real Qwen3.5 / Qwen3.6 checkpoints, and the GGUF metadata that describes them (spec §1.2).
+//! real Qwen3.5 / Qwen3.6 checkpoints, and the GGUF metadata that describes them (docs/MODEL.md,
+//! "GGUF metadata").
 
 use nextn_gguf::{MetadataArray, MetadataValue};
 
