@@ -8,16 +8,6 @@ use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use serde_json::{json, Map, Value};
 
-fn shared_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!("skipped: ../shared not found");
-        None
-    }
-}
-
 fn load_json(path: &PathBuf) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -53,8 +43,9 @@ fn render_like_server(template: &ChatTemplate, request: &Value) -> String {
 
 #[test]
 fn qwen_fixture_template_matches_llama_server() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/q35-dense-qwenvocab");
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
     let golden = load_json(&dir.join("golden.json"));
     let template = gguf_template(&dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf"));
     assert_eq!(
@@ -91,9 +82,11 @@ fn qwen_fixture_template_matches_llama_server() {
 
 #[test]
 fn builtin_chatml_matches_llama_cpp() {
-    let Some(shared) = shared_dir() else { return };
+    let Some(fixtures) = nextn_testdata::shared("golden") else {
+        return;
+    };
     for fixture in ["q35-dense-qwenvocab", "q35-dense-a", "q35moe-a", "q35moe-b"] {
-        let golden = load_json(&shared.join("golden").join(fixture).join("golden.json"));
+        let golden = load_json(&fixtures.join(fixture).join("golden.json"));
         let builtin = &golden["chat_template"]["builtin"];
         // The conversation of llama.cpp's built-in renderings (reasoning is not part of ChatML).
         let msgs = [
@@ -118,8 +111,9 @@ fn builtin_chatml_matches_llama_cpp() {
 
 #[test]
 fn rendered_chat_prompt_tokenizes_like_the_golden_sequence() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/q35-dense-qwenvocab");
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
     let golden = load_json(&dir.join("golden.json"));
     let path = dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf");
     let file = GgufFile::open(&path).expect("open");
@@ -148,10 +142,10 @@ fn rendered_chat_prompt_tokenizes_like_the_golden_sequence() {
 
 #[test]
 fn qwen_fixture_template_thinking_switch() {
-    let Some(shared) = shared_dir() else { return };
-    let template = gguf_template(
-        &shared.join("golden/q35-dense-qwenvocab/q35-dense-qwenvocab-F32-embQ8_0.gguf"),
-    );
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
+    let template = gguf_template(&dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf"));
     let msgs = [ChatMessage::new("user", "Hi")];
     let off = json!({"enable_thinking": false});
     assert_eq!(
@@ -169,8 +163,10 @@ fn qwen_fixture_template_thinking_switch() {
 
 #[test]
 fn tiny_model_template_is_chatml() {
-    let Some(shared) = shared_dir() else { return };
-    let template = gguf_template(&shared.join("models/tiny-qwen35-mtp/tiny-qwen35-mtp-F32.gguf"));
+    let Some(dir) = nextn_testdata::shared("models/tiny-qwen35-mtp") else {
+        return;
+    };
+    let template = gguf_template(&dir.join("tiny-qwen35-mtp-F32.gguf"));
     let prompt = template
         .render(&[ChatMessage::new("user", "hi")], true, &Map::new())
         .expect("renders");

@@ -8,16 +8,6 @@ use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use serde_json::Value;
 
-fn shared_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!("skipped: ../shared not found");
-        None
-    }
-}
-
 fn hex_decode(hex: &str) -> Vec<u8> {
     assert!(hex.len().is_multiple_of(2), "odd hex length");
     (0..hex.len())
@@ -56,8 +46,10 @@ fn load_tokenizer(gguf: &PathBuf) -> Tokenizer {
 
 /// Checks every `tokenize.entries[]` item of a fixture's golden.json against `gguf`'s tokenizer.
 fn check_fixture(fixture: &str, gguf_name: &str) {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden").join(fixture);
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let dir = golden.join(fixture);
     let golden = load_json(&dir.join("golden.json"));
     let tokenizer = load_tokenizer(&dir.join(gguf_name));
 
@@ -145,8 +137,9 @@ fn small_moe_vocabs_match_llama_cpp() {
 
 #[test]
 fn qwen_vocab_eog_and_specials() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/q35-dense-qwenvocab");
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
     let tokenizer = load_tokenizer(&dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf"));
     let golden = load_json(&dir.join("golden.json"));
     let variants = golden["variants"].as_object().expect("variants");
@@ -176,8 +169,9 @@ fn qwen_vocab_eog_and_specials() {
 
 #[test]
 fn tiny_model_prompts_match_reference_ids() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("models/tiny-qwen35-mtp");
+    let Some(dir) = nextn_testdata::shared("models/tiny-qwen35-mtp") else {
+        return;
+    };
     let tokenizer = load_tokenizer(&dir.join("tiny-qwen35-mtp-F32.gguf"));
     let golden = load_json(&dir.join("golden_jax.json"));
     let goldens = golden["goldens"].as_array().expect("goldens");

@@ -1,18 +1,12 @@
 //! Encoding then decoding any text gives the text back on the real Qwen vocabulary (every byte has
 //! a token and no normalisation is applied), with or without special-token parsing.
 
-use std::path::PathBuf;
-
 use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 
 fn qwen_tokenizer() -> Option<Tokenizer> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if !dir.is_dir() {
-        println!("skipped: ../shared not found");
-        return None;
-    }
-    let path = dir.join("golden/q35-dense-qwenvocab/q35-dense-qwenvocab-F32-embQ8_0.gguf");
+    let dir = nextn_testdata::shared("golden/q35-dense-qwenvocab")?;
+    let path = dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf");
     let file = GgufFile::open(&path).expect("open");
     Some(Tokenizer::from_gguf(&file).expect("tokenizer"))
 }

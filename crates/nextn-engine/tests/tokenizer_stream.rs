@@ -1,26 +1,15 @@
 //! Streaming detokenization on the real Qwen vocabulary: byte-level tokens split multi-byte
 //! characters (emoji, CJK, Indic), and the stream must only ever emit whole characters.
 
-use std::path::PathBuf;
-
 use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use serde_json::Value;
 
-fn shared_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!("skipped: ../shared not found");
-        None
-    }
-}
-
 #[test]
 fn streaming_golden_probes_emits_whole_characters() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/q35-dense-qwenvocab");
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
     let file = GgufFile::open(dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf")).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
     let golden: Value =
@@ -62,8 +51,9 @@ fn streaming_golden_probes_emits_whole_characters() {
 
 #[test]
 fn generated_tokens_stream_like_decode() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/q35-dense-qwenvocab");
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
     let file = GgufFile::open(dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf")).expect("open");
     let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
     let golden: Value =

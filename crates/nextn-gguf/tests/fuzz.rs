@@ -182,7 +182,7 @@ fn seeds() -> Vec<Seed> {
         files.push(std::fs::read(common::data_dir().join(name)).unwrap());
     }
     // Real metadata (tokenizer arrays, chat template) with only the smallest tensors kept.
-    if let Some(shared) = common::shared_dir() {
+    if let Some(shared) = nextn_testdata::shared_dir() {
         let path = shared.join("golden/q35moe-b/q35moe-b-F32.gguf");
         if let Ok(f) = GgufFile::open(&path) {
             let mut w = GgufWriter::from_file(&f);

@@ -4,23 +4,13 @@
 //! files we must match to float rounding; for quantized files llama.cpp's own batched and
 //! one-token paths differ (its `incremental_vs_batch`), so the bound scales with that difference.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use nextn_gguf::GgufFile;
 use nextn_model::{KvType, LogitRows, Model};
 use nextn_quant::kernels::ThreadPool;
 use serde_json::Value;
-
-fn shared() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if p.join("golden").is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipped: ../shared not found");
-        None
-    }
-}
 
 fn load_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).expect("read golden")).expect("parse golden")
@@ -178,8 +168,10 @@ fn check_variant(
 }
 
 fn check_fixture(name: &str) {
-    let Some(shared) = shared() else { return };
-    let dir = shared.join("golden").join(name);
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let dir = golden.join(name);
     let golden = load_json(&dir.join("golden.json"));
     let pool = ThreadPool::new(2);
     for (variant, v) in golden["variants"].as_object().expect("variants") {
@@ -222,13 +214,15 @@ fn dense_qwen_vocab_tied_head_matches_llamacpp() {
 /// one-token decoding give bit-identical logits and hidden states.
 #[test]
 fn batch_composition_does_not_change_results() {
-    let Some(shared) = shared() else { return };
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
     let pool = ThreadPool::new(2);
     for file in [
-        "golden/q35-dense-a/q35-dense-a-Q4_K_M.gguf",
-        "golden/q35moe-a/q35moe-a-Q8_0.gguf",
+        "q35-dense-a/q35-dense-a-Q4_K_M.gguf",
+        "q35moe-a/q35moe-a-Q8_0.gguf",
     ] {
-        let path = shared.join(file);
+        let path = golden.join(file);
         let model = Model::load(Arc::new(GgufFile::open(&path).expect("open"))).expect("load");
         let toks: Vec<u32> = (0..23u32)
             .map(|i| (i * 37 + 5) % model.n_vocab as u32)

@@ -1,23 +1,12 @@
 //! The NextN head against llama.cpp's teacher-forced MTP rows and 3-step draft chains
 //! (../shared/golden), and against the tiny model's JAX reference.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nextn_gguf::GgufFile;
 use nextn_model::{KvType, LogitRows, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 use serde_json::Value;
-
-fn shared() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if p.join("golden").is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipped: ../shared not found");
-        None
-    }
-}
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
@@ -48,8 +37,10 @@ fn shifted_hidden(hidden: &[f32], n: usize, e: usize) -> Vec<f32> {
 }
 
 fn check_fixture(name: &str, variant: &str) {
-    let Some(shared) = shared() else { return };
-    let dir = shared.join("golden").join(name);
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let dir = golden.join(name);
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let v = &golden["variants"][variant];
@@ -134,8 +125,9 @@ fn tied_head_with_qwen_vocab_matches_llamacpp() {
 
 #[test]
 fn tiny_model_head_matches_jax() {
-    let Some(shared) = shared() else { return };
-    let dir = shared.join("models/tiny-qwen35-mtp");
+    let Some(dir) = nextn_testdata::shared("models/tiny-qwen35-mtp") else {
+        return;
+    };
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden_jax.json")).unwrap())
             .unwrap();

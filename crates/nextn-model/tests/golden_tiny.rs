@@ -1,22 +1,12 @@
 //! The trained tiny Qwen3.5 model against its independent JAX reference (../shared/models/tiny-qwen35-mtp).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use nextn_gguf::GgufFile;
 use nextn_model::{KvType, LogitRows, Model};
 use nextn_quant::kernels::ThreadPool;
 use serde_json::Value;
-
-fn model_dir() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/tiny-qwen35-mtp");
-    if p.join("golden_jax.json").is_file() {
-        Some(p)
-    } else {
-        eprintln!("skipped: ../shared not found");
-        None
-    }
-}
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
@@ -41,7 +31,9 @@ fn argmax(x: &[f32]) -> u32 {
 
 #[test]
 fn f32_model_matches_jax_reference() {
-    let Some(dir) = model_dir() else { return };
+    let Some(dir) = nextn_testdata::shared("models/tiny-qwen35-mtp") else {
+        return;
+    };
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden_jax.json")).unwrap())
             .unwrap();
@@ -104,7 +96,9 @@ fn f32_model_matches_jax_reference() {
 /// same file (plus a small allowance for rounding flips), and its greedy continuations equal llama.cpp's.
 #[test]
 fn bundled_q8_0_tracks_llamacpp() {
-    let Some(dir) = model_dir() else { return };
+    let Some(dir) = nextn_testdata::shared("models/tiny-qwen35-mtp") else {
+        return;
+    };
     let jax: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden_jax.json")).unwrap())
             .unwrap();

@@ -13,16 +13,6 @@ fn bundled() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
 }
 
-fn shared() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if p.join("golden").is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipped: ../shared not found");
-        None
-    }
-}
-
 /// Block index of a `blk.N.` tensor name.
 fn block_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
@@ -139,8 +129,10 @@ fn decode_bytes_equal_the_tensors_the_forward_reads() {
 /// pass's per-row results are bit-identical to decoding the rows one at a time.
 #[test]
 fn moe_verify_rows_read_each_chosen_expert_once() {
-    let Some(shared) = shared() else { return };
-    let path = shared.join("golden/q35moe-a/q35moe-a-Q8_0.gguf");
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let path = golden.join("q35moe-a/q35moe-a-Q8_0.gguf");
     let model = Model::load(Arc::new(GgufFile::open(&path).expect("open"))).expect("load");
     let pool = ThreadPool::new(2);
     let prompt: Vec<u32> = (0..9u32)

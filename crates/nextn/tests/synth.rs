@@ -17,16 +17,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn shared() -> Option<PathBuf> {
-    let p = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if p.is_dir() {
-        Some(p.to_path_buf())
-    } else {
-        println!("skipped: ../shared not found");
-        None
-    }
-}
-
 fn qwen_raw() -> RawVocab {
     RawVocab::parse(&std::fs::read(repo().join("models/qwen35-vocab.bin")).unwrap()).unwrap()
 }
@@ -106,8 +96,9 @@ fn standard_base64(text: &str) -> Vec<u8> {
 
 #[test]
 fn embedded_vocabulary_is_the_shared_tiktoken_file() {
-    let Some(shared) = shared() else { return };
-    let dir = shared.join("tokenizers/qwen35");
+    let Some(dir) = nextn_testdata::shared("tokenizers/qwen35") else {
+        return;
+    };
     let raw = qwen_raw();
     let text = std::fs::read_to_string(dir.join("qwen3_6.tiktoken")).unwrap();
     let mut n = 0;
@@ -134,12 +125,11 @@ fn embedded_vocabulary_is_the_shared_tiktoken_file() {
 /// fixture (made with llama.cpp's tooling), merge for merge and in the same order.
 #[test]
 fn vocabulary_matches_the_golden_fixture() {
-    let Some(shared) = shared() else { return };
+    let Some(dir) = nextn_testdata::shared("golden/q35-dense-qwenvocab") else {
+        return;
+    };
     let v = Vocab::qwen(&qwen_raw(), 248_320).unwrap();
-    let g = GgufFile::open(
-        shared.join("golden/q35-dense-qwenvocab/q35-dense-qwenvocab-F32-embQ8_0.gguf"),
-    )
-    .unwrap();
+    let g = GgufFile::open(dir.join("q35-dense-qwenvocab-F32-embQ8_0.gguf")).unwrap();
     let strings = |k: &str| {
         g.get_array(k)
             .unwrap()
@@ -305,7 +295,9 @@ fn preset_plans_match_the_model_inventory() {
 /// llama-quantize's files (the golden fixtures): same tensors, same order, same type for each.
 #[test]
 fn quant_mix_and_order_match_llama_quantize() {
-    let Some(shared) = shared() else { return };
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
     let files = [
         ("q35-dense-a", "F32"),
         ("q35-dense-a", "F16"),
@@ -319,8 +311,7 @@ fn quant_mix_and_order_match_llama_quantize() {
         ("q35moe-a", "Q4_K_M"),
     ];
     for (fixture, ty) in files {
-        let f =
-            GgufFile::open(shared.join(format!("golden/{fixture}/{fixture}-{ty}.gguf"))).unwrap();
+        let f = GgufFile::open(golden.join(format!("{fixture}/{fixture}-{ty}.gguf"))).unwrap();
         let cfg = Qwen35Config::from_gguf(&f).unwrap();
         let spec = SynthSpec::from_config(
             &cfg,

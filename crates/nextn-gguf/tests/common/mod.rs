@@ -5,17 +5,6 @@ use std::path::{Path, PathBuf};
 
 use nextn_gguf::{GgmlType, GgufWriter, MetadataArray, MetadataValue};
 
-/// `../shared` relative to the workspace root, or `None` (after printing why) when absent.
-pub fn shared_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!("skipped: ../shared not found");
-        None
-    }
-}
-
 /// Committed fixtures written by gguf-py (see tests/data/make_fixtures.py).
 pub fn data_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data"))
