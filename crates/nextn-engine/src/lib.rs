@@ -1,8 +1,9 @@
-//! Everything between token ids and text: tokenizer, chat template, sampler, generation loops.
+//! Everything between token ids and text: tokenizer, chat template, sampler, and the one
+//! generation loop (the scheduler) with its speculative parts.
 
 pub mod chat;
-pub mod generate;
+pub mod output;
 pub mod sampler;
 pub mod scheduler;
-pub mod speculative;
+pub mod spec;
 pub mod tokenizer;

@@ -1,7 +1,9 @@
 //! Public behaviour of the token sampler: greedy decoding, each filter against a naive reference,
 //! llama.cpp's penalty formula, seeded reproducibility and the statistics of the draw.
 
-use nextn_engine::sampler::{argmax, Sampler, SamplerConfig, SamplerError, Xoshiro256StarStar};
+use nextn_engine::sampler::{
+    argmax, top1_probability, Sampler, SamplerConfig, SamplerError, Xoshiro256StarStar,
+};
 
 fn cfg_no_filters(temperature: f32, seed: u64) -> SamplerConfig {
     SamplerConfig {
@@ -124,11 +126,11 @@ fn assert_distribution_matches(cfg: &SamplerConfig, window: &[u32], logits: &[f3
 #[test]
 fn greedy_picks_lowest_id_on_ties_and_never_nan() {
     let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
-    assert_eq!(s.sample(&[1.0, 4.0, 2.0, 4.0]), 1);
-    assert_eq!(s.sample(&[f32::NAN, 0.5, f32::NAN, 0.5]), 1);
-    assert_eq!(s.sample(&[-3.0, f32::NAN, -2.0]), 2);
-    assert_eq!(s.sample(&[f32::NAN, f32::NAN]), 0);
-    assert_eq!(s.sample(&[]), 0);
+    assert_eq!(s.sample(&[1.0, 4.0, 2.0, 4.0], 0), 1);
+    assert_eq!(s.sample(&[f32::NAN, 0.5, f32::NAN, 0.5], 0), 1);
+    assert_eq!(s.sample(&[-3.0, f32::NAN, -2.0], 0), 2);
+    assert_eq!(s.sample(&[f32::NAN, f32::NAN], 0), 0);
+    assert_eq!(s.sample(&[], 0), 0);
     assert_eq!(argmax(&[0.0, f32::NAN, 7.0, 7.0, f32::NAN]), 2);
     // Negative temperature is greedy as well, and ignores the filters entirely.
     let cfg = SamplerConfig {
@@ -141,7 +143,7 @@ fn greedy_picks_lowest_id_on_ties_and_never_nan() {
     let mut s = Sampler::new(cfg).unwrap();
     let row = random_logits(248_320, 5);
     for _ in 0..3 {
-        assert_eq!(s.sample(&row), argmax(&row));
+        assert_eq!(s.sample(&row, 0), argmax(&row));
     }
     assert_eq!(s.distribution(&row)[0].id, argmax(&row));
 }
@@ -180,7 +182,7 @@ fn penalties_follow_llama_cpp_formula() {
     for t in [0, 0, 1, 3] {
         g.accept(t);
     }
-    assert_eq!(g.sample(&logits), 2, "0.5 is the best penalised logit");
+    assert_eq!(g.sample(&logits, 0), 2, "0.5 is the best penalised logit");
 
     // A two-token window has forgotten the two 0s: token 0 keeps its 2.0 and wins.
     let mut w = Sampler::new(SamplerConfig {
@@ -192,7 +194,7 @@ fn penalties_follow_llama_cpp_formula() {
         w.accept(t);
     }
     assert_eq!(w.recent_tokens().collect::<Vec<_>>(), vec![1, 3]);
-    assert_eq!(w.sample(&logits), 0);
+    assert_eq!(w.sample(&logits, 0), 0);
 
     // repeat_last_n = 0 disables every penalty.
     let mut off = Sampler::new(SamplerConfig {
@@ -203,7 +205,7 @@ fn penalties_follow_llama_cpp_formula() {
     for t in [3, 3, 3] {
         off.accept(t);
     }
-    assert_eq!(off.sample(&logits), 3);
+    assert_eq!(off.sample(&logits, 0), 3);
 
     // A repetition penalty below 1 boosts repeated tokens: −1·0.25 = −0.25 beats −0.5.
     let mut boost = Sampler::new(SamplerConfig {
@@ -212,11 +214,11 @@ fn penalties_follow_llama_cpp_formula() {
     })
     .unwrap();
     boost.accept(0);
-    assert_eq!(boost.sample(&[-1.0, -0.5]), 0);
+    assert_eq!(boost.sample(&[-1.0, -0.5], 0), 0);
 
     // reset() forgets the window.
     g.reset();
-    assert_eq!(g.sample(&logits), 3);
+    assert_eq!(g.sample(&logits, 0), 3);
 }
 
 #[test]
@@ -364,7 +366,10 @@ fn same_seed_same_tokens_different_seed_different_tokens() {
             ..SamplerConfig::default()
         })
         .unwrap();
-        rows.iter().map(|r| s.sample_and_accept(r)).collect()
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| s.sample_and_accept(r, i as u64))
+            .collect()
     };
     let a = run(1234);
     assert_eq!(a, run(1234));
@@ -372,32 +377,40 @@ fn same_seed_same_tokens_different_seed_different_tokens() {
     assert_ne!(a, b);
     assert!(a.iter().zip(&b).filter(|(x, y)| x != y).count() > 20);
 
-    // reset() restarts both the RNG and the penalty window; a clone continues identically.
+    // reset() forgets the penalty window; a clone continues identically.
     let mut s = Sampler::new(SamplerConfig {
         seed: 1234,
         repeat_penalty: 1.1,
         ..SamplerConfig::default()
     })
     .unwrap();
-    for r in &rows[..50] {
-        s.sample_and_accept(r);
+    for (i, r) in rows[..50].iter().enumerate() {
+        s.sample_and_accept(r, i as u64);
     }
     let mut twin = s.clone();
-    let tail: Vec<u32> = rows[50..].iter().map(|r| s.sample_and_accept(r)).collect();
+    let tail: Vec<u32> = (50..rows.len())
+        .map(|i| s.sample_and_accept(&rows[i], i as u64))
+        .collect();
     let twin_tail: Vec<u32> = rows[50..]
         .iter()
-        .map(|r| twin.sample_and_accept(r))
+        .enumerate()
+        .map(|(i, r)| twin.sample_and_accept(r, 50 + i as u64))
         .collect();
     assert_eq!(tail, twin_tail);
     assert_eq!(tail, a[50..].to_vec());
     s.reset();
-    let again: Vec<u32> = rows.iter().map(|r| s.sample_and_accept(r)).collect();
+    let again: Vec<u32> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| s.sample_and_accept(r, i as u64))
+        .collect();
     assert_eq!(again, a);
 }
 
-/// Pins the token stream: these tokens come from an independent Python transcription of
-/// splitmix64 + xoshiro256** and the inverse-CDF draw over softmax(logits) in id order. If this
-/// changes, every user's seeded output changes.
+/// Pins the seeded draws: these tokens come from an independent Python transcription of the
+/// per-position uniform (`uniform_at`: splitmix64 at index i from a state hashed from the seed)
+/// and the inverse-CDF draw over softmax(logits) in id order. If this changes, every user's
+/// seeded output changes.
 #[test]
 fn seeded_stream_is_pinned() {
     let mut s = Sampler::new(cfg_no_filters(1.0, 2024)).unwrap();
@@ -406,14 +419,32 @@ fn seeded_stream_is_pinned() {
             let row: Vec<f32> = (0..16u32)
                 .map(|i| ((i * 7 + r * 3) % 11) as f32 * 0.25 - 1.0)
                 .collect();
-            s.sample(&row)
+            s.sample(&row, r as u64)
         })
         .collect();
     assert_eq!(got, PINNED_SEED_2024.to_vec());
 }
 
+/// The draw at output position i depends on (seed, i) alone: drawing the positions in another
+/// order, skipping some, or repeating one gives the same token at each position. This is what
+/// lets the speculative loop verify any number of rows per step and still emit plain decoding's
+/// tokens.
+#[test]
+fn draw_at_a_position_does_not_depend_on_other_draws() {
+    let rows: Vec<Vec<f32>> = (0..64).map(|r| random_logits(300, 100 + r)).collect();
+    let mut s = Sampler::new(cfg_no_filters(0.9, 77)).unwrap();
+    let in_order: Vec<u32> = (0..64).map(|i| s.sample(&rows[i], i as u64)).collect();
+    let mut t = Sampler::new(cfg_no_filters(0.9, 77)).unwrap();
+    for i in (0..64).rev() {
+        assert_eq!(t.sample(&rows[i], i as u64), in_order[i], "position {i}");
+        if i % 3 == 0 {
+            assert_eq!(t.sample(&rows[i], i as u64), in_order[i], "repeated {i}");
+        }
+    }
+}
+
 const PINNED_SEED_2024: [u32; 24] = [
-    1, 12, 1, 1, 12, 4, 5, 3, 9, 0, 10, 14, 14, 5, 11, 4, 1, 10, 12, 7, 10, 5, 3, 6,
+    5, 13, 3, 8, 15, 4, 13, 0, 6, 10, 3, 4, 10, 2, 8, 5, 4, 2, 10, 15, 0, 5, 12, 15,
 ];
 
 #[test]
@@ -431,8 +462,8 @@ fn draws_follow_softmax() {
         let mut s = Sampler::new(cfg_no_filters(temperature, 99)).unwrap();
         let draws = 200_000usize;
         let mut counts = [0usize; 6];
-        for _ in 0..draws {
-            counts[s.sample(&logits) as usize] += 1;
+        for i in 0..draws {
+            counts[s.sample(&logits, i as u64) as usize] += 1;
         }
         let mut chi2 = 0.0;
         for (i, &c) in counts.iter().enumerate() {
@@ -461,8 +492,8 @@ fn filtered_draws_stay_inside_the_distribution() {
     let mut s = Sampler::new(cfg).unwrap();
     let allowed: Vec<u32> = s.distribution(&logits).iter().map(|t| t.id).collect();
     assert!(!allowed.is_empty() && allowed.len() <= 40);
-    for _ in 0..2000 {
-        let t = s.sample(&logits);
+    for i in 0..2000 {
+        let t = s.sample(&logits, i);
         assert!(allowed.contains(&t), "{t} outside the filtered set");
     }
 }
@@ -470,12 +501,12 @@ fn filtered_draws_stay_inside_the_distribution() {
 #[test]
 fn degenerate_rows() {
     let mut s = Sampler::new(cfg_no_filters(1.0, 1)).unwrap();
-    assert_eq!(s.sample(&[]), 0);
-    assert_eq!(s.sample(&[f32::NAN; 4]), 0);
+    assert_eq!(s.sample(&[], 0), 0);
+    assert_eq!(s.sample(&[f32::NAN; 4], 1), 0);
     assert!(s.distribution(&[f32::NAN; 4]).is_empty());
     // Only the +∞ logits can be drawn.
-    for _ in 0..100 {
-        let t = s.sample(&[0.0, f32::INFINITY, 5.0, f32::INFINITY]);
+    for i in 0..100 {
+        let t = s.sample(&[0.0, f32::INFINITY, 5.0, f32::INFINITY], i);
         assert!(t == 1 || t == 3);
     }
     // All −∞: no information, so every token is equally likely (and NaN still excluded).
@@ -490,12 +521,12 @@ fn degenerate_rows() {
 fn top_probability() {
     let mut s = Sampler::new(SamplerConfig::default()).unwrap();
     let three = 3.0f32.ln();
-    let (id, p) = s.probability_of_top(&[0.0, three, f32::NAN]);
+    let (id, p) = top1_probability(&[0.0, three, f32::NAN]);
     assert_eq!(id, 1);
     assert!((p - 0.75).abs() < 1e-6);
-    assert_eq!(s.probability_of_top(&[]), (0, 0.0));
-    assert_eq!(s.probability_of_top(&[f32::NAN]), (0, 0.0));
-    let (id, p) = s.probability_of_top(&[2.0, 2.0]);
+    assert_eq!(top1_probability(&[]), (0, 0.0));
+    assert_eq!(top1_probability(&[f32::NAN]), (0, 0.0));
+    let (id, p) = top1_probability(&[2.0, 2.0]);
     assert_eq!((id, p), (0, 0.5));
 
     // Restricted to the best k logits, as llama.cpp's drafter renormalises over its top 10.
@@ -505,7 +536,7 @@ fn top_probability() {
     let (id, p) = s.top1_probability_among_top_k(&row, 2);
     assert_eq!(id, 10);
     assert!((p - 0.75).abs() < 1e-6);
-    let (_, p_full) = s.probability_of_top(&row);
+    let (_, p_full) = top1_probability(&row);
     let want = 3.0 / (3.0 + 1.0 + 998.0 * (-1.0f64).exp());
     assert!((p_full as f64 - want).abs() < 1e-6);
     assert_eq!(s.top1_probability_among_top_k(&row, 0).1, p_full);

@@ -2,15 +2,13 @@
 //! seeds, follow the exact joint distribution plain sampling has — in both draft-sampling modes —
 //! while a deliberately biased rule (accept every draft) is detected by the same test.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Arc;
+mod common;
 
-use nextn_engine::generate::GenerateParams;
+use std::collections::HashMap;
+
+use common::{generate_many, Setup};
 use nextn_engine::sampler::{Sampler, SamplerConfig, Xoshiro256StarStar};
-use nextn_engine::speculative::{generate_speculative, DraftSampling, SpecParams, SpecSequence};
-use nextn_engine::tokenizer::Tokenizer;
-use nextn_gguf::GgufFile;
+use nextn_engine::spec::{DraftSampling, SpecConfig};
 use nextn_model::{KvType, LogitRows, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
@@ -106,14 +104,10 @@ fn critical(dof: usize) -> f64 {
 
 #[test]
 fn mtp_sampling_preserves_the_target_distribution() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
-    let file = Arc::new(GgufFile::open(path).unwrap());
-    let model = Model::load(file.clone()).unwrap();
-    let head = NextnHead::load(&model).unwrap();
-    let tok = Tokenizer::from_gguf(&file).unwrap();
-    let pool = ThreadPool::new(1);
-    let prompt = tok.encode("def parse(self, text):\n", true);
-    let (p, biased) = exact(&model, &head, &prompt, &pool);
+    let l = common::bundled(1);
+    let (model, head, pool) = (&l.model, &l.head, &l.pool);
+    let prompt = l.tok.encode("def parse(self, text):\n", true);
+    let (p, biased) = exact(model, head, &prompt, pool);
     let n = 1000;
 
     // The test has power: draws from the biased rule's distribution fail it.
@@ -143,38 +137,27 @@ fn mtp_sampling_preserves_the_target_distribution() {
         critical(dof)
     );
 
-    for mode in [DraftSampling::Greedy, DraftSampling::Sample] {
-        let mut counts = HashMap::new();
-        let mut accepted = 0;
-        for seed in 0..n as u64 {
-            let mut seq = SpecSequence::new(&model, &head, 64, KvType::F32, KvType::F32);
-            // Three tokens, so that the second one is drafted and goes through verification.
-            let params = GenerateParams {
-                n_predict: Some(3),
-                ignore_eos: true,
-                ..Default::default()
-            };
-            let spec = SpecParams {
+    for mode in [DraftSampling::Coupled, DraftSampling::Sample] {
+        // Three tokens, so that the second one is drafted and goes through verification.
+        let setup = Setup {
+            spec: Some(SpecConfig {
                 n_max: 2,
                 draft_sampling: mode,
-                ..Default::default()
-            };
-            let mut sampler = Sampler::new(config(seed * 7919 + 13)).unwrap();
-            let (g, stats) = generate_speculative(
-                &model,
-                &head,
-                &tok,
-                &pool,
-                &mut seq,
-                &prompt,
-                &params,
-                &spec,
-                &mut sampler,
-                |_| true,
-            )
-            .unwrap();
-            accepted += stats.draft_n_accepted;
-            *counts.entry((g.tokens[0], g.tokens[1])).or_insert(0usize) += 1;
+                ..SpecConfig::default()
+            }),
+            n_ctx: 64,
+            kv: KvType::F32,
+            ..Setup::plain()
+        };
+        let requests: Vec<(Vec<u32>, SamplerConfig, usize)> = (0..n as u64)
+            .map(|seed| (prompt.clone(), config(seed * 7919 + 13), 3))
+            .collect();
+        let done = generate_many(&l, &setup, 4, &requests);
+        let mut counts = HashMap::new();
+        let mut accepted = 0;
+        for c in &done {
+            accepted += c.spec.draft_n_accepted;
+            *counts.entry((c.tokens[0], c.tokens[1])).or_insert(0usize) += 1;
         }
         let (stat, dof) = chi_square(&counts, &p, n);
         eprintln!(

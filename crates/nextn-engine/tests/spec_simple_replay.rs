@@ -1,5 +1,6 @@
-//! Our speculative building blocks (prefill, `draft_chain`, one verify pass, commit, head
-//! catch-up) driven the way llama.cpp's `llama-speculative-simple` drives its loop reproduce
+//! Our speculative building blocks (a target pass, the drafting step, one verify pass, coupled
+//! acceptance, commit, the head's commit) driven the way llama.cpp's `llama-speculative-simple`
+//! drives its loop reproduce
 //! its per-step drafts, accepted counts and bonus tokens on the F32 golden fixtures
 //! (`speculative_simple`, the real program's debug log, and `speculative_simulated.simple`).
 //!
@@ -9,11 +10,12 @@
 //! that is not positive, since common_speculative_draft only truncates to a positive cap — and
 //! the loop runs until more than n_predict tokens came out.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nextn_engine::sampler::argmax;
-use nextn_engine::speculative::{draft_chain, prefill_speculative, SpecSequence};
+use nextn_engine::sampler::{Sampler, SamplerConfig};
+use nextn_engine::spec::accept::accept_coupled;
+use nextn_engine::spec::draft::{draft, DraftJob, HeadState};
+use nextn_engine::spec::SpecConfig;
 use nextn_gguf::GgufFile;
 use nextn_model::{KvType, LogitRows, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
@@ -28,16 +30,6 @@ struct Step {
     drafts: Vec<u32>,
     accepted: usize,
     bonus: u32,
-}
-
-fn shared() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden");
-    if p.is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipped: ../shared not found");
-        None
-    }
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -58,45 +50,51 @@ fn simple_loop(
     max_steps: usize,
 ) -> (Vec<Step>, Vec<u32>) {
     let e = model.config.n_embd;
-    let mut seq = SpecSequence::new(model, head, 512, KvType::F32, KvType::F32);
+    let spec = SpecConfig {
+        n_max: N_MAX,
+        ..SpecConfig::default()
+    };
+    let mut state = model.new_sequence(512, KvType::F32, KvType::F32);
+    let mut head_state = HeadState::new(head, e, KvType::F32, KvType::F32);
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).expect("greedy sampler");
     let (last, rest) = prompt.split_last().expect("non-empty prompt");
-    prefill_speculative(model, head, &mut seq, rest, 512, pool).expect("prefill");
+    let out = model
+        .forward(rest, &mut state, LogitRows::None, pool)
+        .expect("prefill");
+    head_state.commit(0, rest, &out.hidden);
     let mut id_last = *last;
     let (mut steps, mut emitted) = (Vec::new(), Vec::new());
     // It stops only once more than n_predict tokens came out.
     while emitted.len() <= N_PREDICT && steps.len() < max_steps {
-        let n_past = seq.state.n_past;
+        let n_past = state.n_past;
         let cap = N_PREDICT as isize - emitted.len() as isize - 1;
         let n_draft = if cap <= 0 {
             N_MAX
         } else {
             N_MAX.min(cap as usize)
         };
-        let drafts = draft_chain(head, &mut seq, id_last, n_draft, 0.0, pool).expect("draft");
+        let mut jobs = [DraftJob {
+            head: &mut head_state,
+            id_last,
+            n_past,
+            n_draft,
+            sampled: None,
+        }];
+        let (made, _) = draft(head, &mut jobs, &spec, 512, pool).expect("draft");
+        let drafts = made[0].tokens.clone();
         let mut rows = vec![id_last];
         rows.extend_from_slice(&drafts);
         let out = model
-            .forward_verify(&rows, &mut seq.state, pool)
+            .forward_verify(&rows, &mut state, pool)
             .expect("verify");
-        let mut accepted = 0;
-        let mut next = argmax(out.logits_row(0));
-        while accepted < drafts.len() && next == drafts[accepted] {
-            accepted += 1;
-            next = argmax(out.logits_row(accepted));
-        }
-        model.commit(&mut seq.state, accepted + 1).expect("commit");
+        let (accepted, next) = accept_coupled(&mut sampler, &drafts, &out, emitted.len() as u64);
+        model.commit(&mut state, accepted + 1).expect("commit");
         // The head's entries for the accepted drafts, from the target's hidden states.
-        NextnHead::truncate(&mut seq.head_cache, n_past + 1);
-        head.forward(
-            &drafts[..accepted],
-            &out.hidden[..accepted * e],
-            n_past + 1,
-            &mut seq.head_cache,
-            LogitRows::None,
-            pool,
-        )
-        .expect("head catch-up");
-        seq.pending_hidden = out.hidden[accepted * e..(accepted + 1) * e].to_vec();
+        head_state.commit(
+            n_past,
+            &rows[..accepted + 1],
+            &out.hidden[..(accepted + 1) * e],
+        );
         steps.push(Step {
             n_past,
             drafts: drafts.clone(),
@@ -134,7 +132,9 @@ fn golden_steps(v: &Value, with_n_past: bool) -> Vec<Step> {
 
 #[test]
 fn drafts_match_llamacpp_speculative_simple() {
-    let Some(dir) = shared() else { return };
+    let Some(dir) = nextn_testdata::shared("golden") else {
+        return;
+    };
     let pool = ThreadPool::new(2);
     let mut compared = 0;
     for (fixture, variant) in [

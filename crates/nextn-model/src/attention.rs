@@ -81,9 +81,10 @@ impl GatedAttention {
         let mut attn = vec![0.0f32; n * self.n_head * hd];
         for seg in segments.iter_mut() {
             let LayerCache::Attention(kv) = &mut *seg.cache else {
-                return Err(ModelError::Rollback(
-                    "attention layer given a recurrent cache".into(),
-                ));
+                return Err(ModelError::WrongCacheKind {
+                    layer: "attention",
+                    found: "delta-net",
+                });
             };
             let r = seg.rows.clone();
             self.attend(
@@ -111,10 +112,11 @@ impl GatedAttention {
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         if kv.len() != start_pos {
-            return Err(ModelError::Rollback(format!(
-                "attention cache holds {} positions, the batch starts at {start_pos}",
-                kv.len()
-            )));
+            return Err(ModelError::CachePosition {
+                layer: "attention",
+                cached: kv.len(),
+                start: start_pos,
+            });
         }
         let hd = self.head_dim;
         let (q_width, kv_width) = (2 * self.n_head * hd, self.n_head_kv * hd);

@@ -208,13 +208,6 @@ pub struct SequenceState {
     pub pending_rows: usize,
 }
 
-/// The delta-net states of every recurrent layer at one position, to roll back to.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RecurrentSnapshot {
-    pub n_past: usize,
-    states: Vec<Option<RecurrentState>>,
-}
-
 impl SequenceState {
     /// Positions still free in the context.
     pub fn remaining(&self) -> usize {
@@ -232,45 +225,8 @@ impl SequenceState {
         Ok(())
     }
 
-    /// Copy of the recurrent states, for restoring after a partial rollback.
-    pub fn snapshot_recurrent(&self) -> RecurrentSnapshot {
-        RecurrentSnapshot {
-            n_past: self.n_past,
-            states: self
-                .layers
-                .iter()
-                .map(|l| match l {
-                    LayerCache::DeltaNet(c) => Some(c.state.clone()),
-                    LayerCache::Attention(_) => None,
-                })
-                .collect(),
-        }
-    }
-
-    /// Return to the position of `snap`: recurrent states restored, KV truncated.
-    pub fn restore(&mut self, snap: &RecurrentSnapshot) -> Result<(), ModelError> {
-        if self.pending_rows > 0
-            || snap.n_past > self.n_past
-            || snap.states.len() != self.layers.len()
-        {
-            return Err(ModelError::Rollback(format!(
-                "snapshot at position {} cannot be restored onto a sequence at {}",
-                snap.n_past, self.n_past
-            )));
-        }
-        for (layer, saved) in self.layers.iter_mut().zip(&snap.states) {
-            match (layer, saved) {
-                (LayerCache::DeltaNet(c), Some(saved)) => c.state.clone_from(saved),
-                (LayerCache::Attention(kv), None) => kv.truncate(snap.n_past),
-                _ => return Err(ModelError::Rollback("snapshot layer kinds differ".into())),
-            }
-        }
-        self.n_past = snap.n_past;
-        Ok(())
-    }
-
     /// Drop positions `>= pos` from every attention layer. Recurrent states cannot be truncated
-    /// on their own; callers pair this with [`SequenceState::restore`] or a per-row state commit.
+    /// on their own: [`crate::Model::commit`] pairs this with the delta-net commit of the kept rows.
     pub fn truncate_kv(&mut self, pos: usize) {
         for l in &mut self.layers {
             if let LayerCache::Attention(kv) = l {

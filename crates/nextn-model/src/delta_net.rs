@@ -107,9 +107,10 @@ impl GatedDeltaNet {
         let mut y = vec![0.0f32; n * value_dim];
         for seg in segments.iter_mut() {
             let LayerCache::DeltaNet(cache) = &mut *seg.cache else {
-                return Err(ModelError::Rollback(
-                    "delta-net layer given an attention cache".into(),
-                ));
+                return Err(ModelError::WrongCacheKind {
+                    layer: "delta-net",
+                    found: "attention",
+                });
             };
             let r = seg.rows.clone();
             self.recur(
@@ -139,10 +140,8 @@ impl GatedDeltaNet {
         y: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        if cache.pending.is_some() {
-            return Err(ModelError::Rollback(
-                "delta-net layer has uncommitted verify rows".into(),
-            ));
+        if let Some(rows) = &cache.pending {
+            return Err(ModelError::UncommittedVerify { pending: rows.n });
         }
         let (hk, hv, d) = (self.k_heads, self.v_heads, self.head_dim);
         let conv_dim = self.conv_dim();
@@ -255,14 +254,14 @@ impl GatedDeltaNet {
             return if keep == 0 {
                 Ok(())
             } else {
-                Err(ModelError::Rollback("no verify rows to commit".into()))
+                Err(ModelError::KeepBeyondPending { keep, pending: 0 })
             };
         };
         if keep > rows.n {
-            return Err(ModelError::Rollback(format!(
-                "cannot keep {keep} of {} verify rows",
-                rows.n
-            )));
+            return Err(ModelError::KeepBeyondPending {
+                keep,
+                pending: rows.n,
+            });
         }
         let (hk, hv, d) = (self.k_heads, self.v_heads, self.head_dim);
         let conv_dim = self.conv_dim();

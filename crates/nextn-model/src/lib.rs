@@ -16,10 +16,10 @@ pub mod traffic;
 pub mod weights;
 mod wide;
 
-pub use cache::{KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};
+pub use cache::{KvType, LayerCache, RecurrentState, SequenceState};
 pub use config::{Arch, LayerKind, Qwen35Config};
 pub use model::{BatchItem, ForwardOutput, LogitRows, Model};
-pub use nextn::NextnHead;
+pub use nextn::{HeadBatchItem, NextnHead};
 
 use nextn_gguf::GgufError;
 use nextn_quant::QuantError;
@@ -54,6 +54,29 @@ pub enum ModelError {
         n_new: usize,
         n_ctx: usize,
     },
-    #[error("cache state error: {0}")]
-    Rollback(String),
+    #[error("cannot keep {keep} rows of a verify batch of {pending} pending rows")]
+    KeepBeyondPending { keep: usize, pending: usize },
+    #[error("the previous verify batch ({pending} rows) was not committed")]
+    UncommittedVerify { pending: usize },
+    #[error("the sequence state has {found} layer caches, but this model has {expected} layers: it was made for another model")]
+    ForeignState { found: usize, expected: usize },
+    #[error("{layer} layer was given a {found} cache")]
+    WrongCacheKind {
+        layer: &'static str,
+        found: &'static str,
+    },
+    #[error(
+        "the {layer} cache holds {cached} positions, but the batch starts at position {start}"
+    )]
+    CachePosition {
+        layer: &'static str,
+        cached: usize,
+        start: usize,
+    },
+    #[error("the NextN head got {found} hidden values for {rows} rows of width {width}")]
+    HiddenLength {
+        found: usize,
+        rows: usize,
+        width: usize,
+    },
 }

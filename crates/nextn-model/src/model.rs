@@ -113,6 +113,36 @@ pub enum LogitRows {
     All,
 }
 
+impl LogitRows {
+    /// The first row and the number of rows that need logits among `len` rows.
+    fn span(self, len: usize) -> (usize, usize) {
+        match self {
+            _ if len == 0 => (0, 0),
+            LogitRows::None => (0, 0),
+            LogitRows::Last => (len - 1, 1),
+            LogitRows::All => (0, len),
+        }
+    }
+}
+
+/// The hidden rows (`e` wide) that need logits, copied together for one LM-head product, from
+/// parts `(first row, rows, which need logits)` of a batch; and for each part, where its logit
+/// rows start in the product and how many there are.
+pub(crate) fn gather_logit_rows(
+    hidden: &[f32],
+    e: usize,
+    parts: impl Iterator<Item = (usize, usize, LogitRows)>,
+) -> (Vec<f32>, Vec<(usize, usize)>) {
+    let mut picked = Vec::new();
+    let mut ranges = Vec::new();
+    for (start, len, rows) in parts {
+        let (first, count) = rows.span(len);
+        ranges.push((picked.len() / e.max(1), count));
+        picked.extend_from_slice(&hidden[(start + first) * e..(start + first + count) * e]);
+    }
+    (picked, ranges)
+}
+
 /// What a forward pass returns.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
@@ -264,9 +294,7 @@ impl Model {
     pub fn commit(&self, state: &mut SequenceState, keep: usize) -> Result<(), ModelError> {
         let pending = state.pending_rows;
         if keep > pending {
-            return Err(ModelError::Rollback(format!(
-                "cannot keep {keep} of {pending} pending rows"
-            )));
+            return Err(ModelError::KeepBeyondPending { keep, pending });
         }
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
             if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
@@ -315,14 +343,15 @@ impl Model {
         let mut starts = Vec::with_capacity(items.len());
         for it in items.iter() {
             if it.state.pending_rows > 0 {
-                return Err(ModelError::Rollback(
-                    "the previous verify batch was not committed".into(),
-                ));
+                return Err(ModelError::UncommittedVerify {
+                    pending: it.state.pending_rows,
+                });
             }
             if it.state.layers.len() != self.layers.len() {
-                return Err(ModelError::Rollback(
-                    "sequence state was made for another model".into(),
-                ));
+                return Err(ModelError::ForeignState {
+                    found: it.state.layers.len(),
+                    expected: self.layers.len(),
+                });
             }
             it.state.check_room(it.tokens.len())?;
             starts.push(tokens.len());
@@ -360,19 +389,14 @@ impl Model {
             );
         }
         // One LM-head product over every requested row of every sequence.
-        let mut picked = Vec::new();
-        let mut ranges = Vec::with_capacity(items.len());
-        for (it, &s) in items.iter().zip(&starts) {
-            let len = it.tokens.len();
-            let (first, count) = match it.logits {
-                _ if len == 0 => (0, 0),
-                LogitRows::None => (0, 0),
-                LogitRows::Last => (len - 1, 1),
-                LogitRows::All => (0, len),
-            };
-            ranges.push((picked.len() / e.max(1), count));
-            picked.extend_from_slice(&hidden[(s + first) * e..(s + first + count) * e]);
-        }
+        let (picked, ranges) = gather_logit_rows(
+            &hidden,
+            e,
+            items
+                .iter()
+                .zip(&starts)
+                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
+        );
         let n_picked = picked.len() / e.max(1);
         let mut logits = vec![0.0f32; n_picked * self.n_vocab];
         if n_picked > 0 {
@@ -392,29 +416,5 @@ impl Model {
             });
         }
         Ok(outs)
-    }
-
-    /// LM head over the chosen rows of post-norm hidden states.
-    pub fn logits(
-        &self,
-        hidden: &[f32],
-        n: usize,
-        rows: LogitRows,
-        pool: &ThreadPool,
-    ) -> Result<Vec<f32>, ModelError> {
-        let e = self.config.n_embd;
-        let (first, count) = match rows {
-            LogitRows::None => return Ok(Vec::new()),
-            LogitRows::Last => (n - 1, 1),
-            LogitRows::All => (0, n),
-        };
-        let mut logits = vec![0.0f32; count * self.n_vocab];
-        self.lm_head.forward(
-            &hidden[first * e..(first + count) * e],
-            count,
-            &mut logits,
-            pool,
-        )?;
-        Ok(logits)
     }
 }

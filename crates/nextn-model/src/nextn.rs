@@ -11,29 +11,41 @@ use nextn_quant::kernels::ThreadPool;
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::draft_vocab::DraftLmHead;
-use crate::model::{DecoderLayer, ForwardOutput, LogitRows, Model, Segment};
+use crate::model::{gather_logit_rows, DecoderLayer, ForwardOutput, LogitRows, Model, Segment};
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
 
 pub struct NextnHead {
     /// Index N of the `blk.N` that holds the head.
-    pub block: usize,
-    pub embed: Linear,
-    pub enorm: Vec<f32>,
-    pub hnorm: Vec<f32>,
+    block: usize,
+    pub(crate) embed: Linear,
+    pub(crate) enorm: Vec<f32>,
+    pub(crate) hnorm: Vec<f32>,
     /// `n_embd × 2·n_embd`: input is [normed embedding ‖ normed hidden].
-    pub eh_proj: Linear,
-    pub layer: DecoderLayer,
-    pub shared_head_norm: Vec<f32>,
+    pub(crate) eh_proj: Linear,
+    pub(crate) layer: DecoderLayer,
+    pub(crate) shared_head_norm: Vec<f32>,
     /// The full-vocabulary LM head; drafting goes through [`NextnHead::lm_head_logits`], which uses
     /// the trimmed rows when a draft vocabulary is set.
-    pub lm_head: Linear,
+    pub(crate) lm_head: Linear,
     /// The LM head restricted to a draft vocabulary (`--spec-draft-vocab`).
     draft: Option<DraftLmHead>,
     n_embd: usize,
     eps: f32,
     kv_width: usize,
+}
+
+/// One sequence's rows in a head pass: `tokens[i]` at position `start_pos + i`, paired with
+/// `hidden_prev[i]`, the post-norm hidden state of the position before (the target's, or the
+/// head's own for a chained draft).
+pub struct HeadBatchItem<'a> {
+    pub tokens: &'a [u32],
+    pub hidden_prev: &'a [f32],
+    pub start_pos: usize,
+    /// The sequence's head cache; the rows are appended to it.
+    pub cache: &'a mut LayerCache,
+    pub logits: LogitRows,
 }
 
 impl NextnHead {
@@ -136,13 +148,14 @@ impl NextnHead {
         n: usize,
         pool: &ThreadPool,
     ) -> Result<Vec<f32>, ModelError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         match &self.draft {
             Some(d) => d.forward(hidden, n, pool),
             None => {
                 let mut logits = vec![0.0f32; n * self.lm_head.rows];
-                if n > 0 {
-                    self.lm_head.forward(hidden, n, &mut logits, pool)?;
-                }
+                self.lm_head.forward(hidden, n, &mut logits, pool)?;
                 Ok(logits)
             }
         }
@@ -155,17 +168,19 @@ impl NextnHead {
         }
     }
 
-    /// Positions held by the head's cache.
-    pub fn cached(cache: &LayerCache) -> usize {
-        match cache {
-            LayerCache::Attention(kv) => kv.len(),
-            LayerCache::DeltaNet(_) => 0,
-        }
-    }
-
     /// The head's own single-layer KV cache.
     pub fn new_cache(&self, k_type: KvType, v_type: KvType) -> LayerCache {
         LayerCache::Attention(KvLayer::new(k_type, v_type, self.kv_width))
+    }
+
+    /// Index N of the `blk.N` that holds the head.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The head's decoder block (a full-attention layer with its own FFN).
+    pub fn layer(&self) -> &DecoderLayer {
+        &self.layer
     }
 
     /// Rows `(tokens[i] at position start_pos+i, hidden_prev[i] = H at the position before)`,
@@ -177,54 +192,85 @@ impl NextnHead {
         hidden_prev: &[f32],
         start_pos: usize,
         cache: &mut LayerCache,
-        logit_rows: LogitRows,
+        logits: LogitRows,
         pool: &ThreadPool,
     ) -> Result<ForwardOutput, ModelError> {
-        let n = tokens.len();
-        let e = self.n_embd;
-        let n_vocab = self.lm_head.rows;
-        if n == 0 {
-            return Ok(ForwardOutput {
-                hidden: Vec::new(),
-                logits: Vec::new(),
-                n_vocab,
-            });
-        }
-        if hidden_prev.len() != n * e {
-            return Err(ModelError::Rollback(format!(
-                "NextN head got {} hidden values for {n} rows of width {e}",
-                hidden_prev.len()
-            )));
-        }
-        let mut cat = vec![0.0f32; n * 2 * e];
-        let mut row = vec![0.0f32; e];
-        for (i, &t) in tokens.iter().enumerate() {
-            if t as usize >= self.embed.rows {
-                return Err(ModelError::TokenOutOfRange {
-                    token: t as u64,
-                    n_vocab: self.embed.rows,
-                });
-            }
-            self.embed.dequantize_row(t as usize, &mut row)?;
-            let dst = &mut cat[i * 2 * e..(i + 1) * 2 * e];
-            ops::rms_norm(&row, &self.enorm, self.eps, &mut dst[..e]);
-            ops::rms_norm(
-                &hidden_prev[i * e..(i + 1) * e],
-                &self.hnorm,
-                self.eps,
-                &mut dst[e..],
-            );
-        }
-        let mut h = vec![0.0f32; n * e];
-        self.eh_proj.forward(&cat, n, &mut h, pool)?;
-        let mut segment = [Segment {
-            rows: 0..n,
+        let mut items = [HeadBatchItem {
+            tokens,
+            hidden_prev,
             start_pos,
             cache,
-            verify: false,
+            logits,
         }];
-        self.layer
-            .forward(&mut h, n, &mut segment, self.eps, pool)?;
+        let mut out = self.forward_batch(&mut items, pool)?;
+        Ok(out.pop().unwrap_or(ForwardOutput {
+            hidden: Vec::new(),
+            logits: Vec::new(),
+            n_vocab: self.n_vocab(),
+        }))
+    }
+
+    /// The head over the rows of several sequences in one pass: one `eh_proj` product, one pass
+    /// of the decoder block (attention per sequence, on its own head cache) and one LM-head
+    /// product for all of them. Each row's result equals a pass over its sequence alone, because
+    /// every matrix product treats rows independently. One output per item, in order.
+    pub fn forward_batch(
+        &self,
+        items: &mut [HeadBatchItem],
+        pool: &ThreadPool,
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
+        let e = self.n_embd;
+        let n_vocab = self.n_vocab();
+        let n: usize = items.iter().map(|it| it.tokens.len()).sum();
+        let mut cat = vec![0.0f32; n * 2 * e];
+        let mut row = vec![0.0f32; e];
+        let mut starts = Vec::with_capacity(items.len());
+        let mut at = 0;
+        for it in items.iter() {
+            if it.hidden_prev.len() != it.tokens.len() * e {
+                return Err(ModelError::HiddenLength {
+                    found: it.hidden_prev.len(),
+                    rows: it.tokens.len(),
+                    width: e,
+                });
+            }
+            starts.push(at);
+            for (i, &t) in it.tokens.iter().enumerate() {
+                if t as usize >= self.embed.rows {
+                    return Err(ModelError::TokenOutOfRange {
+                        token: t as u64,
+                        n_vocab: self.embed.rows,
+                    });
+                }
+                self.embed.dequantize_row(t as usize, &mut row)?;
+                let dst = &mut cat[(at + i) * 2 * e..(at + i + 1) * 2 * e];
+                ops::rms_norm(&row, &self.enorm, self.eps, &mut dst[..e]);
+                ops::rms_norm(
+                    &it.hidden_prev[i * e..(i + 1) * e],
+                    &self.hnorm,
+                    self.eps,
+                    &mut dst[e..],
+                );
+            }
+            at += it.tokens.len();
+        }
+        let mut h = vec![0.0f32; n * e];
+        if n > 0 {
+            self.eh_proj.forward(&cat, n, &mut h, pool)?;
+            let mut segments: Vec<Segment> = items
+                .iter_mut()
+                .zip(&starts)
+                .filter(|(it, _)| !it.tokens.is_empty())
+                .map(|(it, &s)| Segment {
+                    rows: s..s + it.tokens.len(),
+                    start_pos: it.start_pos,
+                    cache: &mut *it.cache,
+                    verify: false,
+                })
+                .collect();
+            self.layer
+                .forward(&mut h, n, &mut segments, self.eps, pool)?;
+        }
         let mut hidden = vec![0.0f32; n * e];
         for i in 0..n {
             ops::rms_norm(
@@ -234,20 +280,26 @@ impl NextnHead {
                 &mut hidden[i * e..(i + 1) * e],
             );
         }
-        let (first, count) = match logit_rows {
-            LogitRows::None => (0, 0),
-            LogitRows::Last => (n - 1, 1),
-            LogitRows::All => (0, n),
-        };
-        let logits = if count > 0 {
-            self.lm_head_logits(&hidden[first * e..(first + count) * e], count, pool)?
-        } else {
-            Vec::new()
-        };
-        Ok(ForwardOutput {
-            hidden,
-            logits,
-            n_vocab,
-        })
+        // One LM-head product over the requested rows of every sequence.
+        let (picked, ranges) = gather_logit_rows(
+            &hidden,
+            e,
+            items
+                .iter()
+                .zip(&starts)
+                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
+        );
+        let n_picked = picked.len() / e.max(1);
+        let logits = self.lm_head_logits(&picked, n_picked, pool)?;
+        Ok(items
+            .iter()
+            .zip(&starts)
+            .zip(&ranges)
+            .map(|((it, &s), &(lr, count))| ForwardOutput {
+                hidden: hidden[s * e..(s + it.tokens.len()) * e].to_vec(),
+                logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
+                n_vocab,
+            })
+            .collect())
     }
 }

@@ -121,12 +121,12 @@ impl Reply {
             t.predicted_per_second(),
             c.finish.as_str()
         );
-        if c.draft_n > 0 {
+        if c.spec.draft_n > 0 {
             line += &format!(
                 ", draft acceptance = {:.5} ({} accepted / {} drafted)",
-                c.draft_n_accepted as f64 / c.draft_n as f64,
-                c.draft_n_accepted,
-                c.draft_n
+                c.spec.acceptance_rate(),
+                c.spec.draft_n_accepted,
+                c.spec.draft_n
             );
         }
         eprintln!("{line}");
@@ -136,8 +136,8 @@ impl Reply {
 fn timings(c: &Completion) -> Value {
     let mut t = c.timings.to_json();
     t["cache_n"] = json!(0);
-    t["draft_n"] = json!(c.draft_n);
-    t["draft_n_accepted"] = json!(c.draft_n_accepted);
+    t["draft_n"] = json!(c.spec.draft_n);
+    t["draft_n_accepted"] = json!(c.spec.draft_n_accepted);
     t
 }
 

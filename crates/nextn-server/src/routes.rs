@@ -324,6 +324,7 @@ async fn submit(
         n_predict: params.n_predict,
         stop: params.stop.clone(),
         ignore_eos: params.ignore_eos,
+        trace: false,
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(|e| match e {

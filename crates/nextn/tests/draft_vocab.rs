@@ -318,8 +318,8 @@ fn bench_reports_the_trimmed_head_next_to_the_full_one() {
         out.contains("projected speedup with the trimmed head (vocab 512)"),
         "{out}"
     );
-    assert!(out.contains("n_max 2 greedy full head:"), "{out}");
-    assert!(out.contains("n_max 2 greedy trimmed head:"), "{out}");
+    assert!(out.contains("n_max 2 coupled full head:"), "{out}");
+    assert!(out.contains("n_max 2 coupled trimmed head:"), "{out}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     assert_eq!(v["draft_vocab"]["costs"]["draft_vocab"], 512);
     assert_eq!(v["draft_vocab"]["acceptance"].as_array().unwrap().len(), 2);

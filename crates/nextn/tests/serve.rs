@@ -515,3 +515,68 @@ fn reasoning_content_with_deepseek_format() {
         .unwrap()
         .is_empty());
 }
+
+/// A seed pins the output: the same seeded request, sent again and again while eight other
+/// streams keep the server busy and the `auto` policy drafts as load allows, gets the same text
+/// every time — the text it gets on an idle server.
+#[test]
+fn seeded_requests_give_the_same_tokens_under_load() {
+    let s = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "9",
+        "-c",
+        "18432",
+        "--spec-max-drafting-slots",
+        "auto",
+    ]);
+    let seeded = chat(
+        "def parse(self, text):",
+        json!({"max_tokens": 48, "temperature": 0.8, "seed": 7}),
+    );
+    let answer = |s: &Server| -> String {
+        let r = s.post("/v1/chat/completions", &seeded);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["usage"]["completion_tokens"], 48, "{v}");
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let idle = answer(&s);
+    let port = s.port;
+    let busy: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let c = Server::attach(port);
+                let body = chat(
+                    &format!("class Shape{i}:"),
+                    json!({"max_tokens": 1500, "temperature": 0.7, "seed": i, "stream": true, "ignore_eos": true}),
+                );
+                let (status, chunks, done) = c.stream("/v1/chat/completions", &body);
+                assert_eq!(status, 200);
+                assert!(done && !chunks.is_empty());
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    while s.metric("llamacpp:requests_processing") < 8.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the background streams never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for i in 0..5 {
+        assert_eq!(answer(&s), idle, "request {i} under load");
+        assert!(
+            s.metric("llamacpp:requests_processing") >= 8.0,
+            "the background streams ended before request {i}"
+        );
+    }
+    for t in busy {
+        t.join().unwrap();
+    }
+}

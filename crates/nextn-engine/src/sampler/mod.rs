@@ -20,11 +20,13 @@
 //! never candidates.
 //!
 //! # Reproducibility
-//! For a given [`SamplerConfig`] (seed included), the same sequence of `accept`/`sample` calls on
-//! the same logits yields the same tokens on every platform and in every release: the RNG is a
-//! built-in xoshiro256** seeded by splitmix64 from `seed`, each non-greedy [`Sampler::sample`]
-//! call consumes exactly one 64-bit output, and the softmax uses a built-in exponential instead of
-//! the platform's libm. [`Sampler::reset`] returns to the freshly constructed state.
+//! The token at output position `i` is drawn with one uniform that depends only on `(seed, i)`
+//! ([`uniform_at`], counter-based): not on how many draws came before or in what order. So a
+//! seeded generation gives the same tokens whether the speculative loop verified one row or five
+//! per step, alone or beside other requests; for a given [`SamplerConfig`], the same `accept` /
+//! `sample` calls on the same logits yield the same tokens on every platform and in every release
+//! (the softmax uses a built-in exponential instead of the platform's libm).
+//! [`Sampler::reset`] forgets the penalty window.
 
 mod chain;
 mod math;
@@ -36,9 +38,9 @@ use penalties::{PenaltyHistory, PenaltyParams};
 
 pub use math::argmax;
 pub use penalties::MAX_REPEAT_LAST_N;
-pub use rng::Xoshiro256StarStar;
+pub use rng::{uniform_at, Draw, Xoshiro256StarStar};
 
-/// Seed used by [`SamplerConfig::default`]. Callers who want a different stream per request must
+/// Seed used by [`SamplerConfig::default`]. Callers who want different draws per request must
 /// choose the seed themselves (e.g. from the clock); the sampler never reads entropy.
 pub const DEFAULT_SEED: u64 = 0;
 
@@ -172,11 +174,10 @@ pub struct TokenProb {
     pub p: f32,
 }
 
-/// Stateful sampler: configuration, RNG, penalty window and reusable scratch buffers.
+/// Stateful sampler: configuration, penalty window and reusable scratch buffers.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     cfg: SamplerConfig,
-    rng: Xoshiro256StarStar,
     history: PenaltyHistory,
     candidates: Candidates,
     penalised_logits: Vec<f32>,
@@ -187,7 +188,6 @@ impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Result<Self, SamplerError> {
         cfg.validate()?;
         Ok(Self {
-            rng: Xoshiro256StarStar::from_seed(cfg.seed),
             history: PenaltyHistory::new(cfg.repeat_last_n),
             candidates: Candidates::default(),
             penalised_logits: Vec::new(),
@@ -211,30 +211,36 @@ impl Sampler {
         self.history.recent()
     }
 
-    /// Forgets the penalty window and reseeds the RNG: the sampler behaves as if newly created.
+    /// Forgets the penalty window: the sampler behaves as if newly created.
     pub fn reset(&mut self) {
         self.history.clear();
-        self.rng = Xoshiro256StarStar::from_seed(self.cfg.seed);
     }
 
-    /// Draws the next token from `logits` (one row, indexed by token id) through the chain.
+    /// Draws the token at output position `index` (0 for the first generated token) from
+    /// `logits` (one row, indexed by token id) through the chain, with the uniform
+    /// [`uniform_at`]`(seed, Draw::Token, index)`.
     ///
     /// `logits` is not modified. Returns 0 if there is nothing to choose from (empty slice or all
-    /// NaN). Non-greedy calls advance the RNG by exactly one step whatever the logits are.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// NaN).
+    pub fn sample(&mut self, logits: &[f32], index: u64) -> u32 {
         if self.cfg.is_greedy() {
             return self.greedy(logits);
         }
-        let u = self.rng.next_f64();
+        let u = self.uniform(Draw::Token, index);
         self.run_chain(logits);
         self.candidates.draw(u).unwrap_or(0)
     }
 
     /// [`Sampler::sample`] followed by [`Sampler::accept`] of the result.
-    pub fn sample_and_accept(&mut self, logits: &[f32]) -> u32 {
-        let token = self.sample(logits);
+    pub fn sample_and_accept(&mut self, logits: &[f32], index: u64) -> u32 {
+        let token = self.sample(logits, index);
         self.accept(token);
         token
+    }
+
+    /// This sampler's uniform for `draw` at output position `index`.
+    pub fn uniform(&self, draw: Draw, index: u64) -> f64 {
+        uniform_at(self.cfg.seed, draw, index)
     }
 
     /// The distribution [`Sampler::sample`] would draw from right now, without drawing (the RNG is
@@ -260,22 +266,12 @@ impl Sampler {
         &self.distribution
     }
 
-    /// Top-1 token of the raw logits and its probability under the softmax of the whole row
-    /// (temperature 1, no penalties or filters). `(0, 0.0)` for empty or all-NaN logits.
-    pub fn probability_of_top(&self, logits: &[f32]) -> (u32, f32) {
-        let top = argmax(logits);
-        let Some(&max) = logits.get(top as usize).filter(|l| !l.is_nan()) else {
-            return (0, 0.0);
-        };
-        (top, (1.0 / math::softmax_total(logits, max, 1.0)) as f32)
-    }
-
     /// Top-1 token and its probability after renormalising over only the `k` best raw logits
     /// (0 = whole row). This is the quantity llama.cpp's MTP drafter compares with `p_min`
     /// (softmax over its top-10 candidates).
     pub fn top1_probability_among_top_k(&mut self, logits: &[f32], k: usize) -> (u32, f32) {
         if k == 0 || k >= logits.len() {
-            return self.probability_of_top(logits);
+            return top1_probability(logits);
         }
         self.candidates.fill_top_k(logits, k, None);
         let Some(best) = self.candidates.items().first().copied() else {
@@ -322,6 +318,16 @@ impl Sampler {
         self.candidates.min_p(self.cfg.min_p);
         self.candidates.weigh(self.cfg.temperature);
     }
+}
+
+/// Top-1 token of the raw logits and its probability under the softmax of the whole row
+/// (temperature 1, no penalties or filters). `(0, 0.0)` for empty or all-NaN logits.
+pub fn top1_probability(logits: &[f32]) -> (u32, f32) {
+    let top = argmax(logits);
+    let Some(&max) = logits.get(top as usize).filter(|l| !l.is_nan()) else {
+        return (0, 0.0);
+    };
+    (top, (1.0 / math::softmax_total(logits, max, 1.0)) as f32)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use nextn_model::LogitRows;
 use super::core::Core;
 use super::cost::RowCost;
 use super::policy::DraftPolicy;
-use crate::generate::ms_since;
+use crate::output::ms_since;
 
 const ROW_GRID: [usize; 16] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 const BUDGET: Duration = Duration::from_secs(4);
@@ -58,18 +58,14 @@ fn sweep(
 
 impl<'e> Core<'e> {
     pub(super) fn wants_calibration(&self) -> bool {
-        self.cfg.calibrate
-            && self
-                .spec
-                .as_ref()
-                .is_some_and(|s| s.policy == DraftPolicy::Auto)
+        self.cfg.calibrate && self.spec.is_some() && self.cfg.policy == DraftPolicy::Auto
     }
 
     /// Measure the cost curves; returns a one-line summary.
     pub(super) fn calibrate(&mut self) -> String {
         let t0 = Instant::now();
-        let model = &self.engine.model;
-        let pool = &self.engine.pool;
+        let model = self.engine.model;
+        let pool = self.engine.pool;
         let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
         let max_rows = (self.cfg.n_slots * (1 + n_max)).clamp(2, 256);
         let token = |i: usize| (i * 7919 % model.n_vocab.max(1)) as u32;
@@ -94,7 +90,7 @@ impl<'e> Core<'e> {
             self.cost.target = RowCost::from_points(&points, logit_ms);
         }
 
-        if let Some(head) = self.engine.head.as_ref() {
+        if let Some(head) = self.engine.head {
             let e = model.config.n_embd;
             let max_head_rows = (self.cfg.n_slots * 2).clamp(2, 256);
             let time_head = |rows: usize, logits: LogitRows| -> Option<f64> {

@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use super::cost::{CostModel, RowCost};
 use super::policy::AcceptanceCounts;
-use super::slot::{HeadSide, Slot};
+use super::slot::Slot;
 use super::{
-    lock, Completion, DraftSampling, Engine, EngineInfo, Event, FailKind, Phase, Request,
-    SchedulerConfig, Shared, SpecConfig,
+    lock, Completion, DraftSampling, Engine, EngineInfo, EngineRef, Event, FailKind, Phase,
+    Request, SchedulerConfig, Shared, SpecConfig,
 };
-use crate::generate::{ms_since, Timings};
+use crate::output::{ms_since, FinishReason, Timings};
 use crate::sampler::Sampler;
-use crate::tokenizer::Tokenizer;
+use crate::spec::draft::HeadState;
 
 /// Acceptance assumed for a draft position nothing has been measured for yet: optimistic, so
 /// positions get tried and measured.
@@ -32,7 +32,7 @@ where
 {
     let loaded = catch_unwind(AssertUnwindSafe(load))
         .unwrap_or_else(|_| Err("the model loader panicked".into()));
-    let (engine, cfg) = match loaded {
+    let (engine, cfg): (Engine, SchedulerConfig) = match loaded {
         Ok(x) => x,
         Err(e) => {
             *lock(&shared.failure) = Some(e);
@@ -40,27 +40,17 @@ where
             return;
         }
     };
-    let tokenizer = engine.tokenizer.clone();
-    let mut core = Core::new(&engine, &tokenizer, cfg, shared.clone());
-    let calibration = core.wants_calibration().then(|| core.calibrate());
+    let mut core = Core::new(engine.parts(), cfg, shared.clone());
+    let info = core.start();
     *lock(&shared.queue_capacity) = core.cfg.queue_capacity;
-    *lock(&shared.info) = Some(EngineInfo {
-        n_slots: core.cfg.n_slots,
-        n_ctx_slot: core.cfg.n_ctx_slot,
-        n_vocab: engine.model.n_vocab,
-        n_ctx_train: engine.model.config.n_ctx_train,
-        speculative: core.spec.is_some(),
-        n_draft_max: core.spec.as_ref().map_or(0, |s| s.n_max),
-        calibration,
-    });
+    *lock(&shared.info) = Some(info);
     shared.phase.store(Phase::Ready as u8, Ordering::Release);
     core.serve();
     shared.phase.store(Phase::Stopped as u8, Ordering::Release);
 }
 
 pub(super) struct Core<'e> {
-    pub engine: &'e Engine,
-    pub tokenizer: &'e Tokenizer,
+    pub engine: EngineRef<'e>,
     pub cfg: SchedulerConfig,
     pub shared: Arc<Shared>,
     pub slots: Vec<Option<Slot<'e>>>,
@@ -74,12 +64,7 @@ pub(super) struct Core<'e> {
 }
 
 impl<'e> Core<'e> {
-    pub fn new(
-        engine: &'e Engine,
-        tokenizer: &'e Tokenizer,
-        mut cfg: SchedulerConfig,
-        shared: Arc<Shared>,
-    ) -> Self {
+    pub fn new(engine: EngineRef<'e>, mut cfg: SchedulerConfig, shared: Arc<Shared>) -> Self {
         cfg.n_slots = cfg.n_slots.max(1);
         cfg.n_batch = cfg.n_batch.max(1);
         let spec = cfg
@@ -91,7 +76,6 @@ impl<'e> Core<'e> {
         let rough = RowCost::from_points(&[(1, 10.0), (64, 20.0)], 0.05);
         Core {
             engine,
-            tokenizer,
             slots: (0..cfg.n_slots).map(|_| None).collect(),
             cfg,
             shared,
@@ -110,6 +94,39 @@ impl<'e> Core<'e> {
 
     pub fn busy(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Measure the step costs when the policy needs them; what the engine offers.
+    pub fn start(&mut self) -> EngineInfo {
+        let calibration = self.wants_calibration().then(|| self.calibrate());
+        EngineInfo {
+            n_slots: self.cfg.n_slots,
+            n_ctx_slot: self.cfg.n_ctx_slot,
+            n_vocab: self.engine.model.n_vocab,
+            n_ctx_train: self.engine.model.config.n_ctx_train,
+            speculative: self.spec.is_some(),
+            n_draft_max: self.spec.as_ref().map_or(0, |s| s.n_max),
+            calibration,
+        }
+    }
+
+    /// Free the slots of clients that went away, run one step over the busy slots (a failed step
+    /// cancels them all) and publish the gauges.
+    pub fn tick(&mut self) {
+        self.reap_closed();
+        if self.busy() == 0 {
+            return;
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| self.step()));
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.cancel_all(FailKind::Internal, &format!("inference failed: {e}")),
+            Err(_) => self.cancel_all(
+                FailKind::Internal,
+                "inference failed: internal error (panic in a forward pass)",
+            ),
+        }
+        self.publish_gauges();
     }
 
     /// Serve until shutdown: admit, step, repeat; sleep while idle.
@@ -157,22 +174,7 @@ impl<'e> Core<'e> {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 self.cancel_all(FailKind::Shutdown, "cancelled: the server is shutting down");
             }
-            self.reap_closed();
-            if self.busy() == 0 {
-                continue;
-            }
-            let result = catch_unwind(AssertUnwindSafe(|| self.step()));
-            match result {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    self.cancel_all(FailKind::Internal, &format!("inference failed: {e}"))
-                }
-                Err(_) => self.cancel_all(
-                    FailKind::Internal,
-                    "inference failed: internal error (panic in a forward pass)",
-                ),
-            }
-            self.publish_gauges();
+            self.tick();
         }
     }
 
@@ -195,7 +197,7 @@ impl<'e> Core<'e> {
         }
         if request.prompt.len() >= n_ctx {
             let n = request.prompt.len();
-            return fail(request, format!("the prompt has {n} tokens, but the context of a slot holds {n_ctx} (at least one more is needed to generate)"));
+            return fail(request, format!("the prompt has {n} tokens, but the context holds {n_ctx} (at least one more is needed to generate)"));
         }
         let n_vocab = self.engine.model.n_vocab;
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= n_vocab) {
@@ -211,36 +213,34 @@ impl<'e> Core<'e> {
         for &t in &request.prompt {
             sampler.accept(t);
         }
-        let model = &self.engine.model;
-        let state = model.new_sequence(n_ctx, self.cfg.k_type, self.cfg.v_type);
-        let head = match (&self.spec, &self.engine.head) {
-            (Some(_), Some(h)) => Some(HeadSide {
-                cache: h.new_cache(self.cfg.k_type, self.cfg.v_type),
-                pos: 0,
-                lag_tokens: Vec::new(),
-                lag_hidden: Vec::new(),
-                // Position 0 has no previous hidden state: the head sees zeros, as llama.cpp feeds it.
-                pending_hidden: vec![0.0; model.config.n_embd],
-                idle_steps: 0,
-            }),
+        let (kt, vt) = (self.cfg.k_type, self.cfg.v_type);
+        let model = self.engine.model;
+        let state = model.new_sequence(n_ctx, kt, vt);
+        let head = match (&self.spec, self.engine.head) {
+            (Some(_), Some(h)) => Some(HeadState::new(h, model.config.n_embd, kt, vt)),
             _ => None,
         };
         let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
+        // p/q acceptance needs a distribution to draw drafts from: only when sampling.
+        let draft_sampling = match &self.spec {
+            Some(s)
+                if s.draft_sampling == DraftSampling::Sample && !sampler.config().is_greedy() =>
+            {
+                DraftSampling::Sample
+            }
+            _ => DraftSampling::Coupled,
+        };
         self.next_seq += 1;
         let mut slot = Slot::new(
             request,
             sampler,
+            draft_sampling,
             state,
             head,
-            self.tokenizer,
+            self.engine.tokenizer,
             n_max,
             self.next_seq,
         );
-        slot.sample_drafts = self
-            .spec
-            .as_ref()
-            .is_some_and(|s| s.draft_sampling == DraftSampling::Sample)
-            && !slot.sampler.config().is_greedy();
         if slot.sink.send(Event::Started { slot: index }) {
             self.slots[index] = Some(slot);
             lock(&self.shared.metrics).requests_processing = self.busy();
@@ -283,25 +283,25 @@ impl<'e> Core<'e> {
     }
 
     /// Free a slot after its last token: flush held-back text, report the completion.
-    pub fn finish(&mut self, index: usize, finish: crate::generate::FinishReason) {
+    pub fn finish(&mut self, index: usize, finish: FinishReason) {
         let Some(mut slot) = self.slots[index].take() else {
             return;
         };
-        let rest = slot.out.flush();
+        let (rest, tokens) = slot.out.finish();
         let predicted_ms = slot.t_first_token.map_or(0.0, ms_since);
         let completion = Completion {
             finish,
             slot: index,
             prompt_tokens: slot.prompt.len(),
-            completion_tokens: slot.out.n_tokens,
+            completion_tokens: tokens.len(),
             timings: Timings {
                 prompt_n: slot.prompt.len(),
                 prompt_ms: slot.prompt_ms,
-                predicted_n: slot.out.n_tokens,
+                predicted_n: tokens.len(),
                 predicted_ms,
             },
-            draft_n: slot.stats.draft_n,
-            draft_n_accepted: slot.stats.draft_n_accepted,
+            tokens,
+            spec: std::mem::take(&mut slot.stats),
         };
         // Counters first: a client that reads /metrics right after its answer sees itself counted.
         let busy = self.busy();

@@ -1,6 +1,8 @@
-//! Continuous batching for many requests at once, with MTP speculative decoding per slot.
+//! The one generation loop: continuous batching of one or many requests, with MTP speculative
+//! decoding per slot. `nextn run` and `nextn bench` drive it on their own thread through
+//! [`Scheduler`]; `nextn serve` runs it on an inference thread of its own ([`spawn`]).
 //!
-//! One inference thread owns the model. Each step it admits waiting requests into free slots,
+//! Each step admits waiting requests into free slots,
 //! decides per slot how many tokens to draft ([`policy`]), runs the NextN head for every drafting
 //! slot (one batched pass per draft depth), then ONE target [`Model::forward_batch`] over the rows
 //! of every busy slot — prompt chunks, single decode rows and `[id_last, drafts…]` verify rows —
@@ -15,7 +17,6 @@
 mod calibrate;
 mod core;
 pub mod cost;
-pub mod head_batch;
 mod metrics;
 pub mod policy;
 mod slot;
@@ -32,15 +33,15 @@ use std::time::{Duration, Instant};
 use nextn_model::{KvType, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
-use crate::generate::{FinishReason, Timings};
+use crate::output::{FinishReason, Timings};
 use crate::sampler::SamplerConfig;
-pub use crate::speculative::DraftSampling;
+pub use crate::spec::{DraftSampling, SpecConfig, SpecStats, StepTrace};
 use crate::tokenizer::Tokenizer;
 
 pub use metrics::MetricsSnapshot;
 pub use policy::DraftPolicy;
 
-/// What the inference thread needs, built by the loader once the model is read.
+/// What the inference thread owns, built by the loader once the model is read.
 pub struct Engine {
     pub model: Model,
     /// The NextN head; `None` runs plain decoding.
@@ -49,17 +50,25 @@ pub struct Engine {
     pub pool: ThreadPool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct SpecConfig {
-    /// Most drafts per slot per step (`--spec-draft-n-max`).
-    pub n_max: usize,
-    /// Drafts shorter than this are discarded (`--spec-draft-n-min`).
-    pub n_min: usize,
-    /// Stop a chain when the head's top-1 probability is below this (`--spec-draft-p-min`).
-    pub p_min: f32,
-    /// How drafts are picked at temperature > 0 (`--spec-draft-sampling`).
-    pub draft_sampling: DraftSampling,
-    pub policy: DraftPolicy,
+impl Engine {
+    pub fn parts(&self) -> EngineRef<'_> {
+        EngineRef {
+            model: &self.model,
+            head: self.head.as_ref(),
+            tokenizer: &self.tokenizer,
+            pool: &self.pool,
+        }
+    }
+}
+
+/// What the generation loop runs on, borrowed.
+#[derive(Clone, Copy)]
+pub struct EngineRef<'e> {
+    pub model: &'e Model,
+    /// The NextN head; `None` runs plain decoding.
+    pub head: Option<&'e NextnHead>,
+    pub tokenizer: &'e Tokenizer,
+    pub pool: &'e ThreadPool,
 }
 
 #[derive(Clone, Debug)]
@@ -76,6 +85,8 @@ pub struct SchedulerConfig {
     pub queue_capacity: usize,
     /// Speculative decoding; `None` (or an engine without a head) decodes plainly.
     pub spec: Option<SpecConfig>,
+    /// Which slots draft how deep in each step.
+    pub policy: DraftPolicy,
     /// Measure the step-cost curves before serving (only used by [`DraftPolicy::Auto`]).
     pub calibrate: bool,
 }
@@ -88,6 +99,8 @@ pub struct Request {
     pub n_predict: Option<usize>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Record every speculative step in [`Completion::spec`]'s trace.
+    pub trace: bool,
     pub sink: Box<dyn EventSink>,
 }
 
@@ -141,10 +154,11 @@ pub struct Completion {
     pub slot: usize,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// The generated tokens (an end-of-generation token that ended the output is not included).
+    pub tokens: Vec<u32>,
     pub timings: Timings,
-    /// Tokens drafted and accepted for this request (`draft_n`, `draft_n_accepted`).
-    pub draft_n: u64,
-    pub draft_n_accepted: u64,
+    /// What drafting did for this request (`draft_n`, `draft_n_accepted`, per position, times).
+    pub spec: SpecStats,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -267,6 +281,69 @@ impl SchedulerHandle {
         }
         drop(inbox);
         self.shared.wake.notify_all();
+    }
+}
+
+/// The generation loop driven on the caller's thread (`nextn run`, `nextn bench`): submit
+/// requests, then [`Scheduler::run`] steps until all of them have finished. Results go to each
+/// request's sink as they do in the server.
+pub struct Scheduler<'e> {
+    core: core::Core<'e>,
+    waiting: VecDeque<Request>,
+    info: EngineInfo,
+}
+
+impl<'e> Scheduler<'e> {
+    /// Measures the step costs first when the policy is `auto` and `cfg.calibrate` is set.
+    pub fn new(engine: EngineRef<'e>, cfg: SchedulerConfig) -> Self {
+        let shared = Arc::new(Shared {
+            phase: AtomicU8::new(Phase::Ready as u8),
+            inbox: Mutex::new(Inbox {
+                queue: VecDeque::new(),
+                shutdown: None,
+            }),
+            wake: Condvar::new(),
+            queue_capacity: Mutex::new(cfg.queue_capacity),
+            info: Mutex::new(None),
+            failure: Mutex::new(None),
+            metrics: Mutex::new(MetricsSnapshot::default()),
+        });
+        let mut core = core::Core::new(engine, cfg, shared);
+        let info = core.start();
+        Scheduler {
+            core,
+            waiting: VecDeque::new(),
+            info,
+        }
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// Queue a request; it starts when a slot is free.
+    pub fn submit(&mut self, request: Request) {
+        self.waiting.push_back(request);
+    }
+
+    /// Step until every submitted request has finished (or failed).
+    pub fn run(&mut self) {
+        loop {
+            while self.core.busy() < self.core.cfg.n_slots {
+                let Some(r) = self.waiting.pop_front() else {
+                    break;
+                };
+                self.core.admit(r);
+            }
+            if self.core.busy() == 0 && self.waiting.is_empty() {
+                return;
+            }
+            self.core.tick();
+        }
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        lock(&self.core.shared.metrics).clone()
     }
 }
 

@@ -18,6 +18,11 @@ pub enum DraftPolicy {
     MaxSlots(usize),
 }
 
+impl DraftPolicy {
+    /// Every slot drafts `n_max` tokens in every step.
+    pub const ALWAYS: DraftPolicy = DraftPolicy::MaxSlots(usize::MAX);
+}
+
 /// A decoding slot that could draft this step.
 #[derive(Clone, Debug)]
 pub struct DraftCandidate {

@@ -1,16 +1,22 @@
-//! What every model-running subcommand shares: llama.cpp-style model/context/thread flags, finding the
-//! bundled model, loading once, and sizing the context.
+//! What the model-running subcommands share: llama.cpp-style model/context/thread flags, finding
+//! the bundled model, loading once and sizing the context; the sampling and speculative-decoding
+//! argument groups; and choosing the trimmed draft vocabulary (shipped ranking, user ranking, or
+//! BPE merge order) for `run`, `serve`, `logits --mtp` and `bench`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatTemplate;
+use nextn_engine::sampler::SamplerConfig;
+use nextn_engine::scheduler::EngineRef;
+use nextn_engine::spec::{DraftSampling, SpecConfig};
 use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use nextn_model::config::LayerKind;
-use nextn_model::{KvType, Model, SequenceState};
+use nextn_model::draft_vocab::TokenRanking;
+use nextn_model::{KvType, Model, NextnHead, SequenceState};
 use nextn_quant::kernels::ThreadPool;
 
 /// Relative path of the model shipped in the repository.
@@ -90,9 +96,20 @@ impl Loaded {
         self.model
             .new_sequence(self.n_ctx, self.k_type, self.v_type)
     }
+
+    /// What the generation loop runs on: this model, `head` for drafting (or none).
+    pub fn engine<'a>(&'a self, head: Option<&'a NextnHead>) -> EngineRef<'a> {
+        EngineRef {
+            model: &self.model,
+            head,
+            tokenizer: &self.tokenizer,
+            pool: &self.pool,
+        }
+    }
 }
 
-fn available_memory() -> Option<u64> {
+/// `MemAvailable` of /proc/meminfo, in bytes.
+pub fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -203,4 +220,274 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         k_type,
         v_type,
     })
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature (0 = greedy)
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off)
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1 = off)
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off)
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off)
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// RNG seed (-1: random)
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding: none, or nextn / draft-mtp (synonyms) to draft with the model's MTP head
+    #[arg(long = "spec-type", default_value = "none", value_parser = ["none", "nextn", "draft-mtp", "mtp"])]
+    pub spec_type: String,
+    /// Most tokens drafted per step
+    #[arg(
+        long = "spec-draft-n-max",
+        visible_alias = "draft-max",
+        default_value_t = 3
+    )]
+    pub n_max: usize,
+    /// Drafts shorter than this are discarded
+    #[arg(
+        long = "spec-draft-n-min",
+        visible_alias = "draft-min",
+        default_value_t = 0
+    )]
+    pub n_min: usize,
+    /// Stop drafting when the head's top-1 probability (full softmax) is below this
+    #[arg(
+        long = "spec-draft-p-min",
+        visible_alias = "draft-p-min",
+        default_value_t = 0.0
+    )]
+    pub p_min: f32,
+    /// How drafts are chosen and verified when sampling (temperature > 0): coupled (alias greedy:
+    /// the head's top-1, accepted when the target's own draw at that position equals it, so a
+    /// seed gives the same tokens with or without drafting) or sample (draw drafts from the head,
+    /// accept with min(1, p/q), resample the residual on rejection: same distribution, other
+    /// tokens, accepts more)
+    #[arg(long = "spec-draft-sampling", default_value = "coupled", value_parser = ["coupled", "greedy", "sample"])]
+    pub draft_sampling: String,
+    /// MTP-only sidecar GGUF holding the NextN head (when the model file has none)
+    #[arg(long = "spec-draft-model", visible_alias = "model-draft")]
+    pub draft_model: Option<PathBuf>,
+    #[command(flatten)]
+    pub draft_vocab: DraftVocabArgs,
+}
+
+impl SpecArgs {
+    pub fn enabled(&self) -> bool {
+        self.spec_type != "none"
+    }
+
+    pub fn config(&self) -> Result<SpecConfig> {
+        if !(0.0..=1.0).contains(&self.p_min) {
+            bail!("--spec-draft-p-min {} must be between 0 and 1", self.p_min);
+        }
+        let draft_sampling = DraftSampling::parse(&self.draft_sampling).with_context(|| {
+            format!(
+                "--spec-draft-sampling {}: expected coupled, greedy or sample",
+                self.draft_sampling
+            )
+        })?;
+        Ok(SpecConfig {
+            n_max: self.n_max,
+            n_min: self.n_min,
+            p_min: self.p_min,
+            draft_sampling,
+        })
+    }
+
+    /// Bind the NextN head from the model file or the sidecar (a clear error when there is none),
+    /// restricted to the draft vocabulary when `--spec-draft-vocab` asks for one.
+    pub fn load_head(&self, loaded: &Loaded) -> Result<NextnHead> {
+        let mut head = self.load_full_head(loaded)?;
+        self.draft_vocab.apply(loaded, &mut head)?;
+        Ok(head)
+    }
+
+    fn load_full_head(&self, loaded: &Loaded) -> Result<NextnHead> {
+        match &self.draft_model {
+            Some(p) => {
+                let f = Arc::new(GgufFile::open(p).with_context(|| format!("cannot read MTP file {}", p.display()))?);
+                NextnHead::load_from(&loaded.model, f).with_context(|| format!("{} has no usable NextN head", p.display()))
+            }
+            None => NextnHead::load(&loaded.model).with_context(|| {
+                format!(
+                    "--spec-type {} needs a NextN (MTP) head, and {} has none; give an MTP sidecar with -md FILE or use --spec-type none",
+                    self.spec_type,
+                    loaded.path.display()
+                )
+            }),
+        }
+    }
+}
+
+impl SamplingArgs {
+    pub fn config(&self) -> Result<SamplerConfig> {
+        let seed = if self.seed < 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        } else {
+            self.seed as u64
+        };
+        let cfg = SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
+    match (prompt, file) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read prompt file {}", f.display())),
+        (None, None) => bail!("no prompt: give -p TEXT or -f FILE"),
+    }
+}
+
+/// Ranking shipped for the Qwen3.5 / Qwen3.6 tokenizer (vocabulary 248,320), written by
+/// `nextn vocab-stats --binary` from a mixed offline corpus of code and prose (see README).
+const QWEN35_RANKING: &[u8] = include_bytes!("../../../../models/qwen35-token-ranking.bin");
+const QWEN35_RANKING_NAME: &str = "models/qwen35-token-ranking.bin";
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DraftVocabArgs {
+    /// Trimmed draft head: the MTP head's LM head computes only the N most frequent tokens (plus
+    /// the control tokens the model may emit); the target still verifies over the whole
+    /// vocabulary, so output is unchanged and only acceptance can drop. Ranking: the file given
+    /// with --spec-draft-vocab-file, else the one shipped for the Qwen3.5/3.6 tokenizer, else
+    /// (other vocabularies) token id order, which for byte-level BPE is merge order (earlier
+    /// merges joined more frequent pairs)
+    #[arg(long = "spec-draft-vocab", value_name = "N")]
+    pub draft_vocab: Option<usize>,
+    /// Token ranking for --spec-draft-vocab, as written by `nextn vocab-stats`
+    #[arg(
+        long = "spec-draft-vocab-file",
+        value_name = "FILE",
+        requires = "draft_vocab"
+    )]
+    pub draft_vocab_file: Option<PathBuf>,
+}
+
+impl DraftVocabArgs {
+    /// The draft token ids for this model, or `None` when no trimmed head was asked for.
+    pub fn ids(&self, loaded: &Loaded) -> Result<Option<(Vec<u32>, String)>> {
+        let Some(n) = self.draft_vocab else {
+            return Ok(None);
+        };
+        let n_vocab = loaded.model.n_vocab;
+        if n == 0 || n > n_vocab {
+            bail!("--spec-draft-vocab {n} is out of range: it must be between 1 and the vocabulary size {n_vocab}");
+        }
+        let ranking = choose_ranking(&loaded.tokenizer, n_vocab, self.draft_vocab_file.as_deref())?;
+        let always = always_drafted(&loaded.tokenizer, n_vocab);
+        let ids = ranking
+            .draft_vocab(n, n_vocab, &always)
+            .with_context(|| format!("--spec-draft-vocab {n}"))?;
+        Ok(Some((ids, ranking.origin)))
+    }
+
+    /// Restrict `head` to the draft vocabulary if one was asked for; says so on stderr.
+    pub fn apply(&self, loaded: &Loaded, head: &mut NextnHead) -> Result<()> {
+        if let Some((ids, origin)) = self.ids(loaded)? {
+            head.restrict_vocab(&ids)
+                .context("cannot build the trimmed draft head")?;
+            let d = head.draft_vocab().map(|d| (d.len(), d.weight_bytes()));
+            if let Some((len, bytes)) = d {
+                eprintln!(
+                    "draft vocabulary: {len} of {} tokens ({:.1} MiB of LM head rows), ranked by {origin}",
+                    loaded.model.n_vocab,
+                    bytes as f64 / (1 << 20) as f64
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The ranking for a model: the user's file, else the shipped Qwen3.5/3.6 one when the tokenizer
+/// is that one (vocabulary size and a few token strings agree), else token id order.
+pub fn choose_ranking(
+    tok: &Tokenizer,
+    n_vocab: usize,
+    file: Option<&Path>,
+) -> Result<TokenRanking> {
+    if let Some(p) = file {
+        let r = TokenRanking::read(p, n_vocab)?;
+        if let Some(v) = r.n_vocab {
+            if v != n_vocab {
+                bail!(
+                    "token ranking {} was built for a vocabulary of {v} tokens, but the model has {n_vocab}",
+                    p.display()
+                );
+            }
+        }
+        if let Some((id, want)) = mismatched_check(&r, tok) {
+            bail!(
+                "token ranking {} was built with another tokenizer: token {id} is '{want}' there but '{}' here",
+                p.display(),
+                tok.token_text(id).unwrap_or("")
+            );
+        }
+        return Ok(r);
+    }
+    if let Ok(r) = TokenRanking::parse(QWEN35_RANKING, QWEN35_RANKING_NAME, n_vocab) {
+        if r.n_vocab == Some(n_vocab) && !r.checks.is_empty() && mismatched_check(&r, tok).is_none()
+        {
+            return Ok(r);
+        }
+    }
+    Ok(TokenRanking::by_id(n_vocab))
+}
+
+fn mismatched_check<'r>(r: &'r TokenRanking, tok: &Tokenizer) -> Option<(u32, &'r str)> {
+    r.checks
+        .iter()
+        .find(|(id, text)| tok.token_text(*id) != Some(text.as_str()))
+        .map(|(id, text)| (*id, text.as_str()))
+}
+
+/// Tokens a draft vocabulary always keeps: end-of-generation and control tokens (turn markers),
+/// and the reasoning / tool-call markers, which a corpus of plain text never shows.
+pub fn always_drafted(tok: &Tokenizer, n_vocab: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = tok.eog_ids().to_vec();
+    ids.extend(tok.eos());
+    ids.extend(tok.eot());
+    ids.extend((0..n_vocab as u32).filter(|&i| tok.is_control(i)));
+    for t in ["<think>", "</think>", "<tool_call>", "</tool_call>"] {
+        ids.extend(tok.token_id(t));
+    }
+    ids.retain(|&i| (i as usize) < n_vocab);
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }

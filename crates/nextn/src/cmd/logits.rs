@@ -47,7 +47,7 @@ pub struct Args {
     )]
     pub draft_model: Option<PathBuf>,
     #[command(flatten)]
-    pub draft_vocab: super::vocab_stats::DraftVocabArgs,
+    pub draft_vocab: super::common::DraftVocabArgs,
     /// Rows per forward pass (default: the whole prompt in one pass)
     #[arg(short = 'b', long = "batch-size")]
     pub batch_size: Option<usize>,
@@ -58,7 +58,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let tokens = if !args.tokens.is_empty() {
         args.tokens.clone()
     } else {
-        let text = super::run::prompt_text(&args.prompt, &args.file)?;
+        let text = super::common::prompt_text(&args.prompt, &args.file)?;
         loaded.tokenizer.encode(&text, true)
     };
     if tokens.is_empty() {
@@ -72,12 +72,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let head = if args.mtp {
-        let spec = super::run::SpecArgs {
+        let spec = super::common::SpecArgs {
             spec_type: "nextn".into(),
             n_max: 1,
             n_min: 0,
             p_min: 0.0,
-            draft_sampling: "greedy".into(),
+            draft_sampling: "coupled".into(),
             draft_model: args.draft_model.clone(),
             draft_vocab: args.draft_vocab.clone(),
         };

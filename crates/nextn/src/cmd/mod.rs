@@ -1,6 +1,5 @@
 pub mod bench;
 pub mod common;
-pub mod floor;
 pub mod inspect;
 pub mod logits;
 pub mod run;

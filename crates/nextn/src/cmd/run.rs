@@ -1,21 +1,17 @@
 //! `nextn run`: generate text from a prompt (raw, or as a chat turn through the model's template).
+//! One request through the generation loop (`nextn_engine::scheduler`), on one slot.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::mpsc;
 
 use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatMessage;
-use nextn_engine::generate::{generate, GenerateParams};
-use nextn_engine::sampler::{Sampler, SamplerConfig};
-use nextn_engine::speculative::{generate_speculative, DraftSampling, SpecParams, SpecSequence};
-use nextn_gguf::GgufFile;
-use nextn_model::NextnHead;
+use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
 use serde_json::json;
-use std::sync::Arc;
 
-use super::common::{self, ModelArgs};
-use super::vocab_stats::DraftVocabArgs;
+use super::common::{self, ModelArgs, SamplingArgs, SpecArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -60,162 +56,38 @@ pub struct Args {
     pub json: bool,
 }
 
-#[derive(clap::Args, Clone, Debug)]
-pub struct SamplingArgs {
-    /// Temperature (0 = greedy)
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temp: f32,
-    /// Top-k (0 = off)
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    /// Top-p (1 = off)
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Min-p (0 = off)
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Repetition penalty (1 = off)
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Tokens the penalties look back over
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    /// RNG seed (-1: random)
-    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
-    pub seed: i64,
+/// Streams text to stdout as it comes, or (for one JSON object at the end) hands it back with
+/// the end of the request.
+struct Stdout {
+    streaming: bool,
+    events: mpsc::Sender<Event>,
 }
 
-#[derive(clap::Args, Clone, Debug)]
-pub struct SpecArgs {
-    /// Speculative decoding: none, or nextn / draft-mtp (synonyms) to draft with the model's MTP head
-    #[arg(long = "spec-type", default_value = "none", value_parser = ["none", "nextn", "draft-mtp", "mtp"])]
-    pub spec_type: String,
-    /// Most tokens drafted per step
-    #[arg(
-        long = "spec-draft-n-max",
-        visible_alias = "draft-max",
-        default_value_t = 3
-    )]
-    pub n_max: usize,
-    /// Drafts shorter than this are discarded
-    #[arg(
-        long = "spec-draft-n-min",
-        visible_alias = "draft-min",
-        default_value_t = 0
-    )]
-    pub n_min: usize,
-    /// Stop drafting when the head's top-1 probability (full softmax) is below this
-    #[arg(
-        long = "spec-draft-p-min",
-        visible_alias = "draft-p-min",
-        default_value_t = 0.0
-    )]
-    pub p_min: f32,
-    /// How drafts are chosen when sampling (temperature > 0): greedy (head's top-1, exact-match
-    /// acceptance, same tokens as plain decoding for a seed) or sample (draw from the head, accept
-    /// with min(1, p/q), resample the residual on rejection; accepts more)
-    #[arg(long = "spec-draft-sampling", default_value = "sample", value_parser = ["greedy", "sample"])]
-    pub draft_sampling: String,
-    /// MTP-only sidecar GGUF holding the NextN head (when the model file has none)
-    #[arg(long = "spec-draft-model", visible_alias = "model-draft")]
-    pub draft_model: Option<PathBuf>,
-    #[command(flatten)]
-    pub draft_vocab: DraftVocabArgs,
-}
-
-impl SpecArgs {
-    pub fn enabled(&self) -> bool {
-        self.spec_type != "none"
-    }
-
-    pub fn params(&self) -> Result<SpecParams> {
-        if !(0.0..=1.0).contains(&self.p_min) {
-            bail!("--spec-draft-p-min {} must be between 0 and 1", self.p_min);
-        }
-        let draft_sampling = DraftSampling::parse(&self.draft_sampling).with_context(|| {
-            format!(
-                "--spec-draft-sampling {}: expected greedy or sample",
-                self.draft_sampling
-            )
-        })?;
-        Ok(SpecParams {
-            n_max: self.n_max,
-            n_min: self.n_min,
-            p_min: self.p_min,
-            draft_sampling,
-            trace: false,
-        })
-    }
-
-    /// Bind the NextN head from the model file or the sidecar (a clear error when there is none),
-    /// restricted to the draft vocabulary when `--spec-draft-vocab` asks for one.
-    pub fn load_head(&self, loaded: &common::Loaded) -> Result<NextnHead> {
-        let mut head = self.load_full_head(loaded)?;
-        self.draft_vocab.apply(loaded, &mut head)?;
-        Ok(head)
-    }
-
-    fn load_full_head(&self, loaded: &common::Loaded) -> Result<NextnHead> {
-        match &self.draft_model {
-            Some(p) => {
-                let f = Arc::new(GgufFile::open(p).with_context(|| format!("cannot read MTP file {}", p.display()))?);
-                NextnHead::load_from(&loaded.model, f).with_context(|| format!("{} has no usable NextN head", p.display()))
+impl EventSink for Stdout {
+    fn send(&mut self, event: Event) -> bool {
+        match event {
+            Event::Text(piece) if self.streaming => {
+                let mut out = std::io::stdout().lock();
+                // A closed pipe (e.g. `| head`) ends generation instead of failing.
+                out.write_all(piece.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_ok()
             }
-            None => NextnHead::load(&loaded.model).with_context(|| {
-                format!(
-                    "--spec-type {} needs a NextN (MTP) head, and {} has none; give an MTP sidecar with -md FILE or use --spec-type none",
-                    self.spec_type,
-                    loaded.path.display()
-                )
-            }),
+            Event::Started { .. } => true,
+            event => self.events.send(event).is_ok(),
         }
     }
-}
 
-impl SamplingArgs {
-    pub fn config(&self) -> Result<SamplerConfig> {
-        let seed = if self.seed < 0 {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        } else {
-            self.seed as u64
-        };
-        let cfg = SamplerConfig {
-            temperature: self.temp,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed,
-        };
-        cfg.validate()?;
-        Ok(cfg)
-    }
-}
-
-pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
-    match (prompt, file) {
-        (Some(p), _) => Ok(p.clone()),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("cannot read prompt file {}", f.display())),
-        (None, None) => bail!("no prompt: give -p TEXT or -f FILE"),
+    fn is_closed(&self) -> bool {
+        false
     }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let sampler_cfg = args.sampling.config()?;
-    let spec_params = args.spec.params()?;
+    let sampler = args.sampling.config()?;
+    let spec = args.spec.config()?;
     let text = if args.tokens.is_empty() {
-        prompt_text(&args.prompt, &args.file)?
+        common::prompt_text(&args.prompt, &args.file)?
     } else {
         String::new()
     };
@@ -249,87 +121,60 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         args.tokens.clone()
     };
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= loaded.model.n_vocab) {
-        bail!(
-            "token id {bad} is out of range: the vocabulary has {} tokens",
-            loaded.model.n_vocab
-        );
-    }
-    let params = GenerateParams {
+    let mut scheduler = Scheduler::new(
+        loaded.engine(head.as_ref()),
+        SchedulerConfig {
+            n_slots: 1,
+            n_ctx_slot: loaded.n_ctx,
+            k_type: loaded.k_type,
+            v_type: loaded.v_type,
+            n_batch: args.batch_size.max(1),
+            queue_capacity: 1,
+            spec: head.is_some().then_some(spec),
+            policy: DraftPolicy::ALWAYS,
+            calibrate: false,
+        },
+    );
+    let (events, received) = mpsc::channel();
+    scheduler.submit(Request {
+        prompt: tokens.clone(),
+        sampler,
         n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize),
-        n_batch: args.batch_size.max(1),
-        ignore_eos: args.ignore_eos,
         stop: args.stop.clone(),
-    };
-    let mut sampler = Sampler::new(sampler_cfg)?;
-    let stdout = std::io::stdout();
-    let streaming = !args.json;
-    let on_text = |piece: &str| {
-        if streaming {
-            let mut out = stdout.lock();
-            // A closed pipe (e.g. `| head`) ends generation instead of failing.
-            out.write_all(piece.as_bytes())
-                .and_then(|_| out.flush())
-                .is_ok()
-        } else {
-            true
+        ignore_eos: args.ignore_eos,
+        trace: false,
+        sink: Box::new(Stdout {
+            streaming: !args.json,
+            events,
+        }),
+    });
+    scheduler.run();
+    let mut text = String::new();
+    let completion = loop {
+        match received.try_recv() {
+            Ok(Event::Text(piece)) => text.push_str(&piece),
+            Ok(Event::Done(c)) => break c,
+            Ok(Event::Failed { message, .. }) => bail!("{message}"),
+            _ => bail!("generation ended without a result"),
         }
     };
-    let (generation, spec_stats) = match &head {
-        Some(head) => {
-            let mut seq = SpecSequence::new(
-                &loaded.model,
-                head,
-                loaded.n_ctx,
-                loaded.k_type,
-                loaded.v_type,
-            );
-            let (g, s) = generate_speculative(
-                &loaded.model,
-                head,
-                &loaded.tokenizer,
-                &loaded.pool,
-                &mut seq,
-                &tokens,
-                &params,
-                &spec_params,
-                &mut sampler,
-                on_text,
-            )?;
-            (g, Some(s))
-        }
-        None => {
-            let mut state = loaded.new_sequence();
-            let g = generate(
-                &loaded.model,
-                &loaded.tokenizer,
-                &loaded.pool,
-                &mut state,
-                &tokens,
-                &params,
-                &mut sampler,
-                on_text,
-            )?;
-            (g, None)
-        }
-    };
-    let t = &generation.timings;
+    let t = &completion.timings;
     if args.json {
         let mut timings = t.to_json();
-        if let Some(s) = &spec_stats {
-            timings["draft_n"] = json!(s.draft_n);
-            timings["draft_n_accepted"] = json!(s.draft_n_accepted);
+        if head.is_some() {
+            timings["draft_n"] = json!(completion.spec.draft_n);
+            timings["draft_n_accepted"] = json!(completion.spec.draft_n_accepted);
         }
         let mut out = json!({
             "model": loaded.path.display().to_string(),
             "prompt_tokens": tokens,
-            "text": generation.text,
-            "tokens": generation.tokens,
-            "finish_reason": generation.finish.as_str(),
+            "text": text,
+            "tokens": completion.tokens,
+            "finish_reason": completion.finish.as_str(),
             "timings": timings,
         });
-        if let (Some(s), Some(head)) = (&spec_stats, &head) {
-            out["spec"] = s.to_json(generation.tokens.len());
+        if let Some(head) = &head {
+            out["spec"] = completion.spec.to_json(completion.tokens.len());
             out["spec"]["draft_vocab"] = json!(head.draft_vocab_size());
             out["spec"]["n_vocab"] = json!(head.n_vocab());
         }
@@ -345,10 +190,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         t.predicted_n,
         t.predicted_ms,
         t.predicted_per_second(),
-        generation.finish.as_str()
+        completion.finish.as_str()
     );
-    if let Some(s) = &spec_stats {
-        eprintln!("{}", s.summary());
+    if head.is_some() {
+        eprintln!("{}", completion.spec.summary());
     }
     Ok(ExitCode::SUCCESS)
 }

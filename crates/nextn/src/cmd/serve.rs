@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use nextn_engine::scheduler::{DraftPolicy, DraftSampling, Engine, SchedulerConfig, SpecConfig};
+use nextn_engine::scheduler::{DraftPolicy, Engine, SchedulerConfig};
 use nextn_model::config::LayerKind;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 
-use super::common::{self, ModelArgs};
-use super::run::SpecArgs;
+use super::common::{self, ModelArgs, SpecArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -92,9 +91,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         bail!("--shutdown-grace must be a number of seconds >= 0");
     }
     let policy = parse_policy(&args.max_drafting_slots)?;
-    let spec_params = args.spec.params()?;
-    let draft_sampling =
-        DraftSampling::parse(&args.spec.draft_sampling).unwrap_or(DraftSampling::Greedy);
+    let spec_config = args.spec.config()?;
     let path = common::resolve_model_path(args.model.model.as_ref())?;
     let (model_id, model_aliases) = model_names(&path, &args.alias);
     let reasoning = if args.reasoning_format == "none" {
@@ -142,7 +139,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let n_ctx_slot = match ctx_given {
             Some(c) => c / n_slots,
             None => {
-                let budget = available_memory().unwrap_or(8 << 30) / 2;
+                let budget = common::available_memory().unwrap_or(8 << 30) / 2;
                 let fit = budget / (kv_per_token.max(1) as u64 * n_slots as u64);
                 cfg.n_ctx_train.min(fit as usize).max(1)
             }
@@ -176,13 +173,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mib(recurrent_bytes),
             mib((kv_per_token * n_ctx_slot + recurrent_bytes) * n_slots),
         );
-        let spec = head.as_ref().map(|_| SpecConfig {
-            n_max: spec_params.n_max,
-            n_min: spec_params.n_min,
-            p_min: spec_params.p_min,
-            draft_sampling,
-            policy,
-        });
         let scheduler = SchedulerConfig {
             n_slots,
             n_ctx_slot,
@@ -190,7 +180,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             v_type: loaded.v_type,
             n_batch,
             queue_capacity,
-            spec,
+            spec: head.is_some().then_some(spec_config),
+            policy,
             calibrate: true,
         };
         let template = loaded.template;
@@ -214,13 +205,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Err(e) => bail!("{e}"),
     }
-}
-
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 fn describe_policy(p: DraftPolicy) -> String {

@@ -8,13 +8,13 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use anyhow::Result;
-use nextn_engine::generate::prefill;
 use nextn_engine::sampler::argmax;
 use nextn_model::traffic::{self, PassBytes, PassShape};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::common::Loaded;
+use super::median;
+use crate::cmd::common::Loaded;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct FloorArgs {
@@ -154,11 +154,6 @@ impl PassFloor {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 fn moe_counts(loaded: &Loaded) -> Option<(u64, u64)> {
     (loaded.model.config.n_expert > 0).then(|| traffic::expert_reads(&loaded.model.layers))
 }
@@ -251,7 +246,7 @@ fn measure_passes(
             ms: median(times),
             bytes: traffic::head_pass_bytes(head, &shape(prompt.len(), 1, 1)),
             experts: (model.config.n_expert > 0)
-                .then(|| traffic::expert_reads(std::slice::from_ref(&head.layer))),
+                .then(|| traffic::expert_reads(std::slice::from_ref(head.layer()))),
         });
     }
     Ok(passes)
@@ -265,7 +260,19 @@ fn time_prefill(loaded: &Loaded, prompt: &[u32], len: usize) -> Result<Option<f6
     let tokens = synthetic_prompt(prompt, len);
     let mut st = loaded.new_sequence();
     let t = Instant::now();
-    let logits = prefill(&loaded.model, &mut st, &tokens, PREFILL_BATCH, &loaded.pool)?;
+    let chunks: Vec<&[u32]> = tokens.chunks(PREFILL_BATCH).collect();
+    let mut logits = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let rows = if i + 1 == chunks.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
+        logits = loaded
+            .model
+            .forward(chunk, &mut st, rows, &loaded.pool)?
+            .logits;
+    }
     black_box(argmax(&logits));
     Ok(Some(t.elapsed().as_secs_f64() * 1e3))
 }

@@ -1,25 +1,28 @@
-//! `nextn bench`: plain decoding against MTP speculative decoding at several draft depths on the
-//! same prompts, plus the cost model behind the speed (decode step, verify of r rows, draft step)
+//! `nextn bench`: plain decoding against MTP speculative decoding at several draft depths (and
+//! the adaptive `auto` policy) on the same prompts, each run through the generation loop the
+//! server uses, plus the cost model behind the speed (decode step, verify of r rows, draft step)
 //! and the speedup those costs project at a given per-position acceptance.
+
+mod draft_vocab;
+mod floor;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use nextn_engine::generate::{generate, GenerateParams};
-use nextn_engine::sampler::{argmax, Sampler, SamplerConfig};
-use nextn_engine::speculative::{
-    generate_speculative, DraftSampling, SpecParams, SpecSequence, SpecStats,
-};
+use nextn_engine::sampler::{argmax, SamplerConfig};
+use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
+use nextn_engine::spec::{DraftSampling, SpecConfig, SpecStats};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::common::{self, Loaded, ModelArgs};
-use super::floor::{self, FloorArgs};
+use super::common::{self, DraftVocabArgs, Loaded, ModelArgs};
+use floor::FloorArgs;
 
 /// The default prompt set: code and prose.
-const DEFAULT_PROMPTS: &str = include_str!("../../bench/prompts.jsonl");
+const DEFAULT_PROMPTS: &str = include_str!("../../../bench/prompts.jsonl");
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,13 +34,14 @@ pub struct Args {
     /// Tokens generated per prompt
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
-    /// Draft depths to run; 0 is plain decoding
+    /// Draft depths to run: 0 is plain decoding, N drafts N tokens every step, `auto` decides per
+    /// step from measured costs and acceptance (as `serve` does) with up to the largest N given
     #[arg(
         long = "spec-draft-n-max",
         value_delimiter = ',',
         default_value = "0,1,2,3,4"
     )]
-    pub n_max: Vec<usize>,
+    pub n_max: Vec<String>,
     /// Per-position acceptance to project the speedup at (e.g. published numbers for a real model)
     #[arg(
         long = "assume-acceptance",
@@ -48,7 +52,8 @@ pub struct Args {
     /// Repetitions of each cost-model measurement (the median is reported)
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
-    /// Sampling temperature for the runs (0 = greedy); above 0 both draft-sampling modes are run
+    /// Sampling temperature for the runs (0 = greedy); above 0 both draft-sampling modes (coupled
+    /// and sample) are run
     #[arg(long = "temp", default_value_t = 0.0)]
     pub temp: f32,
     /// Seed for sampled runs
@@ -64,7 +69,7 @@ pub struct Args {
     #[command(flatten)]
     pub floor: FloorArgs,
     #[command(flatten)]
-    pub draft_vocab: super::vocab_stats::DraftVocabArgs,
+    pub draft_vocab: DraftVocabArgs,
 }
 
 struct Prompt {
@@ -139,74 +144,141 @@ fn sampler_config(temp: f32, seed: u64) -> SamplerConfig {
     }
 }
 
+/// What a run measures: plain decoding, a fixed draft depth every step, or the adaptive policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Plain,
+    Fixed(usize),
+    Auto(usize),
+}
+
+impl Policy {
+    /// The list given to --spec-draft-n-max: numbers, and `auto` (with the largest number given,
+    /// else 3).
+    fn parse_list(values: &[String]) -> Result<Vec<Policy>> {
+        let mut depths = Vec::new();
+        for v in values {
+            if v != "auto" {
+                depths.push(v.trim().parse::<usize>().with_context(|| {
+                    format!("--spec-draft-n-max {v}: expected a number of drafts or `auto`")
+                })?);
+            }
+        }
+        let auto_max = depths.iter().copied().max().filter(|&m| m > 0).unwrap_or(3);
+        Ok(values
+            .iter()
+            .zip(0..)
+            .map(|(v, _)| match v.trim() {
+                "auto" => Policy::Auto(auto_max),
+                n => match n.parse::<usize>() {
+                    Ok(0) | Err(_) => Policy::Plain,
+                    Ok(k) => Policy::Fixed(k),
+                },
+            })
+            .collect())
+    }
+
+    fn n_max(self) -> usize {
+        match self {
+            Policy::Plain => 0,
+            Policy::Fixed(k) | Policy::Auto(k) => k,
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Policy::Plain => "plain",
+            Policy::Fixed(_) => "fixed",
+            Policy::Auto(_) => "auto",
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Policy::Auto(_) => "auto".into(),
+            p => p.n_max().to_string(),
+        }
+    }
+}
+
+/// Collects a request's end (and nothing of its text) for the bench.
+struct Collect(mpsc::Sender<Event>);
+
+impl EventSink for Collect {
+    fn send(&mut self, event: Event) -> bool {
+        match event {
+            Event::Done(_) | Event::Failed { .. } => self.0.send(event).is_ok(),
+            _ => true,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// Every prompt, one after the other on one slot, through the generation loop with `policy`.
 #[allow(clippy::too_many_arguments)]
 fn run_depth(
     loaded: &Loaded,
     head: Option<&NextnHead>,
     prompts: &[Prompt],
     n: usize,
-    n_max: usize,
+    policy: Policy,
     sampling: &SamplerConfig,
     draft_sampling: DraftSampling,
     outputs: Option<&mut Vec<Vec<u32>>>,
 ) -> Result<RunTotals> {
-    let mut t = RunTotals::default();
-    let params = GenerateParams {
-        n_predict: Some(n),
-        ignore_eos: true,
-        ..Default::default()
+    let head = head.filter(|_| policy != Policy::Plain);
+    let spec = SpecConfig {
+        n_max: policy.n_max(),
+        draft_sampling,
+        ..SpecConfig::default()
     };
+    let mut scheduler = Scheduler::new(
+        loaded.engine(head),
+        SchedulerConfig {
+            n_slots: 1,
+            n_ctx_slot: loaded.n_ctx,
+            k_type: loaded.k_type,
+            v_type: loaded.v_type,
+            n_batch: 512,
+            queue_capacity: prompts.len(),
+            spec: head.is_some().then_some(spec),
+            policy: match policy {
+                Policy::Auto(_) => DraftPolicy::Auto,
+                _ => DraftPolicy::ALWAYS,
+            },
+            calibrate: true,
+        },
+    );
+    let (tx, rx) = mpsc::channel();
+    for p in prompts {
+        scheduler.submit(Request {
+            prompt: p.tokens.clone(),
+            sampler: sampling.clone(),
+            n_predict: Some(n),
+            stop: Vec::new(),
+            ignore_eos: true,
+            trace: false,
+            sink: Box::new(Collect(tx.clone())),
+        });
+    }
+    scheduler.run();
+    let mut t = RunTotals::default();
     let mut outs = Vec::new();
     for p in prompts {
-        let mut sampler = Sampler::new(sampling.clone())?;
-        let g = match (n_max, head) {
-            (0, _) | (_, None) => {
-                let mut st = loaded.new_sequence();
-                generate(
-                    &loaded.model,
-                    &loaded.tokenizer,
-                    &loaded.pool,
-                    &mut st,
-                    &p.tokens,
-                    &params,
-                    &mut sampler,
-                    |_| true,
-                )?
-            }
-            (k, Some(head)) => {
-                let mut seq = SpecSequence::new(
-                    &loaded.model,
-                    head,
-                    loaded.n_ctx,
-                    loaded.k_type,
-                    loaded.v_type,
-                );
-                let spec = SpecParams {
-                    n_max: k,
-                    draft_sampling,
-                    ..Default::default()
-                };
-                let (g, s) = generate_speculative(
-                    &loaded.model,
-                    head,
-                    &loaded.tokenizer,
-                    &loaded.pool,
-                    &mut seq,
-                    &p.tokens,
-                    &params,
-                    &spec,
-                    &mut sampler,
-                    |_| true,
-                )?;
-                t.stats.merge(&s);
-                g
-            }
+        let c = match rx.try_recv() {
+            Ok(Event::Done(c)) => c,
+            Ok(Event::Failed { message, .. }) => bail!("prompt {}: {message}", p.name),
+            _ => bail!("prompt {}: generation ended without a result", p.name),
         };
-        t.prompt_n += g.timings.prompt_n;
-        t.prompt_ms += g.timings.prompt_ms;
-        t.predicted_n += g.timings.predicted_n;
-        t.predicted_ms += g.timings.predicted_ms;
-        outs.push(g.tokens);
+        t.prompt_n += c.timings.prompt_n;
+        t.prompt_ms += c.timings.prompt_ms;
+        t.predicted_n += c.timings.predicted_n;
+        t.predicted_ms += c.timings.predicted_ms;
+        t.stats.merge(&c.spec);
+        outs.push(c.tokens);
     }
     if let Some(o) = outputs {
         *o = outs;
@@ -335,8 +407,15 @@ fn measure_costs(
 }
 
 /// Expected tokens per step with n drafts when position i is accepted with (marginal) rate a_i,
-/// and the projected speedup over plain decoding from the measured costs.
-fn project(costs: &Costs, acceptance: &[f64], n: usize) -> (f64, f64) {
+/// and the speedup over plain decoding projected from the step costs (`None` without a measured
+/// verify of n + 1 rows).
+fn project(
+    decode_ms: f64,
+    verify_ms: &[f64],
+    draft_ms: f64,
+    acceptance: &[f64],
+    n: usize,
+) -> Option<(f64, f64)> {
     let a = |i: usize| {
         acceptance
             .get(i)
@@ -345,15 +424,16 @@ fn project(costs: &Costs, acceptance: &[f64], n: usize) -> (f64, f64) {
             .unwrap_or(0.0)
     };
     let tokens = 1.0 + (0..n).map(a).sum::<f64>();
-    let step = n as f64 * costs.draft_ms + costs.verify_ms[n];
-    (tokens, tokens * costs.decode_ms / step)
+    let verify = verify_ms.get(n)?;
+    Some((tokens, tokens * decode_ms / (n as f64 * draft_ms + verify)))
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let loaded = common::load(&args.model)?;
     let head = NextnHead::load(&loaded.model).ok();
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
-    let want_spec = args.n_max.iter().any(|&k| k > 0);
+    let policies = Policy::parse_list(&args.n_max)?;
+    let want_spec = policies.iter().any(|&p| p != Policy::Plain);
     if want_spec && head.is_none() {
         bail!(
             "{} has no NextN head: only --spec-draft-n-max 0 (plain decoding) can run",
@@ -370,56 +450,57 @@ pub fn run(args: Args) -> Result<ExitCode> {
         _ => None,
     };
     let mut full_runs = Vec::new();
-    let max_n = args.n_max.iter().copied().max().unwrap_or(0);
+    let max_n = policies.iter().map(|p| p.n_max()).max().unwrap_or(0);
     eprintln!(
-        "bench: {} prompts × {} tokens, {} threads, {} kernels, draft depths {:?}",
+        "bench: {} prompts × {} tokens, {} threads, {} kernels, draft depths {}",
         prompts.len(),
         args.n_predict,
         loaded.pool.n_threads(),
         nextn_quant::kernels::kernel_isa(),
-        args.n_max
+        args.n_max.join(",")
     );
 
     let mut rows = Vec::new();
     let mut plain_tps = None;
     let sampling = sampler_config(args.temp, args.seed);
     let modes: Vec<DraftSampling> = if args.temp > 0.0 {
-        vec![DraftSampling::Greedy, DraftSampling::Sample]
+        vec![DraftSampling::Coupled, DraftSampling::Sample]
     } else {
-        vec![DraftSampling::Greedy]
+        vec![DraftSampling::Coupled]
     };
     let mut plain_outputs: Vec<Vec<u32>> = Vec::new();
     let mut spec_agree = (0usize, 0usize);
     println!(
-        "{:>5} {:>6} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
+        "{:>5} {:>7} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
         "n_max", "drafts", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
     );
-    let runs: Vec<(usize, DraftSampling)> = args
-        .n_max
+    let runs: Vec<(Policy, DraftSampling)> = policies
         .iter()
-        .flat_map(|&k| {
-            if k == 0 {
-                vec![(0, DraftSampling::Greedy)]
+        .flat_map(|&p| {
+            if p == Policy::Plain {
+                vec![(p, DraftSampling::Coupled)]
             } else {
-                modes.iter().map(|&m| (k, m)).collect()
+                modes.iter().map(|&m| (p, m)).collect()
             }
         })
         .collect();
-    for (k, mode) in runs {
+    for (policy, mode) in runs {
+        let k = policy.n_max();
         let mut outputs = Vec::new();
         let t = run_depth(
             &loaded,
             head.as_ref(),
             &prompts,
             args.n_predict,
-            k,
+            policy,
             &sampling,
             mode,
             Some(&mut outputs),
         )?;
         if k == 0 {
             plain_outputs = outputs;
-        } else if args.temp <= 0.0 && !plain_outputs.is_empty() {
+        } else if mode == DraftSampling::Coupled && !plain_outputs.is_empty() {
+            // Greedy, or coupled sampling: the very tokens plain decoding gives.
             for (a, b) in outputs.iter().zip(&plain_outputs) {
                 spec_agree.0 += a.iter().zip(b).filter(|(x, y)| x == y).count();
                 spec_agree.1 += b.len();
@@ -438,16 +519,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .zip(&t.stats.drafted_per_pos)
             .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
             .collect();
-        let mode_name = if k == 0 {
-            "-"
-        } else if mode == DraftSampling::Sample {
-            "sample"
-        } else {
-            "greedy"
-        };
+        let mode_name = if k == 0 { "-" } else { mode.as_str() };
         println!(
-            "{:>5} {:>6} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
-            k,
+            "{:>5} {:>7} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
+            policy.label(),
             mode_name,
             prefill,
             decode,
@@ -470,6 +545,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
         rows.push(json!({
             "n_max": k,
+            "policy": policy.kind(),
             "draft_sampling": mode_name,
             "temperature": args.temp,
             "prompt_n": t.prompt_n,
@@ -481,7 +557,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "speedup_vs_plain": speedup,
             "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
         }));
-        full_runs.push((k, mode_name.to_string(), t.stats.clone(), decode));
+        full_runs.push((policy, mode, t.stats.clone(), decode));
     }
 
     let costs = measure_costs(
@@ -521,10 +597,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.assume_acceptance
         );
         for n in 1..=max_n.max(1) {
-            if n >= costs.verify_ms.len() {
+            let Some((tokens, speedup)) = project(
+                costs.decode_ms,
+                &costs.verify_ms,
+                costs.draft_ms,
+                &args.assume_acceptance,
+                n,
+            ) else {
                 break;
-            }
-            let (tokens, speedup) = project(&costs, &args.assume_acceptance, n);
+            };
             println!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x");
             projections.push(json!({"n_max": n, "tokens_per_step": tokens, "speedup": speedup}));
         }
@@ -532,8 +613,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     let mut draft_vocab_report = Value::Null;
     if let Some(trimmed) = trimmed.as_ref().filter(|_| !costs.draft_ms.is_nan()) {
-        use super::vocab_stats::bench_report;
-        let cost = bench_report::costs(
+        let cost = draft_vocab::costs(
             &loaded,
             trimmed,
             &prompts[0].tokens,
@@ -544,18 +624,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             &args.assume_acceptance,
             max_n,
         )?;
-        let accept = bench_report::acceptance(trimmed, &full_runs, |h, k, mode| {
-            let mode = if mode == "sample" {
-                DraftSampling::Sample
-            } else {
-                DraftSampling::Greedy
-            };
+        let accept = draft_vocab::acceptance(trimmed, &full_runs, |h, policy, mode| {
             let t = run_depth(
                 &loaded,
                 Some(h),
                 &prompts,
                 args.n_predict,
-                k,
+                policy,
                 &sampling,
                 mode,
                 None,
@@ -620,8 +695,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             rows_n
         );
         match spec_agree_v {
-            Some(v) => println!("  SPEC_AGREE  {v:.4}  (MTP greedy tokens equal to plain greedy)"),
-            None => println!("  SPEC_AGREE  -       (needs --temp 0 and n_max 0 plus a depth > 0)"),
+            Some(v) => println!("  SPEC_AGREE  {v:.4}  (MTP tokens equal to plain decoding's: greedy, or coupled sampling with the same seed)"),
+            None => println!("  SPEC_AGREE  -       (needs n_max 0 plus a depth > 0)"),
         }
         println!(
             "  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)",

@@ -1,0 +1,356 @@
+//! Drafting: the NextN head's side of each sequence, and one batched head pass per draft depth
+//! over every sequence that drafts this step.
+//!
+//! The head's cache entry at every committed position `p` must be computed from the token at `p`
+//! and the target's hidden state at `p − 1` (docs/MODEL.md, "NextN (MTP) head"). Committed rows
+//! whose entry is not computed yet wait in the sequence's *lag* and are run in the first head pass
+//! the sequence next takes part in, together with `id_last`, whose entry is the first draft step.
+//! A sequence that does not draft for a while thus costs no head work until it drafts again.
+
+use std::time::Instant;
+
+use nextn_model::{
+    ForwardOutput, HeadBatchItem, KvType, LayerCache, LogitRows, ModelError, NextnHead,
+};
+use nextn_quant::kernels::ThreadPool;
+
+use super::accept::draw;
+use super::SpecConfig;
+use crate::output::ms_since;
+use crate::sampler::{argmax, top1_probability, Draw, Sampler, TokenProb};
+
+/// The NextN head's side of one sequence.
+pub struct HeadState {
+    cache: LayerCache,
+    /// Positions the cache holds (`0..pos`).
+    pos: usize,
+    /// Committed positions `pos..` still without a head entry: their tokens, and the target's
+    /// hidden state of the position before each.
+    lag_tokens: Vec<u32>,
+    lag_hidden: Vec<f32>,
+    /// The target's hidden state of the last committed position: it pairs with the token at the
+    /// next position.
+    last_hidden: Vec<f32>,
+    n_embd: usize,
+}
+
+impl HeadState {
+    pub fn new(head: &NextnHead, n_embd: usize, k_type: KvType, v_type: KvType) -> Self {
+        HeadState {
+            cache: head.new_cache(k_type, v_type),
+            pos: 0,
+            lag_tokens: Vec::new(),
+            lag_hidden: Vec::new(),
+            // Position 0 has no previous hidden state: the head sees zeros, as llama.cpp feeds it.
+            last_hidden: vec![0.0; n_embd],
+            n_embd,
+        }
+    }
+
+    /// Committed positions whose head entry is still to be computed.
+    pub fn lag(&self) -> usize {
+        self.lag_tokens.len()
+    }
+
+    /// The target committed `tokens` at positions `start..`, with `hidden` its post-norm hidden
+    /// states of those rows (`tokens.len() × n_embd`). Positions the head already has an entry
+    /// for (`id_last`, entered by the first draft step) are skipped.
+    pub fn commit(&mut self, start: usize, tokens: &[u32], hidden: &[f32]) {
+        let e = self.n_embd;
+        let Some(last) = tokens.len().checked_sub(1) else {
+            return;
+        };
+        let covered = self.pos + self.lag_tokens.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            if start + i < covered {
+                continue;
+            }
+            self.lag_tokens.push(t);
+            if i == 0 {
+                self.lag_hidden.extend_from_slice(&self.last_hidden);
+            } else {
+                self.lag_hidden
+                    .extend_from_slice(&hidden[(i - 1) * e..i * e]);
+            }
+        }
+        self.last_hidden.clear();
+        self.last_hidden
+            .extend_from_slice(&hidden[last * e..(last + 1) * e]);
+    }
+
+    /// The first `rows` lag rows now have head entries.
+    fn consume_lag(&mut self, rows: usize) {
+        let rows = rows.min(self.lag_tokens.len());
+        self.pos += rows;
+        self.lag_tokens.drain(..rows);
+        self.lag_hidden.drain(..rows * self.n_embd);
+    }
+}
+
+/// One sequence's part of this step's drafting.
+pub struct DraftJob<'a> {
+    pub head: &'a mut HeadState,
+    /// The last sampled token, not yet in the target's state; it will sit at `n_past`.
+    pub id_last: u32,
+    pub n_past: usize,
+    /// Most drafts to make; 0 only runs (a piece of) the lag.
+    pub n_draft: usize,
+    /// For `--spec-draft-sampling sample`: draw the drafts from the head's distribution under
+    /// this sampler; the output index of the first draft.
+    pub sampled: Option<(&'a mut Sampler, u64)>,
+}
+
+/// What drafting produced for one job.
+#[derive(Clone, Debug, Default)]
+pub struct Drafts {
+    pub tokens: Vec<u32>,
+    /// The distribution each draft was drawn from (sampled drafts only).
+    pub dists: Vec<Vec<TokenProb>>,
+    /// Milliseconds of the head passes this job took part in.
+    pub ms: f64,
+}
+
+/// One head pass: its rows, the rows it computed logits for, and its time.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadPass {
+    pub rows: usize,
+    pub logit_rows: usize,
+    pub ms: f64,
+    /// How many jobs took part.
+    pub members: usize,
+}
+
+/// Run the head for this step over every job: a first pass over each job's lag plus, for a job
+/// that drafts, `id_last` (its first draft step); then one pass per further draft depth with one
+/// row per job still drafting, fed its own previous output. A job whose lag with `id_last` is
+/// longer than `max_rows` only runs `max_rows` of its lag and drafts in a later step. Afterwards
+/// each drafting job's cache keeps its entry for `id_last` and drops the chain's own entries.
+pub fn draft(
+    head: &NextnHead,
+    jobs: &mut [DraftJob],
+    spec: &SpecConfig,
+    max_rows: usize,
+    pool: &ThreadPool,
+) -> Result<(Vec<Drafts>, Vec<HeadPass>), ModelError> {
+    let mut drafts: Vec<Drafts> = vec![Drafts::default(); jobs.len()];
+    let mut passes = Vec::new();
+    let max_rows = max_rows.max(1);
+    let e = head_width(jobs);
+
+    // Depth 0: lag rows, plus id_last for a job that drafts and whose rows fit.
+    let mut drafting = vec![false; jobs.len()];
+    let mut rows_run = vec![0usize; jobs.len()];
+    for (k, job) in jobs.iter_mut().enumerate() {
+        let h = &mut *job.head;
+        drafting[k] = job.n_draft > 0 && h.lag() < max_rows;
+        if drafting[k] {
+            h.lag_tokens.push(job.id_last);
+            let last = std::mem::take(&mut h.last_hidden);
+            h.lag_hidden.extend_from_slice(&last);
+            h.last_hidden = last;
+        }
+        rows_run[k] = h.lag().min(max_rows);
+    }
+    let t = Instant::now();
+    let outs = {
+        let mut items: Vec<HeadBatchItem> = jobs
+            .iter_mut()
+            .zip(&rows_run)
+            .zip(&drafting)
+            .map(|((job, &rows), &d)| {
+                let h = &mut *job.head;
+                HeadBatchItem {
+                    tokens: &h.lag_tokens[..rows],
+                    hidden_prev: &h.lag_hidden[..rows * h.n_embd],
+                    start_pos: h.pos,
+                    cache: &mut h.cache,
+                    logits: if d { LogitRows::Last } else { LogitRows::None },
+                }
+            })
+            .collect();
+        head.forward_batch(&mut items, pool)?
+    };
+    let rows: usize = rows_run.iter().sum();
+    if rows > 0 {
+        let ms = ms_since(t);
+        passes.push(HeadPass {
+            rows,
+            logit_rows: drafting.iter().filter(|&&d| d).count(),
+            ms,
+            members: rows_run.iter().filter(|&&r| r > 0).count(),
+        });
+        for (d, &r) in drafts.iter_mut().zip(&rows_run) {
+            if r > 0 {
+                d.ms += ms;
+            }
+        }
+    }
+    // The chain's hidden state of each drafting job.
+    let mut chain: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
+    for (k, (job, out)) in jobs.iter_mut().zip(&outs).enumerate() {
+        job.head.consume_lag(rows_run[k]);
+        if drafting[k] {
+            extend_chain(job, out, 0, spec.p_min, &mut drafts[k], &mut chain[k], e);
+        }
+    }
+
+    // Further depths: one row per job still drafting, on the head's own hidden state.
+    let max_depth = jobs.iter().map(|j| j.n_draft).max().unwrap_or(0);
+    for depth in 1..max_depth {
+        let members: Vec<usize> = (0..jobs.len())
+            .filter(|&k| drafting[k] && jobs[k].n_draft > depth && drafts[k].tokens.len() == depth)
+            .collect();
+        if members.is_empty() {
+            break;
+        }
+        let t = Instant::now();
+        let outs = {
+            let tokens: Vec<[u32; 1]> = members
+                .iter()
+                .map(|&k| [drafts[k].tokens[depth - 1]])
+                .collect();
+            let mut items = Vec::with_capacity(members.len());
+            let mut next = members.iter().zip(&tokens).peekable();
+            for (k, job) in jobs.iter_mut().enumerate() {
+                let Some((_, token)) = next.next_if(|(&m, _)| m == k) else {
+                    continue;
+                };
+                items.push(HeadBatchItem {
+                    tokens: token,
+                    hidden_prev: &chain[k],
+                    start_pos: job.n_past + depth,
+                    cache: &mut job.head.cache,
+                    logits: LogitRows::Last,
+                });
+            }
+            head.forward_batch(&mut items, pool)?
+        };
+        let ms = ms_since(t);
+        passes.push(HeadPass {
+            rows: members.len(),
+            logit_rows: members.len(),
+            ms,
+            members: members.len(),
+        });
+        for (&k, out) in members.iter().zip(&outs) {
+            drafts[k].ms += ms;
+            extend_chain(
+                &mut jobs[k],
+                out,
+                depth,
+                spec.p_min,
+                &mut drafts[k],
+                &mut chain[k],
+                e,
+            );
+        }
+    }
+
+    // The chain's own entries go; the entry for id_last (from the target's hidden) stays.
+    for (k, job) in jobs.iter_mut().enumerate() {
+        if !drafting[k] {
+            continue;
+        }
+        NextnHead::truncate(&mut job.head.cache, job.n_past + 1);
+        job.head.pos = job.n_past + 1;
+        if drafts[k].tokens.len() < spec.n_min {
+            drafts[k].tokens.clear();
+            drafts[k].dists.clear();
+        }
+    }
+    Ok((drafts, passes))
+}
+
+fn head_width(jobs: &[DraftJob]) -> usize {
+    jobs.first().map_or(0, |j| j.head.n_embd)
+}
+
+/// Pick the draft after a head row (its top-1, or for sampled drafts a draw from the head's
+/// distribution) and keep the row's hidden state for the next depth; nothing when the head is
+/// not confident enough (`p_min`), which ends the chain.
+fn extend_chain(
+    job: &mut DraftJob,
+    out: &ForwardOutput,
+    depth: usize,
+    p_min: f32,
+    drafts: &mut Drafts,
+    chain: &mut Vec<f32>,
+    e: usize,
+) {
+    let row = out.logits_row(0);
+    if p_min > 0.0 && top1_probability(row).1 < p_min {
+        return;
+    }
+    let pick = match job.sampled.as_mut() {
+        None => argmax(row),
+        Some((sampler, first_index)) => {
+            let first_index = *first_index;
+            let q = sampler.distribution(row).to_vec();
+            let u = sampler.uniform(Draw::Draft, first_index + depth as u64);
+            let Some(d) = draw(&q, u) else {
+                return;
+            };
+            drafts.dists.push(q);
+            d
+        }
+    };
+    drafts.tokens.push(pick);
+    let n = out.hidden.len() / e.max(1);
+    chain.clear();
+    chain.extend_from_slice(&out.hidden[(n.max(1) - 1) * e..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nextn_gguf::GgufFile;
+    use nextn_model::Model;
+
+    use super::*;
+
+    #[test]
+    fn each_committed_position_gets_one_head_entry() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
+        let model = Model::load(Arc::new(GgufFile::open(path).unwrap())).unwrap();
+        let head = NextnHead::load(&model).unwrap();
+        let pool = ThreadPool::new(1);
+        let e = model.config.n_embd;
+        let hidden = |n: usize| vec![0.25f32; n * e];
+        let mut h = HeadState::new(&head, e, KvType::F32, KvType::F32);
+        h.commit(0, &[10, 11, 12], &hidden(3));
+        assert_eq!(h.lag(), 3);
+        let spec = SpecConfig::default();
+        let mut jobs = [DraftJob {
+            head: &mut h,
+            id_last: 13,
+            n_past: 3,
+            n_draft: 2,
+            sampled: None,
+        }];
+        let (made, passes) = draft(&head, &mut jobs, &spec, 64, &pool).unwrap();
+        assert_eq!(made[0].tokens.len(), 2);
+        // One pass over the lag and id_last, one for the second draft.
+        assert_eq!(passes.iter().map(|p| p.rows).collect::<Vec<_>>(), [4, 1]);
+        assert_eq!((h.lag(), h.pos), (0, 4));
+        // id_last (position 3) already has its entry from the first draft step; the accepted
+        // draft at position 4 waits for the next head pass.
+        h.commit(3, &[13, made[0].tokens[0]], &hidden(2));
+        assert_eq!((h.lag(), h.pos), (1, 4));
+        // A step that drafted nothing: id_last joins the lag.
+        h.commit(5, &[20], &hidden(1));
+        assert_eq!(h.lag(), 2);
+        // A lag longer than the pass budget is caught up in pieces, without drafting.
+        let mut jobs = [DraftJob {
+            head: &mut h,
+            id_last: 21,
+            n_past: 6,
+            n_draft: 3,
+            sampled: None,
+        }];
+        let (made, _) = draft(&head, &mut jobs, &spec, 2, &pool).unwrap();
+        assert!(made[0].tokens.is_empty());
+        assert_eq!((h.lag(), h.pos), (0, 6));
+    }
+}

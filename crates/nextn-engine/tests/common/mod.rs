@@ -1,0 +1,211 @@
+//! What the generation-loop tests share: loading a model with its head, one request through the
+//! loop, and plain decoding written out step by step as the reference the loop must reproduce.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use nextn_engine::output::FinishReason;
+use nextn_engine::sampler::{Sampler, SamplerConfig};
+use nextn_engine::scheduler::{
+    Completion, DraftPolicy, EngineRef, Event, EventSink, Request, Scheduler, SchedulerConfig,
+};
+use nextn_engine::spec::SpecConfig;
+use nextn_engine::tokenizer::Tokenizer;
+use nextn_gguf::GgufFile;
+use nextn_model::{KvType, LogitRows, Model, NextnHead};
+use nextn_quant::kernels::ThreadPool;
+
+pub struct Loaded {
+    pub model: Model,
+    pub head: NextnHead,
+    pub tok: Tokenizer,
+    pub pool: ThreadPool,
+}
+
+impl Loaded {
+    pub fn engine(&self, with_head: bool) -> EngineRef<'_> {
+        EngineRef {
+            model: &self.model,
+            head: with_head.then_some(&self.head),
+            tokenizer: &self.tok,
+            pool: &self.pool,
+        }
+    }
+}
+
+pub fn load(path: &Path, threads: usize) -> Loaded {
+    let file = Arc::new(GgufFile::open(path).expect("open model"));
+    let model = Model::load(file.clone()).expect("load model");
+    let head = NextnHead::load(&model).expect("load head");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+    Loaded {
+        model,
+        head,
+        tok,
+        pool: ThreadPool::new(threads),
+    }
+}
+
+pub fn bundled(threads: usize) -> Loaded {
+    load(&nextn_testdata::bundled_model(), threads)
+}
+
+/// How one request runs.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// Speculative decoding (`None`: plain).
+    pub spec: Option<SpecConfig>,
+    pub policy: DraftPolicy,
+    pub n_ctx: usize,
+    pub n_batch: usize,
+    pub kv: KvType,
+    pub ignore_eos: bool,
+    pub trace: bool,
+}
+
+impl Setup {
+    pub fn plain() -> Self {
+        Setup {
+            spec: None,
+            policy: DraftPolicy::ALWAYS,
+            n_ctx: 512,
+            n_batch: 512,
+            kv: KvType::F16,
+            ignore_eos: true,
+            trace: false,
+        }
+    }
+
+    pub fn drafting(n_max: usize) -> Self {
+        Setup {
+            spec: Some(SpecConfig {
+                n_max,
+                ..SpecConfig::default()
+            }),
+            ..Setup::plain()
+        }
+    }
+}
+
+/// Hands a request's end back; text is not needed (tokens come with the completion).
+pub struct Collect(pub mpsc::Sender<Event>);
+
+impl EventSink for Collect {
+    fn send(&mut self, event: Event) -> bool {
+        match event {
+            Event::Done(_) | Event::Failed { .. } => self.0.send(event).is_ok(),
+            _ => true,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// Several requests through the generation loop on `n_slots` slots; their completions in order.
+pub fn generate_many(
+    l: &Loaded,
+    setup: &Setup,
+    n_slots: usize,
+    requests: &[(Vec<u32>, SamplerConfig, usize)],
+) -> Vec<Completion> {
+    let mut scheduler = Scheduler::new(
+        l.engine(setup.spec.is_some()),
+        SchedulerConfig {
+            n_slots,
+            n_ctx_slot: setup.n_ctx,
+            k_type: setup.kv,
+            v_type: setup.kv,
+            n_batch: setup.n_batch,
+            queue_capacity: requests.len(),
+            spec: setup.spec.clone(),
+            policy: setup.policy,
+            calibrate: false,
+        },
+    );
+    let mut ends = Vec::new();
+    for (prompt, sampler, n) in requests {
+        let (tx, rx) = mpsc::channel();
+        scheduler.submit(Request {
+            prompt: prompt.clone(),
+            sampler: sampler.clone(),
+            n_predict: Some(*n),
+            stop: Vec::new(),
+            ignore_eos: setup.ignore_eos,
+            trace: setup.trace,
+            sink: Box::new(Collect(tx)),
+        });
+        ends.push(rx);
+    }
+    scheduler.run();
+    ends.iter()
+        .map(|rx| match rx.try_recv() {
+            Ok(Event::Done(c)) => c,
+            other => panic!("the request did not complete: {other:?}"),
+        })
+        .collect()
+}
+
+/// One request through the generation loop on one slot.
+pub fn generate(
+    l: &Loaded,
+    setup: &Setup,
+    prompt: &[u32],
+    sampler: &SamplerConfig,
+    n: usize,
+) -> Completion {
+    generate_many(l, setup, 1, &[(prompt.to_vec(), sampler.clone(), n)]).remove(0)
+}
+
+/// Plain decoding written out: prefill in chunks of `n_batch`, then one forward pass and one draw
+/// per token, the token at output position i drawn with `Sampler::sample(row, i)`; stops after
+/// `n` tokens, at an end-of-generation token (unless `ignore_eos`) or when the context is full.
+pub fn plain_reference(
+    l: &Loaded,
+    prompt: &[u32],
+    sampler: &SamplerConfig,
+    n: usize,
+    setup: &Setup,
+) -> (Vec<u32>, FinishReason) {
+    let pool = &l.pool;
+    let mut state = l.model.new_sequence(setup.n_ctx, setup.kv, setup.kv);
+    let chunks: Vec<&[u32]> = prompt.chunks(setup.n_batch).collect();
+    let mut logits = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let rows = if i + 1 == chunks.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
+        logits = l
+            .model
+            .forward(chunk, &mut state, rows, pool)
+            .expect("prefill")
+            .logits;
+    }
+    let mut s = Sampler::new(sampler.clone()).expect("sampler");
+    for &t in prompt {
+        s.accept(t);
+    }
+    let mut out = Vec::new();
+    loop {
+        let t = s.sample_and_accept(&logits, out.len() as u64);
+        if l.tok.is_eog(t) && !setup.ignore_eos {
+            return (out, FinishReason::Stop);
+        }
+        out.push(t);
+        // The token sits at position n_past; a full context ends generation with it.
+        if out.len() >= n || state.n_past >= setup.n_ctx {
+            return (out, FinishReason::Length);
+        }
+        logits = l
+            .model
+            .forward(&[t], &mut state, LogitRows::Last, pool)
+            .expect("decode")
+            .logits;
+    }
+}
