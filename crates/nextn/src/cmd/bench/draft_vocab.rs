@@ -8,7 +8,7 @@ use nextn_engine::spec::{DraftSampling, SpecStats};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::{median, project, Policy};
+use super::{head_cache_at, median, project, time_draft_step, Policy};
 use crate::cmd::common::Loaded;
 
 /// Median times at the context of `prompt`: one draft step of `head` (one row, logits of the
@@ -25,25 +25,19 @@ pub fn draft_step_ms(
     let e = model.config.n_embd;
     let mut st = loaded.new_sequence();
     let out = model.forward(prompt, &mut st, LogitRows::None, pool)?;
-    let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
-    let mut teacher = vec![0.0f32; e];
-    teacher.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
-    head.forward(prompt, &teacher, 0, &mut cache, LogitRows::None, pool)?;
+    let mut cache = head_cache_at(loaded, head, prompt, &out.hidden)?;
     let h_last = &out.hidden[(prompt.len() - 1) * e..];
     let (mut step, mut lm, mut kept) = (Vec::new(), Vec::new(), Vec::new());
     let mut kept_out = vec![0.0f32; head.draft_vocab_size()];
     for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        head.forward(
-            &prompt[..1],
+        step.push(time_draft_step(
+            loaded,
+            head,
+            &mut cache,
+            prompt[0],
             h_last,
             prompt.len(),
-            &mut cache,
-            LogitRows::Last,
-            pool,
-        )?;
-        step.push(t.elapsed().as_secs_f64() * 1e3);
-        NextnHead::truncate(&mut cache, prompt.len());
+        )?);
         let t = Instant::now();
         head.lm_head_logits(h_last, 1, pool)?;
         lm.push(t.elapsed().as_secs_f64() * 1e3);

@@ -13,7 +13,7 @@ use nextn_model::traffic::{self, PassBytes, PassShape};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::median;
+use super::{head_cache_at, median, time_draft_step};
 use crate::cmd::common::Loaded;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -221,25 +221,19 @@ fn measure_passes(
     }
 
     if let Some(head) = head {
-        let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
-        let mut teacher = vec![0.0f32; e];
-        teacher.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
-        head.forward(prompt, &teacher, 0, &mut cache, LogitRows::None, pool)?;
+        let mut cache = head_cache_at(loaded, head, prompt, &out.hidden)?;
         let h_last = &out.hidden[(prompt.len() - 1) * e..];
         let mut times = Vec::new();
         for _ in 0..reps {
             traffic::reset_head_expert_usage(head);
-            let t = Instant::now();
-            head.forward(
-                &probe[..1],
+            times.push(time_draft_step(
+                loaded,
+                head,
+                &mut cache,
+                probe[0],
                 h_last,
                 prompt.len(),
-                &mut cache,
-                LogitRows::Last,
-                pool,
-            )?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-            NextnHead::truncate(&mut cache, prompt.len());
+            )?);
         }
         passes.push(PassFloor {
             name: "draft step (full vocab)".into(),

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use nextn_engine::sampler::{argmax, SamplerConfig};
 use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
 use nextn_engine::spec::{DraftSampling, SpecConfig, SpecStats};
-use nextn_model::{LogitRows, NextnHead};
+use nextn_model::{LayerCache, LogitRows, NextnHead};
 use serde_json::{json, Value};
 
 use super::common::{self, DraftVocabArgs, Loaded, ModelArgs};
@@ -376,25 +376,10 @@ fn measure_costs(
     let decode_ms = median(times);
     let draft_ms = match head {
         Some(head) => {
-            let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
-            // Fill the head's cache over the prompt first, so the step runs at the same context.
-            let mut teacher = vec![0.0f32; e];
-            teacher.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
-            head.forward(prompt, &teacher, 0, &mut cache, LogitRows::None, pool)?;
-            let mut times = Vec::new();
-            for _ in 0..reps {
-                let t = Instant::now();
-                head.forward(
-                    &probe[..1],
-                    &h_last,
-                    prompt.len(),
-                    &mut cache,
-                    LogitRows::Last,
-                    pool,
-                )?;
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-                NextnHead::truncate(&mut cache, prompt.len());
-            }
+            let mut cache = head_cache_at(loaded, head, prompt, &out.hidden)?;
+            let times = (0..reps)
+                .map(|_| time_draft_step(loaded, head, &mut cache, probe[0], &h_last, prompt.len()))
+                .collect::<Result<Vec<f64>>>()?;
             median(times)
         }
         None => f64::NAN,
@@ -404,6 +389,47 @@ fn measure_costs(
         verify_ms,
         draft_ms,
     })
+}
+
+/// The head's cache over `prompt`, each position fed the target's hidden state `hidden` of the
+/// row before (as the generation loop enters it), so that draft steps can be timed at the
+/// prompt's context.
+fn head_cache_at(
+    loaded: &Loaded,
+    head: &NextnHead,
+    prompt: &[u32],
+    hidden: &[f32],
+) -> Result<LayerCache> {
+    let e = loaded.model.config.n_embd;
+    let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
+    let mut teacher = vec![0.0f32; e];
+    teacher.extend_from_slice(&hidden[..(prompt.len() - 1) * e]);
+    head.forward(
+        prompt,
+        &teacher,
+        0,
+        &mut cache,
+        LogitRows::None,
+        &loaded.pool,
+    )?;
+    Ok(cache)
+}
+
+/// Milliseconds of one draft step at position `pos` (token `token`, the target's hidden state
+/// `h_last` of the position before); the cache is left as it was.
+fn time_draft_step(
+    loaded: &Loaded,
+    head: &NextnHead,
+    cache: &mut LayerCache,
+    token: u32,
+    h_last: &[f32],
+    pos: usize,
+) -> Result<f64> {
+    let t = Instant::now();
+    head.forward(&[token], h_last, pos, cache, LogitRows::Last, &loaded.pool)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    NextnHead::truncate(cache, pos);
+    Ok(ms)
 }
 
 /// Expected tokens per step with n drafts when position i is accepted with (marginal) rate a_i,
