@@ -116,8 +116,6 @@ pub struct HeadPass {
     pub rows: usize,
     pub logit_rows: usize,
     pub ms: f64,
-    /// How many jobs took part.
-    pub members: usize,
 }
 
 /// Run the head for this step over every job: a first pass over each job's lag plus, for a job
@@ -135,7 +133,6 @@ pub fn draft(
     let mut drafts: Vec<Drafts> = vec![Drafts::default(); jobs.len()];
     let mut passes = Vec::new();
     let max_rows = max_rows.max(1);
-    let e = head_width(jobs);
 
     // Depth 0: lag rows, plus id_last for a job that drafts and whose rows fit.
     let mut drafting = vec![false; jobs.len()];
@@ -145,9 +142,7 @@ pub fn draft(
         drafting[k] = job.n_draft > 0 && h.lag() < max_rows;
         if drafting[k] {
             h.lag_tokens.push(job.id_last);
-            let last = std::mem::take(&mut h.last_hidden);
-            h.lag_hidden.extend_from_slice(&last);
-            h.last_hidden = last;
+            h.lag_hidden.extend_from_slice(&h.last_hidden);
         }
         rows_run[k] = h.lag().min(max_rows);
     }
@@ -177,7 +172,6 @@ pub fn draft(
             rows,
             logit_rows: drafting.iter().filter(|&&d| d).count(),
             ms,
-            members: rows_run.iter().filter(|&&r| r > 0).count(),
         });
         for (d, &r) in drafts.iter_mut().zip(&rows_run) {
             if r > 0 {
@@ -190,7 +184,7 @@ pub fn draft(
     for (k, (job, out)) in jobs.iter_mut().zip(&outs).enumerate() {
         job.head.consume_lag(rows_run[k]);
         if drafting[k] {
-            extend_chain(job, out, 0, spec.p_min, &mut drafts[k], &mut chain[k], e);
+            extend_chain(job, out, 0, spec.p_min, &mut drafts[k], &mut chain[k]);
         }
     }
 
@@ -230,7 +224,6 @@ pub fn draft(
             rows: members.len(),
             logit_rows: members.len(),
             ms,
-            members: members.len(),
         });
         for (&k, out) in members.iter().zip(&outs) {
             drafts[k].ms += ms;
@@ -241,7 +234,6 @@ pub fn draft(
                 spec.p_min,
                 &mut drafts[k],
                 &mut chain[k],
-                e,
             );
         }
     }
@@ -261,10 +253,6 @@ pub fn draft(
     Ok((drafts, passes))
 }
 
-fn head_width(jobs: &[DraftJob]) -> usize {
-    jobs.first().map_or(0, |j| j.head.n_embd)
-}
-
 /// Pick the draft after a head row (its top-1, or for sampled drafts a draw from the head's
 /// distribution) and keep the row's hidden state for the next depth; nothing when the head is
 /// not confident enough (`p_min`), which ends the chain.
@@ -275,7 +263,6 @@ fn extend_chain(
     p_min: f32,
     drafts: &mut Drafts,
     chain: &mut Vec<f32>,
-    e: usize,
 ) {
     let row = out.logits_row(0);
     if p_min > 0.0 && top1_probability(row).1 < p_min {
@@ -295,9 +282,10 @@ fn extend_chain(
         }
     };
     drafts.tokens.push(pick);
-    let n = out.hidden.len() / e.max(1);
+    // The hidden state of the row just drafted from (the last row of the pass).
+    let e = job.head.n_embd;
     chain.clear();
-    chain.extend_from_slice(&out.hidden[(n.max(1) - 1) * e..]);
+    chain.extend_from_slice(&out.hidden[out.hidden.len() - e..]);
 }
 
 #[cfg(test)]
