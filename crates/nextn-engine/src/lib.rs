@@ -2,6 +2,7 @@
 //! generation loop (the scheduler) with its speculative parts.
 
 pub mod chat;
+pub mod grammar;
 pub mod output;
 pub mod sampler;
 pub mod scheduler;

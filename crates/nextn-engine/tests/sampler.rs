@@ -304,6 +304,7 @@ fn each_filter_matches_reference() {
                 presence_penalty: 0.4,
                 repeat_last_n: 16,
                 seed: 3,
+                logit_bias: Vec::new(),
             },
         ),
     ];

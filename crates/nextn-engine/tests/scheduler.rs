@@ -83,6 +83,8 @@ fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Reque
         stop: Vec::new(),
         ignore_eos: true,
         trace: false,
+        grammar: None,
+        logprobs: None,
         sink: Box::new(sink),
     };
     (r, Pending { rx, closed })
@@ -97,7 +99,7 @@ fn wait(p: &Pending) -> Result<(String, Completion), (FailKind, String)> {
             .recv_timeout(Duration::from_secs(300))
             .expect("the scheduler answers")
         {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Logprobs(_) => {}
             Event::Text(t) => text.push_str(&t),
             Event::Done(c) => return Ok((text, c)),
             Event::Failed { kind, message } => return Err((kind, message)),

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{bundled, generate, load, plain_reference, Setup};
-use nextn_engine::sampler::SamplerConfig;
+use nextn_engine::sampler::{Sampler, SamplerConfig};
 use nextn_engine::spec::draft::{draft, DraftJob, HeadState};
 use nextn_engine::spec::SpecConfig;
 use nextn_model::{KvType, LogitRows};
@@ -267,13 +267,17 @@ fn draft_chains_match_llamacpp_at_every_position() {
                     .forward(&ext[..p], &mut state, LogitRows::None, &l.pool)
                     .unwrap();
                 let mut head = HeadState::new(&l.head, e, KvType::F32, KvType::F32);
+                let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
                 head.commit(0, &ext[..p], &out.hidden);
                 let mut jobs = [DraftJob {
                     head: &mut head,
                     id_last: ext[p],
                     n_past: p,
                     n_draft: 3,
-                    sampled: None,
+                    sampler: &mut sampler,
+                    sample_drafts: false,
+                    first_index: 0,
+                    grammar: None,
                 }];
                 let (made, _) = draft(&l.head, &mut jobs, &spec, p + 1, &l.pool).unwrap();
                 let drafts = &made[0].tokens;

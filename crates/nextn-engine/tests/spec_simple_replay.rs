@@ -78,7 +78,10 @@ fn simple_loop(
             id_last,
             n_past,
             n_draft,
-            sampled: None,
+            sampler: &mut sampler,
+            sample_drafts: false,
+            first_index: emitted.len() as u64,
+            grammar: None,
         }];
         let (made, _) = draft(head, &mut jobs, &spec, 512, pool).expect("draft");
         let drafts = made[0].tokens.clone();
@@ -87,7 +90,9 @@ fn simple_loop(
         let out = model
             .forward_verify(&rows, &mut state, pool)
             .expect("verify");
-        let (accepted, next) = accept_coupled(&mut sampler, &drafts, &out, emitted.len() as u64);
+        let (accepted, next) =
+            accept_coupled(&mut sampler, &drafts, &out, emitted.len() as u64, None)
+                .expect("accept");
         model.commit(&mut state, accepted + 1).expect("commit");
         // The head's entries for the accepted drafts, from the target's hidden states.
         head_state.commit(

@@ -15,14 +15,18 @@ pub mod reasoning;
 pub mod request;
 mod respond;
 mod routes;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nextn_engine::chat::ChatTemplate;
+use nextn_engine::grammar::GrammarCompiler;
 use nextn_engine::scheduler::{self, Engine, Phase, SchedulerConfig, SchedulerHandle};
 use nextn_engine::tokenizer::Tokenizer;
+
+use tools::ToolFormat;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReasoningFormat {
@@ -49,6 +53,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Log every finished request to stderr.
     pub log_requests: bool,
+    /// Log details such as request fields the server does not know (once each).
+    pub debug_log: bool,
 }
 
 /// What the loader hands over once the model is read.
@@ -64,6 +70,23 @@ pub struct Loaded {
 pub(crate) struct Frontend {
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
+    /// How the template has the model write tool calls.
+    pub tool_format: ToolFormat,
+    /// Width of the model's logits rows.
+    pub n_vocab: usize,
+    /// Built on the first request with a grammar (the token trie takes a moment to build).
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
+}
+
+impl Frontend {
+    pub fn grammars(&self) -> Result<&GrammarCompiler, String> {
+        self.grammars
+            .get_or_init(|| {
+                GrammarCompiler::new(&self.tokenizer, self.n_vocab).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 pub(crate) struct App {
@@ -106,7 +129,10 @@ where
         eprintln!("{}", loaded.description);
         let _ = fs.set(Arc::new(Frontend {
             tokenizer: loaded.engine.tokenizer.clone(),
+            tool_format: ToolFormat::of_template(loaded.template.source()),
             template: loaded.template,
+            n_vocab: loaded.engine.model.n_vocab,
+            grammars: OnceLock::new(),
         }));
         Ok((loaded.engine, loaded.scheduler))
     })

@@ -1,26 +1,48 @@
 //! OpenAI request bodies, checked field by field so a wrong field gets a 400 naming it.
-//! Unknown fields are ignored (clients send `user`, `metadata`, ...).
+//! Every field the server reads is listed in crates/nextn-server/README.md. A known field that
+//! asks for something not implemented (mirostat, DRY, XTC, ...) is refused with a 400 naming it,
+//! unless its value is the one that turns it off; unknown fields are ignored, as OpenAI-compatible
+//! servers do, and logged once at debug level ([`unknown_fields`]).
 
 use nextn_engine::chat::ChatMessage;
+use nextn_engine::grammar::GrammarSource;
 use nextn_engine::sampler::SamplerConfig;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tools::{self, Tool, ToolChoice};
+use crate::ReasoningFormat;
 
 /// Stop strings a request may give, and how long each may be.
 const MAX_STOPS: usize = 16;
 const MAX_STOP_LEN: usize = 1024;
 
-/// What both endpoints share: sampling, budget, stopping, streaming.
+/// A `logit_bias` key: a token id, or a text whose tokens all get the bias (llama-server).
+#[derive(Clone, Debug, PartialEq)]
+pub enum BiasKey {
+    Id(u64),
+    Text(String),
+}
+
+/// What both endpoints share: sampling, budget, stopping, streaming, output format.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenParams {
     pub model: Option<String>,
     pub n_predict: Option<usize>,
     pub sampler: SamplerConfig,
+    /// `logit_bias` before its keys are resolved to token ids (that needs the tokenizer).
+    pub logit_bias: Vec<(BiasKey, f32)>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Log probabilities with this many alternatives per token (`logprobs` / `top_logprobs`,
+    /// completions' `logprobs`, llama.cpp's `n_probs`).
+    pub logprobs: Option<usize>,
+    /// `response_format` json_object / json_schema, llama.cpp's `json_schema` or `grammar`.
+    pub grammar: Option<GrammarSource>,
+    /// Per-request `reasoning_format`.
+    pub reasoning: Option<ReasoningFormat>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +50,92 @@ pub struct ChatRequest {
     pub params: GenParams,
     pub messages: Vec<ChatMessage>,
     pub template_kwargs: Map<String, Value>,
+    pub tools: Vec<Tool>,
+    /// The tools as the chat template gets them.
+    pub tools_for_template: Value,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+    /// The request used the older `functions` / `function_call` fields: the answer uses them too.
+    pub legacy_functions: bool,
+}
+
+/// Top alternatives a request may ask for per token.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Fields the server reads (or checks), for telling unknown ones apart.
+const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "n_predict",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "min_p",
+    "top_k",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "n_probs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "json_schema",
+    "grammar",
+    "logit_bias",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "chat_template_kwargs",
+    "reasoning_format",
+    "echo",
+    "best_of",
+    "suffix",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "typical_p",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "xtc_probability",
+    "xtc_threshold",
+    "top_n_sigma",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "tfs_z",
+    "samplers",
+    "min_keep",
+    "post_sampling_probs",
+    "lora",
+    "penalize_nl",
+];
+
+/// The request's fields this server does not know, each named once per process (logged at
+/// debug level by the caller).
+pub fn unknown_fields(o: &Map<String, Value>) -> Vec<String> {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = seen.get_or_insert_with(HashSet::new);
+    o.keys()
+        .filter(|k| !KNOWN_FIELDS.contains(&k.as_str()))
+        .filter(|k| seen.insert((*k).clone()))
+        .cloned()
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -225,65 +333,29 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
             return Err(ApiError::invalid_field("n", "only n = 1 is supported"));
         }
     }
-    // Chat sends `logprobs: true`, legacy completions a count; either asks for what is not
-    // supported, and so does llama-server's `n_probs`.
-    match field(o, "logprobs") {
-        None | Some(Value::Bool(false)) => {}
-        Some(Value::Bool(true)) => {
+    if let Some(n) = integer(o, "best_of")? {
+        if n != 1 {
             return Err(ApiError::invalid_field(
-                "logprobs",
-                "logprobs are not supported",
-            ))
-        }
-        Some(_) => match integer(o, "logprobs")? {
-            Some(0) => {}
-            _ => {
-                return Err(ApiError::invalid_field(
-                    "logprobs",
-                    "logprobs are not supported",
-                ))
-            }
-        },
-    }
-    if field(o, "top_logprobs").is_some() {
-        return Err(ApiError::invalid_field(
-            "top_logprobs",
-            "logprobs are not supported",
-        ));
-    }
-    match integer(o, "n_probs")? {
-        None | Some(0) => {}
-        Some(n) if n < 0 => {
-            return Err(ApiError::invalid_field(
-                "n_probs",
-                format!("'n_probs' must be at least 0, got {n}"),
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_field(
-                "n_probs",
-                "token probabilities (n_probs) are not supported",
-            ))
-        }
-    }
-    if field(o, "tools")
-        .and_then(Value::as_array)
-        .is_some_and(|a| !a.is_empty())
-    {
-        return Err(ApiError::invalid_field(
-            "tools",
-            "tool calls are not supported yet",
-        ));
-    }
-    if let Some(rf) = field(o, "response_format") {
-        let ty = rf.get("type").and_then(Value::as_str);
-        if ty != Some("text") {
-            return Err(ApiError::invalid_field(
-                "response_format",
-                "only response_format {\"type\": \"text\"} is supported",
+                "best_of",
+                "only best_of = 1 is supported",
             ));
         }
     }
+    refuse_unsupported(o)?;
+    let logprobs = parse_logprobs(o)?;
+    let grammar = parse_grammar(o)?;
+    let logit_bias = parse_logit_bias(o)?;
+    let reasoning = match string(o, "reasoning_format")? {
+        None => None,
+        Some("none") => Some(ReasoningFormat::None),
+        Some("deepseek" | "auto" | "deepseek-legacy") => Some(ReasoningFormat::Deepseek),
+        Some(other) => {
+            return Err(ApiError::invalid_field(
+                "reasoning_format",
+                format!("'reasoning_format' '{other}' must be \"none\", \"auto\" or \"deepseek\""),
+            ))
+        }
+    };
     let include_usage = match field(o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => boolean(so, "include_usage")?.unwrap_or(false),
@@ -300,11 +372,241 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         model,
         n_predict,
         sampler: s,
+        logit_bias,
         stop,
         ignore_eos: boolean(o, "ignore_eos")?.unwrap_or(false),
         stream: boolean(o, "stream")?.unwrap_or(false),
         include_usage,
+        logprobs,
+        grammar,
+        reasoning,
     })
+}
+
+/// llama.cpp's other samplers: a value that turns one off is accepted (clients such as
+/// llama.cpp's web page send them all), anything else is refused, naming the field.
+fn refuse_unsupported(o: &Map<String, Value>) -> Result<(), ApiError> {
+    // (field, the value that turns it off)
+    const OFF: [(&str, f64); 7] = [
+        ("mirostat", 0.0),
+        ("typical_p", 1.0),
+        ("dry_multiplier", 0.0),
+        ("xtc_probability", 0.0),
+        ("top_n_sigma", -1.0),
+        ("dynatemp_range", 0.0),
+        ("tfs_z", 1.0),
+    ];
+    for (name, off) in OFF {
+        if let Some(v) = number(o, name)? {
+            // top-n-sigma is off at any value <= 0 in llama.cpp.
+            let is_off = v == off || (name == "top_n_sigma" && v <= 0.0);
+            if !is_off {
+                return Err(ApiError::invalid_field(
+                    name,
+                    format!("'{name}' is not supported (only {off}, which turns it off)"),
+                ));
+            }
+        }
+    }
+    if let Some(n) = integer(o, "min_keep")? {
+        if n > 1 {
+            return Err(ApiError::invalid_field(
+                "min_keep",
+                "'min_keep' is not supported (only 0 or 1)",
+            ));
+        }
+    }
+    for name in ["samplers", "lora"] {
+        if field(o, name).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+            return Err(ApiError::invalid_field(
+                name,
+                format!("'{name}' is not supported"),
+            ));
+        }
+    }
+    if boolean(o, "post_sampling_probs")? == Some(true) {
+        return Err(ApiError::invalid_field(
+            "post_sampling_probs",
+            "'post_sampling_probs' is not supported: log probabilities are the model's own",
+        ));
+    }
+    if field(o, "suffix").is_some_and(|v| v.as_str().is_none_or(|s| !s.is_empty())) {
+        return Err(ApiError::invalid_field(
+            "suffix",
+            "'suffix' (text insertion) is not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// Chat: `logprobs: true` with `top_logprobs` 0-20; completions: `logprobs` as the number of
+/// alternatives; llama.cpp: `n_probs`.
+fn parse_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let top = |name: &str, n: Option<i64>| -> Result<usize, ApiError> {
+        match n {
+            None => Ok(0),
+            Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(ApiError::invalid_field(
+                name,
+                format!("'{name}' must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+            )),
+        }
+    };
+    let mut wanted = match field(o, "logprobs") {
+        None | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(top("top_logprobs", integer(o, "top_logprobs")?)?),
+        Some(_) => match integer(o, "logprobs")? {
+            Some(0) | None => None,
+            n => Some(top("logprobs", n)?),
+        },
+    };
+    if wanted.is_none() && field(o, "top_logprobs").is_some() {
+        return Err(ApiError::invalid_field(
+            "top_logprobs",
+            "'top_logprobs' needs \"logprobs\": true",
+        ));
+    }
+    match integer(o, "n_probs")? {
+        None | Some(0) => {}
+        n => wanted = Some(top("n_probs", n)?.max(wanted.unwrap_or(0))),
+    }
+    Ok(wanted)
+}
+
+/// At most one of `response_format` (json_object / json_schema), `json_schema` and `grammar`.
+fn parse_grammar(o: &Map<String, Value>) -> Result<Option<GrammarSource>, ApiError> {
+    let mut found: Vec<(&str, GrammarSource)> = Vec::new();
+    if let Some(rf) = field(o, "response_format") {
+        let bad = |m: &str| ApiError::invalid_field("response_format", m.to_string());
+        let Some(rf) = rf.as_object() else {
+            return Err(bad("'response_format' must be an object"));
+        };
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push((
+                "response_format",
+                match rf.get("schema").filter(|s| !s.is_null()) {
+                    // llama-server takes a schema here too.
+                    Some(schema) => GrammarSource::JsonSchema(schema.clone()),
+                    None => GrammarSource::JsonObject,
+                },
+            )),
+            Some("json_schema") => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .or_else(|| rf.get("schema"))
+                    .filter(|s| s.is_object() || s.is_boolean());
+                match schema {
+                    Some(schema) => found.push(("response_format", GrammarSource::JsonSchema(schema.clone()))),
+                    None => {
+                        return Err(bad(
+                            "'response_format' of type json_schema needs 'json_schema': {\"schema\": {...}}",
+                        ))
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(bad(&format!(
+                    "'response_format' type '{other}' must be \"text\", \"json_object\" or \"json_schema\""
+                )))
+            }
+            None => return Err(bad("'response_format' needs a 'type'")),
+        }
+    }
+    match field(o, "json_schema") {
+        None => {}
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+            found.push(("json_schema", GrammarSource::JsonSchema(schema.clone())))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "json_schema",
+                "'json_schema' must be a JSON Schema object",
+            ))
+        }
+    }
+    match field(o, "grammar") {
+        None => {}
+        Some(Value::String(g)) if g.trim().is_empty() => {}
+        Some(Value::String(g)) => found.push(("grammar", GrammarSource::Grammar(g.clone()))),
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "grammar",
+                "'grammar' must be a string (a GBNF or Lark grammar)",
+            ))
+        }
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid_field(
+            found[1].0,
+            format!(
+                "give only one of response_format (JSON), json_schema and grammar: this request has '{}' and '{}'",
+                found[0].0, found[1].0
+            ),
+        ));
+    }
+    Ok(found.pop().map(|(_, g)| g))
+}
+
+/// `logit_bias`: an object of token id (or text) to bias, or llama.cpp's `[[key, bias], ...]`;
+/// a bias of `false` bans the token. Biases are clamped to [-100, 100] as OpenAI does.
+fn parse_logit_bias(o: &Map<String, Value>) -> Result<Vec<(BiasKey, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid_field("logit_bias", m);
+    let key = |k: &str| -> BiasKey {
+        match k.trim().parse::<u64>() {
+            Ok(id) => BiasKey::Id(id),
+            Err(_) => BiasKey::Text(k.to_string()),
+        }
+    };
+    let bias = |k: &str, v: &Value| -> Result<f32, ApiError> {
+        match v {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            Value::Number(n) => match n.as_f64() {
+                Some(b) if b.is_finite() => Ok(b.clamp(-100.0, 100.0) as f32),
+                _ => Err(bad(format!("the bias of '{k}' must be a finite number"))),
+            },
+            _ => Err(bad(format!(
+                "the bias of '{k}' must be a number (or false to ban the token)"
+            ))),
+        }
+    };
+    let mut out = Vec::new();
+    match field(o, "logit_bias") {
+        None => {}
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                out.push((key(k), bias(k, v)?));
+            }
+        }
+        Some(Value::Array(pairs)) => {
+            for p in pairs {
+                match p.as_array().map(Vec::as_slice) {
+                    Some([Value::Number(id), v]) => {
+                        let k = id.to_string();
+                        let id = id
+                            .as_u64()
+                            .ok_or_else(|| bad(format!("'{k}' is not a token id")))?;
+                        out.push((BiasKey::Id(id), bias(&k, v)?));
+                    }
+                    Some([Value::String(text), v]) => {
+                        out.push((BiasKey::Text(text.clone()), bias(text, v)?))
+                    }
+                    _ => {
+                        return Err(bad(
+                            "'logit_bias' pairs must be [token id or text, bias]".into()
+                        ))
+                    }
+                }
+            }
+        }
+        Some(_) => {
+            return Err(bad(
+                "'logit_bias' must be an object of token id to bias".into()
+            ))
+        }
+    }
+    Ok(out)
 }
 
 /// Message content: a string, null, or an array of `{"type": "text", "text": ...}` parts.
@@ -396,11 +698,25 @@ pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
                 )),
             }
         };
+        let tool_calls = match m.get("tool_calls").filter(|v| !v.is_null()) {
+            None => m
+                .get("function_call")
+                .filter(|v| v.is_object())
+                // A legacy assistant message: its one call, in the shape templates expect.
+                .map(|f| serde_json::json!([{"type": "function", "function": f}])),
+            Some(v @ Value::Array(_)) => Some(v.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid_field(
+                    &format!("messages[{i}].tool_calls"),
+                    "'tool_calls' must be an array",
+                ))
+            }
+        };
         messages.push(ChatMessage {
             role,
             content: content(m.get("content"), i)?,
             reasoning_content: text_of("reasoning_content")?,
-            tool_calls: m.get("tool_calls").filter(|v| !v.is_null()).cloned(),
+            tool_calls: tool_calls.map(|c| tools::arguments_for_template(&c)),
             name: text_of("name")?,
             tool_call_id: text_of("tool_call_id")?,
         });
@@ -415,10 +731,26 @@ pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
             ))
         }
     };
+    let (tools, tools_for_template) = tools::parse_tools(o)?;
+    let tool_choice = tools::parse_tool_choice(o, &tools)?;
+    if params.grammar.is_some()
+        && matches!(tool_choice, ToolChoice::Required | ToolChoice::Named(_))
+    {
+        return Err(ApiError::invalid_field(
+            "tool_choice",
+            "a required or named tool call cannot be combined with response_format, json_schema or grammar",
+        ));
+    }
+    let legacy_functions = field(o, "functions").is_some();
     Ok(ChatRequest {
         params,
         messages,
         template_kwargs,
+        tools,
+        tools_for_template,
+        tool_choice,
+        parallel_tool_calls: boolean(o, "parallel_tool_calls")?.unwrap_or(true),
+        legacy_functions,
     })
 }
 
@@ -570,15 +902,11 @@ mod tests {
                 "n_probs",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "x"}], "n_probs": 5}),
+                json!({"messages": [{"role": "user", "content": "x"}], "n_probs": 50}),
                 "n_probs",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),
-                "logprobs",
-            ),
-            (
-                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 5}),
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 21}),
                 "logprobs",
             ),
             (
@@ -589,23 +917,191 @@ mod tests {
                 json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
                 "top_logprobs",
             ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "mirostat": 2}),
+                "mirostat",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "dry_multiplier": 0.8}),
+                "dry_multiplier",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "xtc_probability": 0.5}),
+                "xtc_probability",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "typical_p": 0.9}),
+                "typical_p",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "samplers": ["top_k"]}),
+                "samplers",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "best_of": 3}),
+                "best_of",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),
+                "response_format",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}),
+                "response_format",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}),
+                "grammar",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "grammar": 5}),
+                "grammar",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"12": "x"}}),
+                "logit_bias",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logit_bias": [[1]]}),
+                "logit_bias",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "reasoning_format": "xml"}),
+                "reasoning_format",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "json_schema": {}}),
+                "tool_choice",
+            ),
         ];
         for (body, param) in cases {
             let e = parse_chat(&obj(body.clone())).expect_err(&body.to_string());
             assert_eq!(e.status.as_u16(), 400);
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
-        // Asking for none of what is unsupported is fine.
+        // Values that turn a sampler off are fine: clients send them all.
         for ok in [
             json!({"n_probs": 0}),
             json!({"n_probs": null}),
             json!({"logprobs": false}),
             json!({"logprobs": 0}),
+            json!({"mirostat": 0, "mirostat_tau": 5, "mirostat_eta": 0.1, "typical_p": 1,
+                   "dry_multiplier": 0, "dry_base": 1.75, "xtc_probability": 0, "xtc_threshold": 0.1,
+                   "top_n_sigma": -1, "dynatemp_range": 0, "min_keep": 0, "samplers": []}),
         ] {
             assert!(parse_params(&obj(ok.clone())).is_ok(), "{ok}");
         }
         assert!(parse_json(b"{not json").is_err());
         assert!(parse_json(b"[1]").is_err());
+    }
+
+    #[test]
+    fn logprobs_grammars_and_bias_in_every_spelling() {
+        let p = |v: Value| parse_params(&obj(v)).unwrap();
+        assert_eq!(p(json!({"logprobs": true})).logprobs, Some(0));
+        assert_eq!(
+            p(json!({"logprobs": true, "top_logprobs": 5})).logprobs,
+            Some(5)
+        );
+        assert_eq!(p(json!({"logprobs": 3})).logprobs, Some(3));
+        assert_eq!(p(json!({"n_probs": 4})).logprobs, Some(4));
+        assert_eq!(p(json!({})).logprobs, None);
+        assert_eq!(
+            p(json!({"response_format": {"type": "json_object"}})).grammar,
+            Some(GrammarSource::JsonObject)
+        );
+        assert_eq!(
+            p(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": true}}})).grammar,
+            Some(GrammarSource::JsonSchema(json!({"type": "integer"})))
+        );
+        assert_eq!(
+            p(json!({"response_format": {"type": "json_object", "schema": {"type": "string"}}}))
+                .grammar,
+            Some(GrammarSource::JsonSchema(json!({"type": "string"})))
+        );
+        assert_eq!(
+            p(json!({"json_schema": {"type": "array"}})).grammar,
+            Some(GrammarSource::JsonSchema(json!({"type": "array"})))
+        );
+        assert_eq!(
+            p(json!({"grammar": "root ::= \"x\""})).grammar,
+            Some(GrammarSource::Grammar("root ::= \"x\"".into()))
+        );
+        assert_eq!(
+            p(json!({"response_format": {"type": "text"}})).grammar,
+            None
+        );
+        assert_eq!(
+            p(json!({"logit_bias": {"15": -100, "Hello": 5.5, "7": false, "9": 300}})).logit_bias,
+            vec![
+                (BiasKey::Id(15), -100.0),
+                (BiasKey::Text("Hello".into()), 5.5),
+                (BiasKey::Id(7), f32::NEG_INFINITY),
+                (BiasKey::Id(9), 100.0),
+            ]
+        );
+        assert_eq!(
+            p(json!({"logit_bias": [[15, -1], ["hi", 2]]})).logit_bias,
+            vec![(BiasKey::Id(15), -1.0), (BiasKey::Text("hi".into()), 2.0)]
+        );
+        assert_eq!(
+            p(json!({"reasoning_format": "none"})).reasoning,
+            Some(ReasoningFormat::None)
+        );
+        assert_eq!(
+            p(json!({"reasoning_format": "deepseek"})).reasoning,
+            Some(ReasoningFormat::Deepseek)
+        );
+    }
+
+    #[test]
+    fn tool_fields_and_legacy_functions() {
+        let r = parse_chat(&obj(json!({
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "21"}]}
+            ],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false
+        })))
+        .unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::Named("get_weather".into()));
+        assert!(!r.parallel_tool_calls && !r.legacy_functions);
+        let calls = r.messages[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0]["function"]["arguments"], json!({"city": "Paris"}));
+        assert_eq!(r.messages[2].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(r.messages[2].content, "21");
+        let r = parse_chat(&obj(json!({
+            "messages": [{"role": "assistant", "content": null, "function_call": {"name": "f", "arguments": "{}"}}],
+            "functions": [{"name": "f"}],
+            "function_call": "auto"
+        })))
+        .unwrap();
+        assert!(r.legacy_functions);
+        assert_eq!(r.tool_choice, ToolChoice::Auto);
+        assert_eq!(
+            r.messages[0].tool_calls.as_ref().unwrap()[0]["function"]["name"],
+            "f"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_named_once() {
+        let o = obj(json!({"model": "m", "zz_unknown_field_a": 1, "metadata": {}}));
+        let first = unknown_fields(&o);
+        assert!(
+            first.contains(&"zz_unknown_field_a".to_string()),
+            "{first:?}"
+        );
+        assert!(!first.contains(&"model".to_string()));
+        assert!(unknown_fields(&o).iter().all(|f| f != "zz_unknown_field_a"));
     }
 
     #[test]

@@ -1,4 +1,8 @@
 //! The response side: scheduler events to an OpenAI JSON body or to SSE `data:` chunks.
+//!
+//! Generated text goes through the request's tool-call parser (calls are taken out of the text
+//! wherever they are, also inside a reasoning block), then through the reasoning splitter
+//! (`<think>…</think>` to `reasoning_content`), and what is left is `content`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -7,12 +11,15 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use nextn_engine::sampler::TokenLogprob;
 use nextn_engine::scheduler::{Completion, Event, EventSink, FailKind};
+use nextn_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::error::ApiError;
 use crate::reasoning::ReasoningSplitter;
+use crate::tools::{ToolCall, ToolCallParser, ToolEvent};
 use crate::App;
 
 /// A request's event channel as the scheduler sees it.
@@ -40,22 +47,48 @@ pub(crate) fn unix_time() -> u64 {
         .unwrap_or(0)
 }
 
+/// How a request's answer is cut into parts.
+pub(crate) struct Shaping {
+    pub splitter: Option<ReasoningSplitter>,
+    pub tools: Option<ToolCallParser>,
+    /// Answer a legacy `functions` request with `function_call`.
+    pub legacy_functions: bool,
+    /// Log probabilities were asked for (chat shape or completions shape by endpoint).
+    pub logprobs: bool,
+}
+
+/// One part of the answer, in order.
+enum Part {
+    Reasoning(String),
+    Content(String),
+    Call(usize, String, ToolCall),
+}
+
 /// How one request's answer is shaped.
 pub(crate) struct Reply {
     app: Arc<App>,
+    tokenizer: Arc<Tokenizer>,
     endpoint: Endpoint,
     id: String,
     created: u64,
     include_usage: bool,
-    splitter: Option<ReasoningSplitter>,
+    shaping: Shaping,
+    calls: Vec<(String, ToolCall)>,
+    /// A call's markup was cut off by the end of generation.
+    unfinished_call: bool,
+    /// Log probabilities not yet sent with a chunk.
+    pending_logprobs: Vec<TokenLogprob>,
+    /// Bytes of completion text so far (for `text_offset`).
+    text_offset: usize,
 }
 
 impl Reply {
     pub fn new(
         app: Arc<App>,
+        tokenizer: Arc<Tokenizer>,
         endpoint: Endpoint,
         include_usage: bool,
-        splitter: Option<ReasoningSplitter>,
+        shaping: Shaping,
     ) -> Self {
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -64,11 +97,16 @@ impl Reply {
         let id = format!("{prefix}-{:016x}", crate::request::fresh_seed());
         Reply {
             app,
+            tokenizer,
             endpoint,
             id,
             created: unix_time(),
             include_usage,
-            splitter,
+            shaping,
+            calls: Vec::new(),
+            unfinished_call: false,
+            pending_logprobs: Vec::new(),
+            text_offset: 0,
         }
     }
 
@@ -91,19 +129,114 @@ impl Reply {
         })
     }
 
-    /// Text split into (reasoning, content) for this request.
-    fn split(&mut self, text: &str) -> (String, String) {
-        match &mut self.splitter {
+    /// Text after the reasoning splitter.
+    fn split(&mut self, text: &str, parts: &mut Vec<Part>) {
+        let (r, c) = match &mut self.shaping.splitter {
             Some(s) => s.push(text),
             None => (String::new(), text.to_string()),
+        };
+        push_text(parts, r, c);
+    }
+
+    /// A piece of generated text into parts.
+    fn parts(&mut self, text: &str) -> Vec<Part> {
+        let mut parts = Vec::new();
+        let events = match &mut self.shaping.tools {
+            Some(p) => p.push(text),
+            None => vec![ToolEvent::Text(text.to_string())],
+        };
+        self.route(events, &mut parts);
+        parts
+    }
+
+    fn route(&mut self, events: Vec<ToolEvent>, parts: &mut Vec<Part>) {
+        for e in events {
+            match e {
+                ToolEvent::Text(t) => self.split(&t, parts),
+                ToolEvent::Call(c) => {
+                    let index = self.calls.len();
+                    let id = format!("call_{:016x}", crate::request::fresh_seed());
+                    self.calls.push((id.clone(), c.clone()));
+                    parts.push(Part::Call(index, id, c));
+                }
+            }
         }
     }
 
-    fn split_finish(&mut self) -> (String, String) {
-        match &mut self.splitter {
+    /// What is left at the end of generation.
+    fn finish_parts(&mut self) -> Vec<Part> {
+        let mut parts = Vec::new();
+        if let Some(p) = &mut self.shaping.tools {
+            let (events, unfinished) = p.finish();
+            self.unfinished_call = unfinished;
+            self.route(events, &mut parts);
+        }
+        let (r, c) = match &mut self.shaping.splitter {
             Some(s) => s.finish(),
             None => (String::new(), String::new()),
+        };
+        push_text(&mut parts, r, c);
+        parts
+    }
+
+    fn finish_reason(&self, c: &Completion) -> &'static str {
+        if self.unfinished_call {
+            // Markup cut off by the budget or a stop string: it came back as text.
+            return "length";
         }
+        match c.finish.as_str() {
+            "stop" if !self.calls.is_empty() && self.shaping.legacy_functions => "function_call",
+            "stop" if !self.calls.is_empty() => "tool_calls",
+            other => other,
+        }
+    }
+
+    /// The chat `logprobs` object, or the completions one, for some tokens.
+    fn logprobs_json(&mut self, tokens: &[TokenLogprob]) -> Value {
+        let tok = &self.tokenizer;
+        let text = |id: u32| tok.decode(&[id]);
+        let bytes = |id: u32| tok.token_bytes(id).to_vec();
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "content": tokens.iter().map(|t| json!({
+                    "id": t.id,
+                    "token": text(t.id),
+                    "logprob": t.logprob,
+                    "bytes": bytes(t.id),
+                    "top_logprobs": t.top.iter().map(|&(id, lp)| json!({
+                        "id": id, "token": text(id), "logprob": lp, "bytes": bytes(id),
+                    })).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            }),
+            Endpoint::Completion => {
+                let mut offsets = Vec::new();
+                for t in tokens {
+                    offsets.push(self.text_offset);
+                    self.text_offset += tok.token_bytes(t.id).len();
+                }
+                json!({
+                    "tokens": tokens.iter().map(|t| text(t.id)).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": tokens.iter().map(|t| {
+                        let mut m = serde_json::Map::new();
+                        for &(id, lp) in &t.top {
+                            m.insert(text(id), json!(lp));
+                        }
+                        Value::Object(m)
+                    }).collect::<Vec<_>>(),
+                    "text_offset": offsets,
+                })
+            }
+        }
+    }
+
+    /// The log probabilities collected so far for the next chunk (`null` when none were asked).
+    fn take_logprobs(&mut self) -> Value {
+        if !self.shaping.logprobs {
+            return Value::Null;
+        }
+        let pending = std::mem::take(&mut self.pending_logprobs);
+        self.logprobs_json(&pending)
     }
 
     fn log(&self, c: &Completion) {
@@ -119,7 +252,7 @@ impl Reply {
             t.predicted_n,
             t.predicted_ms,
             t.predicted_per_second(),
-            c.finish.as_str()
+            self.finish_reason(c)
         );
         if c.spec.draft_n > 0 {
             line += &format!(
@@ -129,7 +262,26 @@ impl Reply {
                 c.spec.draft_n
             );
         }
+        if let Some((ms, n)) = c.grammar_masks {
+            line += &format!(", grammar {n} masks in {ms:.1} ms");
+        }
         eprintln!("{line}");
+    }
+}
+
+/// Reasoning and content text as parts, joined to the previous part of the same kind.
+fn push_text(parts: &mut Vec<Part>, reasoning: String, content: String) {
+    if !reasoning.is_empty() {
+        match parts.last_mut() {
+            Some(Part::Reasoning(r)) => r.push_str(&reasoning),
+            _ => parts.push(Part::Reasoning(reasoning)),
+        }
+    }
+    if !content.is_empty() {
+        match parts.last_mut() {
+            Some(Part::Content(c)) => c.push_str(&content),
+            _ => parts.push(Part::Content(content)),
+        }
     }
 }
 
@@ -138,6 +290,10 @@ fn timings(c: &Completion) -> Value {
     t["cache_n"] = json!(0);
     t["draft_n"] = json!(c.spec.draft_n);
     t["draft_n_accepted"] = json!(c.spec.draft_n_accepted);
+    if let Some((ms, n)) = c.grammar_masks {
+        t["grammar_ms"] = json!(ms);
+        t["grammar_masks"] = json!(n);
+    }
     t
 }
 
@@ -160,6 +316,15 @@ fn failure(kind: FailKind, message: String) -> ApiError {
     ApiError::new(status, ty, message)
 }
 
+/// A call as OpenAI's `tool_calls[i]`.
+fn tool_call_json(id: &str, call: &ToolCall) -> Value {
+    json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments_json()},
+    })
+}
+
 /// Wait until the request has a slot (or failed), so a failure still gets its own status.
 async fn started(rx: &mut UnboundedReceiver<Event>) -> Result<(), ApiError> {
     match rx.recv().await {
@@ -175,15 +340,12 @@ pub(crate) async fn collect(
     mut reply: Reply,
 ) -> Result<Response, ApiError> {
     started(&mut rx).await?;
-    let mut reasoning = String::new();
-    let mut content = String::new();
+    let mut parts = Vec::new();
+    let mut logprobs = Vec::new();
     let completion = loop {
         match rx.recv().await {
-            Some(Event::Text(t)) => {
-                let (r, c) = reply.split(&t);
-                reasoning += &r;
-                content += &c;
-            }
+            Some(Event::Text(t)) => parts.extend(reply.parts(&t)),
+            Some(Event::Logprobs(l)) => logprobs.extend(l),
             Some(Event::Done(c)) => break c,
             Some(Event::Failed { kind, message }) => return Err(failure(kind, message)),
             Some(Event::Started { .. }) => {}
@@ -194,21 +356,46 @@ pub(crate) async fn collect(
             }
         }
     };
-    let (r, c) = reply.split_finish();
-    reasoning += &r;
-    content += &c;
+    parts.extend(reply.finish_parts());
     reply.log(&completion);
-    let finish = completion.finish.as_str();
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for p in &parts {
+        match p {
+            Part::Reasoning(r) => reasoning.push_str(r),
+            Part::Content(c) => content.push_str(c),
+            Part::Call(..) => {}
+        }
+    }
+    let finish = reply.finish_reason(&completion);
+    let logprobs = if reply.shaping.logprobs {
+        reply.logprobs_json(&logprobs)
+    } else {
+        Value::Null
+    };
     let choice = match reply.endpoint {
         Endpoint::Chat => {
-            let mut message = json!({"role": "assistant", "content": content});
+            let calls = &reply.calls;
+            let mut message = json!({
+                "role": "assistant",
+                "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) },
+            });
             if !reasoning.is_empty() {
                 message["reasoning_content"] = json!(reasoning);
             }
-            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish})
+            if !calls.is_empty() {
+                if reply.shaping.legacy_functions {
+                    let (_, c) = &calls[0];
+                    message["function_call"] =
+                        json!({"name": c.name, "arguments": c.arguments_json()});
+                } else {
+                    message["tool_calls"] =
+                        calls.iter().map(|(id, c)| tool_call_json(id, c)).collect();
+                }
+            }
+            json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
         }
         Endpoint::Completion => {
-            json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish})
+            json!({"index": 0, "text": content, "logprobs": logprobs, "finish_reason": finish})
         }
     };
     let mut body = reply.envelope(false, json!([choice]));
@@ -235,49 +422,70 @@ struct SseState {
 }
 
 impl SseState {
-    fn delta_chunk(&self, reasoning: &str, content: &str) -> Option<Bytes> {
-        if reasoning.is_empty() && content.is_empty() {
-            return None;
+    fn chunk(&mut self, delta: Value) {
+        let logprobs = self.reply.take_logprobs();
+        let choice =
+            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null});
+        let v = self.reply.envelope(true, json!([choice]));
+        self.frames.push_back(sse(&v));
+    }
+
+    fn part_chunks(&mut self, parts: Vec<Part>) {
+        for p in parts {
+            match (self.reply.endpoint, p) {
+                (Endpoint::Completion, Part::Content(text) | Part::Reasoning(text)) => {
+                    let logprobs = self.reply.take_logprobs();
+                    let choice = json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": null});
+                    let v = self.reply.envelope(true, json!([choice]));
+                    self.frames.push_back(sse(&v));
+                }
+                (Endpoint::Completion, Part::Call(..)) => {}
+                (Endpoint::Chat, Part::Content(c)) => self.chunk(json!({"content": c})),
+                (Endpoint::Chat, Part::Reasoning(r)) => self.chunk(json!({"reasoning_content": r})),
+                (Endpoint::Chat, Part::Call(index, id, call)) => {
+                    if self.reply.shaping.legacy_functions {
+                        if index == 0 {
+                            self.chunk(
+                                json!({"function_call": {"name": call.name, "arguments": ""}}),
+                            );
+                            self.chunk(
+                                json!({"function_call": {"arguments": call.arguments_json()}}),
+                            );
+                        }
+                    } else {
+                        self.chunk(json!({"tool_calls": [{
+                            "index": index, "id": id, "type": "function",
+                            "function": {"name": call.name, "arguments": ""},
+                        }]}));
+                        self.chunk(json!({"tool_calls": [{
+                            "index": index,
+                            "function": {"arguments": call.arguments_json()},
+                        }]}));
+                    }
+                }
+            }
         }
-        let choice = match self.reply.endpoint {
-            Endpoint::Chat => {
-                let delta = if reasoning.is_empty() {
-                    json!({"content": content})
-                } else if content.is_empty() {
-                    json!({"reasoning_content": reasoning})
-                } else {
-                    json!({"reasoning_content": reasoning, "content": content})
-                };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null})
-            }
-            Endpoint::Completion => {
-                json!({"index": 0, "text": content, "logprobs": null, "finish_reason": null})
-            }
-        };
-        Some(sse(&self.reply.envelope(true, json!([choice]))))
     }
 
     fn on_event(&mut self, event: Option<Event>) {
         match event {
             Some(Event::Text(t)) => {
-                let (r, c) = self.reply.split(&t);
-                if let Some(f) = self.delta_chunk(&r, &c) {
-                    self.frames.push_back(f);
-                }
+                let parts = self.reply.parts(&t);
+                self.part_chunks(parts);
             }
+            Some(Event::Logprobs(l)) => self.reply.pending_logprobs.extend(l),
             Some(Event::Done(c)) => {
-                let (r, rest) = self.reply.split_finish();
-                if let Some(f) = self.delta_chunk(&r, &rest) {
-                    self.frames.push_back(f);
-                }
+                let parts = self.reply.finish_parts();
+                self.part_chunks(parts);
                 self.reply.log(&c);
-                let finish = c.finish.as_str();
+                let finish = self.reply.finish_reason(&c);
+                let logprobs = self.reply.take_logprobs();
                 let choice = match self.reply.endpoint {
                     Endpoint::Chat => {
-                        json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish})
+                        json!({"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": finish})
                     }
                     Endpoint::Completion => {
-                        json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish})
+                        json!({"index": 0, "text": "", "logprobs": logprobs, "finish_reason": finish})
                     }
                 };
                 let mut last = self.reply.envelope(true, json!([choice]));

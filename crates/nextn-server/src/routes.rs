@@ -11,13 +11,17 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use nextn_engine::grammar::{Constraint, GrammarSource};
 use nextn_engine::scheduler::{Phase, SubmitError};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::reasoning::{prompt_opens_thinking, ReasoningSplitter};
-use crate::request::{parse_chat, parse_completion, parse_json, GenParams, Prompt};
-use crate::respond::{self, Endpoint, Reply};
+use crate::request::{
+    parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, GenParams, Prompt,
+};
+use crate::respond::{self, Endpoint, Reply, Shaping};
+use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
 use crate::{prometheus, App, Frontend, ReasoningFormat};
 
 type AppState = Arc<App>;
@@ -221,36 +225,145 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// Everything a request needs before it is submitted, prepared off the async threads.
+struct Prepared {
+    params: GenParams,
+    tokens: Vec<u32>,
+    grammar: Option<Constraint>,
+    shaping: Shaping,
+}
+
+/// Name each field this server does not know, once, when debug logging is on.
+fn log_unknown(app: &App, o: &Map<String, Value>) {
+    let unknown = unknown_fields(o);
+    if app.cfg.debug_log && !unknown.is_empty() {
+        eprintln!(
+            "debug: ignoring unknown request fields: {}",
+            unknown.join(", ")
+        );
+    }
+}
+
+/// Compile a grammar for a request; a grammar that does not compile is the request's fault.
+fn compile(fe: &Frontend, source: &GrammarSource, param: &str) -> Result<Constraint, ApiError> {
+    let compiler = fe.grammars().map_err(ApiError::internal)?;
+    compiler
+        .compile(source)
+        .map_err(|e| ApiError::invalid_field(param, format!("'{param}': {e}")))
+}
+
+/// `logit_bias` keys as token ids: ids checked against the vocabulary, texts tokenized (every
+/// token of the text gets the bias, as in llama-server).
+fn resolve_bias(fe: &Frontend, params: &mut GenParams) -> Result<(), ApiError> {
+    let mut bias = Vec::new();
+    for (key, b) in &params.logit_bias {
+        match key {
+            BiasKey::Id(id) if *id < fe.n_vocab as u64 => bias.push((*id as u32, *b)),
+            BiasKey::Id(id) => {
+                return Err(ApiError::invalid_field(
+                    "logit_bias",
+                    format!(
+                        "token id {id} is out of range: the vocabulary has {} tokens",
+                        fe.n_vocab
+                    ),
+                ))
+            }
+            BiasKey::Text(t) => {
+                bias.extend(fe.tokenizer.encode(t, false).into_iter().map(|id| (id, *b)))
+            }
+        }
+    }
+    params.sampler.logit_bias = bias;
+    Ok(())
+}
+
 async fn chat_inner(
     app: AppState,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
-    let (req, prompt_text, tokens) = blocking(move || {
+    let app2 = app.clone();
+    let fe2 = fe.clone();
+    let prepared = blocking(move || {
+        let (app, fe) = (app2, fe2);
         let o = parse_json(&body)?;
-        let req = parse_chat(&o)?;
+        log_unknown(&app, &o);
+        let mut req = parse_chat(&o)?;
+        check_model(&app, req.params.model.as_deref())?;
+        resolve_bias(&fe, &mut req.params)?;
+        let use_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
+        let mut kwargs = req.template_kwargs.clone();
+        if use_tools && !kwargs.contains_key("tools") {
+            kwargs.insert("tools".into(), req.tools_for_template.clone());
+        }
         let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
         let rendered = if continue_last {
-            fe.template
-                .render_prefill(&req.messages, &req.template_kwargs)
+            fe.template.render_prefill(&req.messages, &kwargs)
         } else {
-            fe.template
-                .render(&req.messages, true, &req.template_kwargs)
+            fe.template.render(&req.messages, true, &kwargs)
         };
         let text = rendered.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let tokens = fe.tokenizer.encode(&text, true);
-        Ok((req, text, tokens))
+        let in_reasoning = prompt_opens_thinking(&text);
+        let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
+        let grammar = match (&req.tool_choice, &req.params.grammar) {
+            (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
+                let only = match &req.tool_choice {
+                    ToolChoice::Named(n) => Some(n.as_str()),
+                    _ => None,
+                };
+                let reasoning = if in_reasoning {
+                    Reasoning::Open
+                } else if fe.template.source().contains("<think>") {
+                    Reasoning::Optional
+                } else {
+                    Reasoning::None
+                };
+                let lark = call_grammar(
+                    &req.tools,
+                    only,
+                    fe.tool_format,
+                    // A named tool is called once; `required` may call several.
+                    only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
+                    reasoning,
+                );
+                Some(compile(&fe, &GrammarSource::Grammar(lark), "tool_choice")?)
+            }
+            (_, Some(g)) => Some(compile(&fe, g, grammar_param(&o))?),
+            _ => None,
+        };
+        let shaping = Shaping {
+            splitter: match reasoning {
+                ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
+                ReasoningFormat::None => None,
+            },
+            tools: use_tools.then(|| {
+                ToolCallParser::new(
+                    req.tools.clone(),
+                    (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
+                )
+            }),
+            legacy_functions: req.legacy_functions,
+            logprobs: req.params.logprobs.is_some(),
+        };
+        Ok(Prepared {
+            params: req.params,
+            tokens,
+            grammar,
+            shaping,
+        })
     })
     .await?;
-    check_model(&app, req.params.model.as_deref())?;
-    let splitter = match app.cfg.reasoning {
-        ReasoningFormat::Deepseek => {
-            Some(ReasoningSplitter::new(prompt_opens_thinking(&prompt_text)))
-        }
-        ReasoningFormat::None => None,
-    };
-    submit(&app, tokens, req.params, Endpoint::Chat, splitter).await
+    submit(&app, &fe, prepared, Endpoint::Chat).await
+}
+
+/// Which field gave the request's grammar (for error messages).
+fn grammar_param(o: &Map<String, Value>) -> &'static str {
+    ["response_format", "json_schema", "grammar"]
+        .into_iter()
+        .find(|k| o.get(*k).is_some_and(|v| !v.is_null()))
+        .unwrap_or("grammar")
 }
 
 async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -265,27 +378,52 @@ async fn completions_inner(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
-    let req = blocking(move || {
+    let app2 = app.clone();
+    let fe2 = fe.clone();
+    let prepared = blocking(move || {
+        let (app, fe) = (app2, fe2);
         let o = parse_json(&body)?;
-        let req = parse_completion(&o)?;
+        log_unknown(&app, &o);
+        let mut req = parse_completion(&o)?;
+        check_model(&app, req.params.model.as_deref())?;
+        resolve_bias(&fe, &mut req.params)?;
         let tokens = match &req.prompt {
             Prompt::Text(t) => fe.tokenizer.encode(t, true),
             Prompt::Tokens(t) => t.clone(),
         };
-        Ok((req.params, tokens))
+        let grammar = match &req.params.grammar {
+            Some(g) => Some(compile(&fe, g, grammar_param(&o))?),
+            None => None,
+        };
+        let shaping = Shaping {
+            splitter: None,
+            tools: None,
+            legacy_functions: false,
+            logprobs: req.params.logprobs.is_some(),
+        };
+        Ok(Prepared {
+            params: req.params,
+            tokens,
+            grammar,
+            shaping,
+        })
     })
     .await?;
-    check_model(&app, req.0.model.as_deref())?;
-    submit(&app, req.1, req.0, Endpoint::Completion, None).await
+    submit(&app, &fe, prepared, Endpoint::Completion).await
 }
 
 async fn submit(
     app: &AppState,
-    tokens: Vec<u32>,
-    params: GenParams,
+    fe: &Arc<Frontend>,
+    prepared: Prepared,
     endpoint: Endpoint,
-    splitter: Option<ReasoningSplitter>,
 ) -> Result<Response, ApiError> {
+    let Prepared {
+        params,
+        tokens,
+        grammar,
+        shaping,
+    } = prepared;
     let info = app
         .handle
         .info()
@@ -325,6 +463,8 @@ async fn submit(
         stop: params.stop.clone(),
         ignore_eos: params.ignore_eos,
         trace: false,
+        grammar,
+        logprobs: params.logprobs,
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(|e| match e {
@@ -335,7 +475,13 @@ async fn submit(
         SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down"),
         SubmitError::Stopped(_) => ApiError::internal(e.to_string()),
     })?;
-    let reply = Reply::new(app.clone(), endpoint, params.include_usage, splitter);
+    let reply = Reply::new(
+        app.clone(),
+        fe.tokenizer.clone(),
+        endpoint,
+        params.include_usage,
+        shaping,
+    );
     if params.stream {
         respond::stream(rx, reply).await
     } else {

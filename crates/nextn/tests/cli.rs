@@ -486,6 +486,97 @@ fn bench_runs_each_policy_through_the_loop() {
         assert_eq!(runs, want, "temp {temp}");
         assert_eq!(v["check"]["spec_agree"], 1.0, "temp {temp}: {}", v["check"]);
         assert!(v["runs"][1]["spec"]["draft_n"].as_u64().unwrap() > 0);
-        assert!(stdout(&o).contains(" auto coupled |"), "{}", stdout(&o));
+        let out = stdout(&o);
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start().starts_with("auto ") && l.contains(" coupled |")),
+            "{out}"
+        );
+    }
+}
+
+/// `run` takes llama.cpp's constrained-decoding and bias flags, and refuses bad ones clearly.
+#[test]
+fn run_with_a_grammar_a_schema_and_a_logit_bias() {
+    let model = bundled();
+    let m = model.to_str().unwrap();
+    let json_of = |o: &Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", stderr(o));
+        serde_json::from_str(&stdout(o)).unwrap()
+    };
+    for spec in ["none", "nextn"] {
+        let schema = r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"], "additionalProperties": false}"#;
+        let v = json_of(&run(&[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "config = ",
+            "-n",
+            "200",
+            "--temp",
+            "0.9",
+            "-s",
+            "5",
+            "--json",
+            "-j",
+            schema,
+            "--spec-type",
+            spec,
+        ]));
+        assert_eq!(v["finish_reason"], "stop", "{v}");
+        let value: serde_json::Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
+        let n = value["n"].as_u64().expect("an integer n");
+        assert!(n <= 99 && value.as_object().unwrap().len() == 1, "{value}");
+        let v = json_of(&run(&[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "ok? ",
+            "-n",
+            "20",
+            "--temp",
+            "0",
+            "--json",
+            "--grammar",
+            "root ::= (\"yes\" | \"no\") \".\"",
+            "--spec-type",
+            spec,
+        ]));
+        assert!(v["text"] == "yes." || v["text"] == "no.", "{v}");
+    }
+    // A bias of -inf on the greedy first token moves the output off it.
+    let first_token = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            "import os\n",
+            "-n",
+            "1",
+            "--temp",
+            "0",
+            "--json",
+        ];
+        a.extend(extra);
+        json_of(&run(&a))["tokens"][0].as_u64()
+    };
+    let first = first_token(&[]).expect("a token");
+    let ban = format!("{first}-inf");
+    assert_ne!(first_token(&["--logit-bias", &ban]), Some(first));
+    for (args, needle) in [
+        (vec!["--grammar", "root ::= (\"x\""], "GBNF grammar, line 1"),
+        (vec!["-j", "{not json"], "--json-schema is not valid JSON"),
+        (vec!["--logit-bias", "12x5"], "--logit-bias 12x5"),
+        (vec!["--logit-bias", "99999+1"], "out of range"),
+    ] {
+        let mut a = vec!["run", "-m", m, "-p", "x", "-n", "2"];
+        a.extend(args.iter());
+        let o = run(&a);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"));
     }
 }

@@ -291,7 +291,7 @@ fn openai_endpoints_errors_and_metrics() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "x", "logprobs": 3})
+            json!({"prompt": "x", "mirostat": 2})
                 .to_string()
                 .into_bytes(),
             400,

@@ -71,6 +71,9 @@ pub struct SamplerConfig {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// Added to the logits of these tokens before anything else (OpenAI's `logit_bias`); −∞
+    /// bans a token.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -86,6 +89,7 @@ impl Default for SamplerConfig {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: DEFAULT_SEED,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -155,6 +159,17 @@ impl SamplerConfig {
                 "must be a finite number",
             );
         }
+        if let Some((id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| b.is_nan() || *b == f32::INFINITY)
+        {
+            return invalid(
+                "logit_bias",
+                format!("{b} for token {id}"),
+                "must be a finite number or -inf",
+            );
+        }
         Ok(())
     }
 
@@ -174,6 +189,58 @@ pub struct TokenProb {
     pub p: f32,
 }
 
+/// The tokens a grammar allows at one position: one bit per token id of the logits row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenMask {
+    words: Vec<u32>,
+    len: usize,
+}
+
+impl TokenMask {
+    /// A mask over `len` tokens from 32-bit words, bit `i % 32` of word `i / 32` for token `i`.
+    pub fn from_words(mut words: Vec<u32>, len: usize) -> Self {
+        words.resize(len.div_ceil(32), 0);
+        TokenMask { words, len }
+    }
+
+    pub fn allows(&self, id: u32) -> bool {
+        let i = id as usize;
+        i < self.len && self.words[i / 32] >> (i % 32) & 1 == 1
+    }
+
+    /// How many tokens are allowed.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The lowest allowed token id.
+    pub fn first(&self) -> Option<u32> {
+        self.words
+            .iter()
+            .enumerate()
+            .find(|(_, &w)| w != 0)
+            .map(|(i, w)| (i * 32) as u32 + w.trailing_zeros())
+            .filter(|&t| (t as usize) < self.len)
+    }
+
+    /// Set the logit of every token the mask does not allow to −∞.
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (w, chunk) in self.words.iter().zip(logits.chunks_mut(32)) {
+            if *w == u32::MAX {
+                continue;
+            }
+            for (bit, l) in chunk.iter_mut().enumerate() {
+                if w >> bit & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if logits.len() > self.len {
+            logits[self.len..].fill(f32::NEG_INFINITY);
+        }
+    }
+}
+
 /// Stateful sampler: configuration, penalty window and reusable scratch buffers.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -181,6 +248,8 @@ pub struct Sampler {
     history: PenaltyHistory,
     candidates: Candidates,
     penalised_logits: Vec<f32>,
+    /// The row after logit bias and a grammar's mask.
+    shaped_logits: Vec<f32>,
     distribution: Vec<TokenProb>,
 }
 
@@ -191,6 +260,7 @@ impl Sampler {
             history: PenaltyHistory::new(cfg.repeat_last_n),
             candidates: Candidates::default(),
             penalised_logits: Vec::new(),
+            shaped_logits: Vec::new(),
             distribution: Vec::new(),
             cfg,
         })
@@ -223,19 +293,84 @@ impl Sampler {
     /// `logits` is not modified. Returns 0 if there is nothing to choose from (empty slice or all
     /// NaN).
     pub fn sample(&mut self, logits: &[f32], index: u64) -> u32 {
-        if self.cfg.is_greedy() {
-            return self.greedy(logits);
-        }
-        let u = self.uniform(Draw::Token, index);
-        self.run_chain(logits);
-        self.candidates.draw(u).unwrap_or(0)
+        self.sample_masked(logits, None, index)
+    }
+
+    /// [`Sampler::sample`] over only the tokens `mask` allows (a grammar's), with the request's
+    /// logit bias applied first. The draw is the one plain decoding under the same mask makes.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: Option<&TokenMask>, index: u64) -> u32 {
+        let shaped = self.shape(logits, mask);
+        let row = shaped.as_deref().unwrap_or(logits);
+        let token = if self.cfg.is_greedy() {
+            self.greedy(row)
+        } else {
+            let u = self.uniform(Draw::Token, index);
+            self.run_chain(row);
+            self.candidates.draw(u).unwrap_or(0)
+        };
+        self.unshape(shaped);
+        allowed_or_first(token, mask)
     }
 
     /// [`Sampler::sample`] followed by [`Sampler::accept`] of the result.
     pub fn sample_and_accept(&mut self, logits: &[f32], index: u64) -> u32 {
-        let token = self.sample(logits, index);
+        self.sample_masked_and_accept(logits, None, index)
+    }
+
+    /// [`Sampler::sample_masked`] followed by [`Sampler::accept`] of the result.
+    pub fn sample_masked_and_accept(
+        &mut self,
+        logits: &[f32],
+        mask: Option<&TokenMask>,
+        index: u64,
+    ) -> u32 {
+        let token = self.sample_masked(logits, mask, index);
         self.accept(token);
         token
+    }
+
+    /// The best token of a draft head's row after the logit bias and `mask` (no penalties or
+    /// filters: drafts are the head's top-1); `None` when no allowed token has a finite logit
+    /// and the mask leaves more than one choice.
+    pub fn top_token(&mut self, logits: &[f32], mask: Option<&TokenMask>) -> Option<u32> {
+        let shaped = self.shape(logits, mask);
+        let row = shaped.as_deref().unwrap_or(logits);
+        let top = argmax(row);
+        let finite = row
+            .get(top as usize)
+            .is_some_and(|l| *l > f32::NEG_INFINITY);
+        self.unshape(shaped);
+        match mask {
+            _ if finite => Some(top),
+            Some(m) if m.count() == 1 => m.first(),
+            _ => None,
+        }
+    }
+
+    /// The row with the logit bias and `mask` applied, when either changes anything.
+    fn shape(&mut self, logits: &[f32], mask: Option<&TokenMask>) -> Option<Vec<f32>> {
+        if self.cfg.logit_bias.is_empty() && mask.is_none() {
+            return None;
+        }
+        let mut row = std::mem::take(&mut self.shaped_logits);
+        row.clear();
+        row.extend_from_slice(logits);
+        for &(id, b) in &self.cfg.logit_bias {
+            if let Some(l) = row.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        if let Some(m) = mask {
+            m.apply(&mut row);
+        }
+        Some(row)
+    }
+
+    /// Keep the scratch row's allocation for the next call.
+    fn unshape(&mut self, shaped: Option<Vec<f32>>) {
+        if let Some(row) = shaped {
+            self.shaped_logits = row;
+        }
     }
 
     /// This sampler's uniform for `draw` at output position `index`.
@@ -249,20 +384,34 @@ impl Sampler {
     /// Greedy configs give the argmax with probability 1; empty or all-NaN logits give an empty
     /// slice.
     pub fn distribution(&mut self, logits: &[f32]) -> &[TokenProb] {
+        self.distribution_masked(logits, None)
+    }
+
+    /// [`Sampler::distribution`] over only the tokens `mask` allows, after the logit bias: the
+    /// distribution [`Sampler::sample_masked`] draws from.
+    pub fn distribution_masked(
+        &mut self,
+        logits: &[f32],
+        mask: Option<&TokenMask>,
+    ) -> &[TokenProb] {
         self.distribution.clear();
+        let shaped = self.shape(logits, mask);
+        let row = shaped.as_deref().unwrap_or(logits);
         if self.cfg.is_greedy() {
-            if logits.iter().any(|l| !l.is_nan()) {
-                let id = self.greedy(logits);
+            if row.iter().any(|l| !l.is_nan()) {
+                let id = allowed_or_first(self.greedy(row), mask);
                 self.distribution.push(TokenProb { id, p: 1.0 });
             }
-            return &self.distribution;
+        } else {
+            self.run_chain(row);
+            self.distribution.extend(
+                self.candidates
+                    .probabilities()
+                    .filter(|&(id, _)| mask.is_none_or(|m| m.allows(id)))
+                    .map(|(id, p)| TokenProb { id, p }),
+            );
         }
-        self.run_chain(logits);
-        self.distribution.extend(
-            self.candidates
-                .probabilities()
-                .map(|(id, p)| TokenProb { id, p }),
-        );
+        self.unshape(shaped);
         &self.distribution
     }
 
@@ -317,6 +466,57 @@ impl Sampler {
         self.candidates.top_p(self.cfg.top_p);
         self.candidates.min_p(self.cfg.min_p);
         self.candidates.weigh(self.cfg.temperature);
+    }
+}
+
+/// The log probability of a token under the softmax of a whole logits row, with the `top` most
+/// likely tokens of the row (OpenAI's `logprobs` / `top_logprobs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The `top` most likely tokens and their log probabilities, most likely first (ties: lower
+    /// id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// From the raw logits (no temperature, penalties, bias or grammar): the model's own
+    /// distribution, the same whether the token was drafted or not.
+    pub fn of(row: &[f32], id: u32, top: usize) -> Self {
+        let max = math::nan_ignoring_max(row);
+        let lse = max as f64
+            + row
+                .iter()
+                .filter(|v| !v.is_nan())
+                .map(|&v| ((v - max) as f64).exp())
+                .sum::<f64>()
+                .ln();
+        let lp =
+            |t: u32| (row.get(t as usize).map_or(f64::NEG_INFINITY, |&v| v as f64) - lse) as f32;
+        let k = top.min(row.len());
+        let mut order: Vec<u32> = (0..row.len() as u32).collect();
+        let by_logit =
+            |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+        if k > 0 && k < order.len() {
+            order.select_nth_unstable_by(k - 1, by_logit);
+        }
+        order.truncate(k);
+        order.sort_by(by_logit);
+        TokenLogprob {
+            id,
+            logprob: lp(id),
+            top: order.into_iter().map(|t| (t, lp(t))).collect(),
+        }
+    }
+}
+
+/// `token` when the mask allows it, else the mask's first allowed token: a row whose allowed
+/// tokens all have −∞ logits still yields a token the grammar accepts.
+fn allowed_or_first(token: u32, mask: Option<&TokenMask>) -> u32 {
+    match mask {
+        Some(m) if !m.allows(token) => m.first().unwrap_or(token),
+        _ => token,
     }
 }
 

@@ -192,3 +192,178 @@ fn draw_walks_cumulative_weights() {
     empty.weigh(1.0);
     assert_eq!(empty.draw(0.5), None);
 }
+
+use super::{Sampler, SamplerConfig, TokenLogprob, TokenMask};
+
+/// A mask allowing the ids where `allow(id)` holds, over `len` tokens.
+fn mask_of(len: usize, allow: impl Fn(usize) -> bool) -> TokenMask {
+    let mut words = vec![0u32; len.div_ceil(32)];
+    for i in (0..len).filter(|&i| allow(i)) {
+        words[i / 32] |= 1 << (i % 32);
+    }
+    TokenMask::from_words(words, len)
+}
+
+/// Softmax of a row at temperature 1, in f64.
+fn naive_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .copied()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let w: Vec<f64> = row
+        .iter()
+        .map(|&l| {
+            if l.is_nan() {
+                0.0
+            } else {
+                (l as f64 - max).exp()
+            }
+        })
+        .collect();
+    let total: f64 = w.iter().sum();
+    w.into_iter().map(|x| x / total).collect()
+}
+
+fn unfiltered(seed: u64) -> SamplerConfig {
+    SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed,
+        ..SamplerConfig::default()
+    }
+}
+
+#[test]
+fn token_mask_queries_and_application() {
+    let m = mask_of(70, |i| i % 7 == 3 || i == 69);
+    assert_eq!(m.count(), 10 + 1);
+    assert_eq!(m.first(), Some(3));
+    assert!(m.allows(3) && m.allows(66) && m.allows(69));
+    assert!(!m.allows(4) && !m.allows(70) && !m.allows(u32::MAX));
+    // A row longer than the mask: the tokens past it are not allowed.
+    let mut row: Vec<f32> = (0..80).map(|i| i as f32).collect();
+    m.apply(&mut row);
+    for (i, l) in row.iter().enumerate() {
+        assert_eq!(*l > f32::NEG_INFINITY, m.allows(i as u32), "token {i}");
+    }
+    assert_eq!(mask_of(40, |_| false).first(), None);
+}
+
+/// Draws under a mask only ever give allowed tokens, and their distribution is the softmax of
+/// the allowed logits alone.
+#[test]
+fn masked_draws_follow_the_renormalised_distribution() {
+    let logits: Vec<f32> = noisy_logits(300, 5)
+        .into_iter()
+        .map(|l| if l.is_nan() { 0.0 } else { l / 3.0 })
+        .collect();
+    let mask = mask_of(300, |i| i % 3 != 0 && logits[i] > f32::NEG_INFINITY);
+    let mut masked = logits.clone();
+    mask.apply(&mut masked);
+    let want = naive_softmax(&masked);
+    let mut s = Sampler::new(unfiltered(17)).unwrap();
+    let dist = s.distribution_masked(&logits, Some(&mask)).to_vec();
+    let total: f64 = dist.iter().map(|t| t.p as f64).sum();
+    assert!((total - 1.0).abs() < 1e-4, "{total}");
+    for t in &dist {
+        assert!(mask.allows(t.id));
+        assert!((t.p as f64 - want[t.id as usize]).abs() < 1e-5, "{t:?}");
+    }
+    let mut counts = vec![0u32; 300];
+    let n = 60_000;
+    for i in 0..n {
+        let t = s.sample_masked(&logits, Some(&mask), i);
+        assert!(mask.allows(t), "draw {i} gave {t}");
+        counts[t as usize] += 1;
+    }
+    for (id, &c) in counts.iter().enumerate() {
+        let p = want[id];
+        let sd = (n as f64 * p * (1.0 - p)).sqrt();
+        assert!(
+            (c as f64 - n as f64 * p).abs() <= 5.0 * sd + 2.0,
+            "token {id}: {c} vs p {p}"
+        );
+    }
+    // Greedy takes the best allowed token; an allowed set with only −∞ logits still gives one.
+    let mut g = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let best = (0..300u32)
+        .filter(|&i| mask.allows(i))
+        .max_by(|&a, &b| {
+            logits[a as usize]
+                .total_cmp(&logits[b as usize])
+                .then(b.cmp(&a))
+        })
+        .unwrap();
+    assert_eq!(g.sample_masked(&logits, Some(&mask), 0), best);
+    let mut dead = logits.clone();
+    dead[7] = f32::NEG_INFINITY;
+    dead[8] = f32::NEG_INFINITY;
+    let only = mask_of(300, |i| i == 7 || i == 8);
+    assert_eq!(g.sample_masked(&dead, Some(&only), 0), 7);
+    assert_eq!(s.sample_masked(&dead, Some(&only), 1), 7);
+}
+
+/// The bias is added to the raw logits before everything else; −∞ bans a token.
+#[test]
+fn logit_bias_shifts_and_bans() {
+    let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
+    let top = super::argmax(&logits);
+    let bias = vec![(top, f32::NEG_INFINITY), (11, 2.5), (12, -1.0)];
+    let mut biased = logits.clone();
+    biased[top as usize] = f32::NEG_INFINITY;
+    biased[11] += 2.5;
+    biased[12] -= 1.0;
+    let cfg = SamplerConfig {
+        logit_bias: bias.clone(),
+        ..unfiltered(3)
+    };
+    let mut s = Sampler::new(cfg).unwrap();
+    let want = naive_softmax(&biased);
+    for t in s.distribution(&logits).to_vec() {
+        assert!((t.p as f64 - want[t.id as usize]).abs() < 1e-5, "{t:?}");
+    }
+    for i in 0..5000 {
+        assert_ne!(s.sample(&logits, i), top);
+    }
+    let mut g = Sampler::new(SamplerConfig {
+        logit_bias: bias,
+        ..SamplerConfig::greedy()
+    })
+    .unwrap();
+    assert_eq!(g.sample(&logits, 0), super::argmax(&biased));
+    assert_eq!(g.top_token(&logits, None), Some(super::argmax(&biased)));
+}
+
+/// Log probabilities against a full sort in f64.
+#[test]
+fn token_logprob_matches_a_full_sort() {
+    for seed in 0..20 {
+        let row: Vec<f32> = noisy_logits(1000, seed)
+            .into_iter()
+            .map(|l| if l.is_nan() { -3.0 } else { l })
+            .collect();
+        let p = naive_softmax(&row);
+        let mut order: Vec<u32> = (0..1000).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        for top in [0, 1, 5, 20] {
+            let id = (seed * 37 % 1000) as u32;
+            let lp = TokenLogprob::of(&row, id, top);
+            assert_eq!(lp.id, id);
+            let want = p[id as usize].ln();
+            assert!(
+                (lp.logprob as f64 - want).abs() < 1e-4
+                    || (want.is_infinite() && lp.logprob.is_infinite()),
+                "{} vs {want}",
+                lp.logprob
+            );
+            let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+            assert_eq!(ids, order[..top]);
+            for &(t, l) in &lp.top {
+                assert!((l as f64 - p[t as usize].ln()).abs() < 1e-4);
+            }
+        }
+    }
+}

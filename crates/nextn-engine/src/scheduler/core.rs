@@ -302,6 +302,7 @@ impl<'e> Core<'e> {
             },
             tokens,
             spec: std::mem::take(&mut slot.stats),
+            grammar_masks: slot.grammar.as_ref().map(|g| g.mask_time()),
         };
         // Counters first: a client that reads /metrics right after its answer sees itself counted.
         let busy = self.busy();

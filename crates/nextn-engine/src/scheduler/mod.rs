@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 use nextn_model::{KvType, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
+use crate::grammar::Constraint;
 use crate::output::{FinishReason, Timings};
-use crate::sampler::SamplerConfig;
+use crate::sampler::{SamplerConfig, TokenLogprob};
 pub use crate::spec::{DraftSampling, SpecConfig, SpecStats, StepTrace};
 use crate::tokenizer::Tokenizer;
 
@@ -101,6 +102,11 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Record every speculative step in [`Completion::spec`]'s trace.
     pub trace: bool,
+    /// Constrained decoding: the output stays inside this grammar, and so do the drafts.
+    pub grammar: Option<Constraint>,
+    /// Send each output token's log probability and those of its `n` most likely alternatives
+    /// ([`Event::Logprobs`]).
+    pub logprobs: Option<usize>,
     pub sink: Box<dyn EventSink>,
 }
 
@@ -119,6 +125,10 @@ pub enum Event {
     },
     /// Newly complete text (whole UTF-8, never part of a stop string).
     Text(String),
+    /// The log probabilities of output tokens, sent before the text they complete (only when
+    /// the request asked for them). Its text may come in a later [`Event::Text`] when it is held
+    /// back (a possible stop string, an unfinished character).
+    Logprobs(Vec<TokenLogprob>),
     Done(Completion),
     Failed {
         kind: FailKind,
@@ -159,6 +169,8 @@ pub struct Completion {
     pub timings: Timings,
     /// What drafting did for this request (`draft_n`, `draft_n_accepted`, per position, times).
     pub spec: SpecStats,
+    /// With a grammar: milliseconds spent computing its masks, and how many it computed.
+    pub grammar_masks: Option<(f64, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -6,6 +6,7 @@ use nextn_model::SequenceState;
 
 use super::policy::AcceptanceCounts;
 use super::{Event, EventSink, Request};
+use crate::grammar::Constraint;
 use crate::output::TextOut;
 use crate::sampler::Sampler;
 use crate::spec::draft::HeadState;
@@ -41,6 +42,9 @@ pub struct Slot<'t> {
     pub counts: AcceptanceCounts,
     /// Record every step in `stats.trace`.
     pub trace: bool,
+    pub grammar: Option<Constraint>,
+    /// Send log probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
     pub t_start: Instant,
     pub t_first_token: Option<Instant>,
     pub prompt_ms: f64,
@@ -66,6 +70,8 @@ impl<'t> Slot<'t> {
             stop,
             ignore_eos,
             trace,
+            grammar,
+            logprobs,
             sink,
             ..
         } = request;
@@ -83,6 +89,8 @@ impl<'t> Slot<'t> {
             stats: SpecStats::new(n_max),
             counts: AcceptanceCounts::new(n_max),
             trace,
+            grammar,
+            logprobs,
             t_start: Instant::now(),
             t_first_token: None,
             prompt_ms: 0.0,

@@ -7,12 +7,12 @@ use std::time::Instant;
 use nextn_model::{BatchItem, ForwardOutput, LogitRows, ModelError};
 
 use super::core::Core;
-use super::lock;
 use super::policy::{plan_auto, DraftCandidate, DraftPolicy, StepShape};
 use super::slot::{Slot, Stage};
+use super::{lock, Event, FailKind};
 use crate::output::{ms_since, FinishReason};
-use crate::sampler::TokenProb;
-use crate::spec::accept::{accept_coupled, accept_sampled};
+use crate::sampler::{TokenLogprob, TokenMask, TokenProb};
+use crate::spec::accept::{accept_coupled, accept_sampled, RowGrammar};
 use crate::spec::draft::{draft, DraftJob, Drafts};
 use crate::spec::{DraftSampling, StepTrace};
 
@@ -39,11 +39,13 @@ enum Work {
         end: usize,
     },
     /// `[id_last, drafts…]` at positions `n_past..`; `dists[j]`: the distribution draft `j` was
-    /// drawn from (sampled drafts only).
+    /// drawn from (sampled drafts only); `masks[j]`: the grammar's mask for row `j`, computed
+    /// while drafting.
     Decode {
         n_past: usize,
         rows: Vec<u32>,
         dists: Vec<Vec<TokenProb>>,
+        masks: Vec<TokenMask>,
     },
 }
 
@@ -105,7 +107,13 @@ impl<'e> Core<'e> {
             let Stage::Decode { id_last } = slot.stage else {
                 continue;
             };
-            let Drafts { tokens, dists, ms } = std::mem::take(&mut drafts[d]);
+            let Drafts {
+                tokens,
+                dists,
+                masks,
+                ms,
+                ..
+            } = std::mem::take(&mut drafts[d]);
             slot.stats.draft_ms += ms;
             let mut rows = Vec::with_capacity(1 + tokens.len());
             rows.push(id_last);
@@ -118,6 +126,7 @@ impl<'e> Core<'e> {
                 n_past: slot.state.n_past,
                 rows,
                 dists,
+                masks,
             });
         }
 
@@ -193,11 +202,13 @@ impl<'e> Core<'e> {
                     n_past,
                     rows,
                     dists,
+                    masks,
                 }) => {
                     if rows.len() > 1 {
                         n_verify += 1;
                     }
-                    commit_ms += self.after_decode(i, n_past, &rows, &dists, &out, target_ms)?;
+                    commit_ms +=
+                        self.after_decode(i, n_past, &rows, &dists, &masks, &out, target_ms)?;
                 }
                 None => {}
             }
@@ -314,6 +325,7 @@ impl<'e> Core<'e> {
                 sampler,
                 draft_sampling,
                 n_sampled,
+                grammar,
                 ..
             }) = slot.as_mut()
             else {
@@ -336,9 +348,11 @@ impl<'e> Core<'e> {
                 id_last,
                 n_past: state.n_past,
                 n_draft,
+                sampler,
+                sample_drafts: *draft_sampling == DraftSampling::Sample,
                 // The first draft sits at the output position after id_last.
-                sampled: (*draft_sampling == DraftSampling::Sample)
-                    .then_some((sampler, *n_sampled)),
+                first_index: *n_sampled,
+                grammar: grammar.as_mut().filter(|_| spec.mask_drafts),
             });
         }
         if jobs.is_empty() {
@@ -404,12 +418,18 @@ impl<'e> Core<'e> {
             self.finish(i, FinishReason::Length);
             return;
         }
-        let token = slot
-            .sampler
-            .sample_and_accept(out.logits_row(0), slot.n_sampled);
+        let grammar = slot.grammar.as_mut().map(|g| RowGrammar {
+            constraint: g,
+            masks: &[],
+        });
+        let accepted = accept_coupled(&mut slot.sampler, &[], out, slot.n_sampled, grammar);
+        let token = match accepted {
+            Ok((_, t)) => t,
+            Err(e) => return self.fail(i, &e.to_string()),
+        };
         slot.n_sampled += 1;
         let n_past = slot.state.n_past;
-        if self.emit(i, &[token], n_past) {
+        if self.emit(i, &[token], n_past, out) {
             if let Some(slot) = self.slots[i].as_mut() {
                 slot.stage = Stage::Decode { id_last: token };
             }
@@ -417,12 +437,14 @@ impl<'e> Core<'e> {
     }
 
     /// Accept, commit and emit after a decode or verify row set; returns the commit time (ms).
+    #[allow(clippy::too_many_arguments)]
     fn after_decode(
         &mut self,
         i: usize,
         n_past: usize,
         rows: &[u32],
         dists: &[Vec<TokenProb>],
+        masks: &[TokenMask],
         out: &ForwardOutput,
         target_ms: f64,
     ) -> Result<f64, ModelError> {
@@ -431,11 +453,29 @@ impl<'e> Core<'e> {
             return Ok(0.0);
         };
         let drafts = &rows[1..];
-        let (accepted, next) = match slot.draft_sampling {
-            DraftSampling::Sample if !drafts.is_empty() => {
-                accept_sampled(&mut slot.sampler, drafts, dists, out, slot.n_sampled)
+        let grammar = slot.grammar.as_mut().map(|g| RowGrammar {
+            constraint: g,
+            masks,
+        });
+        let result = match slot.draft_sampling {
+            DraftSampling::Sample if !drafts.is_empty() => accept_sampled(
+                &mut slot.sampler,
+                drafts,
+                dists,
+                out,
+                slot.n_sampled,
+                grammar,
+            ),
+            _ => accept_coupled(&mut slot.sampler, drafts, out, slot.n_sampled, grammar),
+        };
+        let (accepted, next) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                // The verify rows are still pending: drop them with the request.
+                self.engine.model.commit(&mut slot.state, 0)?;
+                self.fail(i, &e.to_string());
+                return Ok(0.0);
             }
-            _ => accept_coupled(&mut slot.sampler, drafts, out, slot.n_sampled),
         };
         slot.n_sampled += accepted as u64 + 1;
         let mut commit_ms = 0.0;
@@ -482,7 +522,7 @@ impl<'e> Core<'e> {
         }
         let mut emitted: Vec<u32> = drafts[..accepted].to_vec();
         emitted.push(next);
-        if self.emit(i, &emitted, n_past + 1) {
+        if self.emit(i, &emitted, n_past + 1, out) {
             if let Some(slot) = self.slots[i].as_mut() {
                 slot.stage = Stage::Decode { id_last: next };
             }
@@ -490,30 +530,69 @@ impl<'e> Core<'e> {
         Ok(commit_ms)
     }
 
-    /// Stream tokens at positions `pos0..`; false once the slot is finished or its client gone.
-    fn emit(&mut self, i: usize, tokens: &[u32], pos0: usize) -> bool {
+    /// End one request with an error; the others go on.
+    fn fail(&mut self, i: usize, message: &str) {
+        let Some(mut slot) = self.slots[i].take() else {
+            return;
+        };
+        slot.sink.send(Event::Failed {
+            kind: FailKind::Internal,
+            message: format!("generation failed: {message}"),
+        });
+        let busy = self.busy();
+        let mut m = lock(&self.shared.metrics);
+        m.requests_cancelled_total += 1;
+        m.requests_processing = busy;
+    }
+
+    /// Stream tokens at positions `pos0..`, token `k` drawn from row `k` of `out`; false once the
+    /// slot is finished or its client gone. A grammar that is complete ends the output.
+    fn emit(&mut self, i: usize, tokens: &[u32], pos0: usize, out: &ForwardOutput) -> bool {
         let n_ctx = self.cfg.n_ctx_slot;
+        let grammar_done = self.slots[i]
+            .as_ref()
+            .and_then(|s| s.grammar.as_ref())
+            .is_some_and(|g| g.is_finished());
         for (k, &t) in tokens.iter().enumerate() {
             let Some(slot) = self.slots[i].as_mut() else {
                 return false;
             };
+            if let Some(n) = slot.logprobs {
+                let lp = TokenLogprob::of(out.logits_row(k), t, n);
+                if !slot.sink.send(Event::Logprobs(vec![lp])) {
+                    return self.drop_slot(i);
+                }
+            }
             let before = slot.out.n_tokens();
             let (piece, finish) = slot.out.push(t, pos0 + k, n_ctx);
             let counted = (slot.out.n_tokens() - before) as u64;
             lock(&self.shared.metrics).tokens_predicted_total += counted;
             if !slot.send_text(piece) {
-                self.slots[i] = None;
-                let busy = self.busy();
-                let mut m = lock(&self.shared.metrics);
-                m.requests_cancelled_total += 1;
-                m.requests_processing = busy;
-                return false;
+                return self.drop_slot(i);
             }
-            if let Some(f) = finish {
-                self.finish(i, f);
-                return false;
+            let last = k + 1 == tokens.len();
+            match finish {
+                Some(f) => {
+                    self.finish(i, f);
+                    return false;
+                }
+                None if last && grammar_done => {
+                    self.finish(i, FinishReason::Stop);
+                    return false;
+                }
+                None => {}
             }
         }
         true
+    }
+
+    /// Free the slot of a client that went away.
+    fn drop_slot(&mut self, i: usize) -> bool {
+        self.slots[i] = None;
+        let busy = self.busy();
+        let mut m = lock(&self.shared.metrics);
+        m.requests_cancelled_total += 1;
+        m.requests_processing = busy;
+        false
     }
 }

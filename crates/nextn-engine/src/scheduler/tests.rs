@@ -72,6 +72,8 @@ fn request(prompt: &[u32], n: usize) -> (Request, mpsc::Receiver<Event>) {
         stop: Vec::new(),
         ignore_eos: true,
         trace: false,
+        grammar: None,
+        logprobs: None,
         sink: Box::new(TestSink(tx)),
     };
     (r, rx)

@@ -2,29 +2,80 @@
 //!
 //! Row `j` of a verify pass holds the target's logits after `[id_last, d_1..d_j]`, i.e. its
 //! prediction for the output position of draft `d_{j+1}`. `first_index` is the output position
-//! (0 = the first generated token) that row 0 predicts.
+//! (0 = the first generated token) that row 0 predicts. With a grammar, every row is masked by
+//! the grammar's state after the tokens before it, and each kept token advances that state.
+
+use std::borrow::Cow;
 
 use nextn_model::ForwardOutput;
 
-use crate::sampler::{Draw, Sampler, TokenProb};
+use crate::grammar::{Constraint, GrammarError};
+use crate::sampler::{Draw, Sampler, TokenMask, TokenProb};
+
+/// A request's grammar during acceptance: its state (after `id_last`) and the masks drafting
+/// already computed for rows `0..masks.len()` (the same states, when the drafts before a row
+/// are kept).
+pub struct RowGrammar<'a> {
+    pub constraint: &'a mut Constraint,
+    pub masks: &'a [TokenMask],
+}
+
+impl RowGrammar<'_> {
+    fn mask(&mut self, row: usize) -> Result<Cow<'_, TokenMask>, GrammarError> {
+        match self.masks.get(row) {
+            Some(m) => Ok(Cow::Borrowed(m)),
+            None => Ok(Cow::Owned(self.constraint.mask()?)),
+        }
+    }
+}
+
+/// The mask of row `row` (none without a grammar).
+fn row_mask<'g>(
+    grammar: &'g mut Option<RowGrammar<'_>>,
+    row: usize,
+) -> Result<Option<Cow<'g, TokenMask>>, GrammarError> {
+    grammar.as_mut().map(|g| g.mask(row)).transpose()
+}
+
+/// The grammar takes `token`; true when the grammar is then complete (the output ends there).
+fn advance(grammar: &mut Option<RowGrammar<'_>>, token: u32) -> Result<bool, GrammarError> {
+    match grammar {
+        Some(g) => {
+            g.constraint.consume(token)?;
+            Ok(g.constraint.is_finished())
+        }
+        None => Ok(false),
+    }
+}
 
 /// Coupled acceptance: draw `t_j` from row `j` with the request's sampler, exactly as plain
 /// decoding draws the token at that output position, and keep going while it equals the next
 /// draft. Returns (accepted drafts, the token after them). Every emitted token is the draw plain
-/// decoding would make at its position, so the output does not depend on the drafts.
+/// decoding would make at its position, so the output does not depend on the drafts. A token
+/// that completes the grammar ends the output: it is returned as the last token.
 pub fn accept_coupled(
     sampler: &mut Sampler,
     drafts: &[u32],
     out: &ForwardOutput,
     first_index: u64,
-) -> (usize, u32) {
+    mut grammar: Option<RowGrammar<'_>>,
+) -> Result<(usize, u32), GrammarError> {
     let mut accepted = 0;
-    let mut next = sampler.sample_and_accept(out.logits_row(0), first_index);
-    while accepted < drafts.len() && next == drafts[accepted] {
-        accepted += 1;
-        next = sampler.sample_and_accept(out.logits_row(accepted), first_index + accepted as u64);
+    loop {
+        let index = first_index + accepted as u64;
+        let mask = row_mask(&mut grammar, accepted)?;
+        let t = sampler.sample_masked_and_accept(out.logits_row(accepted), mask.as_deref(), index);
+        drop(mask);
+        // A token that completes the grammar is the last one, drafted or not.
+        if advance(&mut grammar, t)? {
+            return Ok((accepted, t));
+        }
+        if accepted < drafts.len() && t == drafts[accepted] {
+            accepted += 1;
+        } else {
+            return Ok((accepted, t));
+        }
     }
-    (accepted, next)
 }
 
 /// Speculative sampling: draft `j`, drawn from `q_j`, is kept with probability min(1, p_j/q_j)
@@ -37,15 +88,23 @@ pub fn accept_sampled(
     dists: &[Vec<TokenProb>],
     out: &ForwardOutput,
     first_index: u64,
-) -> (usize, u32) {
+    mut grammar: Option<RowGrammar<'_>>,
+) -> Result<(usize, u32), GrammarError> {
     let mut accepted = 0;
     while accepted < drafts.len() && accepted < dists.len() {
         let index = first_index + accepted as u64;
-        let p = sampler.distribution(out.logits_row(accepted)).to_vec();
+        let mask = row_mask(&mut grammar, accepted)?;
+        let p = sampler
+            .distribution_masked(out.logits_row(accepted), mask.as_deref())
+            .to_vec();
+        drop(mask);
         let coin = sampler.uniform(Draw::Accept, index);
         match accept_or_resample(&p, &dists[accepted], drafts[accepted], coin) {
             Ok(()) => {
                 sampler.accept(drafts[accepted]);
+                if advance(&mut grammar, drafts[accepted])? {
+                    return Ok((accepted, drafts[accepted]));
+                }
                 accepted += 1;
             }
             Err(residual) => {
@@ -56,12 +115,17 @@ pub fn accept_sampled(
                     .or_else(|| draw(&p, u))
                     .unwrap_or(drafts[accepted]);
                 sampler.accept(t);
-                return (accepted, t);
+                let _ = advance(&mut grammar, t)?;
+                return Ok((accepted, t));
             }
         }
     }
-    let next = sampler.sample_and_accept(out.logits_row(accepted), first_index + accepted as u64);
-    (accepted, next)
+    let index = first_index + accepted as u64;
+    let mask = row_mask(&mut grammar, accepted)?;
+    let next = sampler.sample_masked_and_accept(out.logits_row(accepted), mask.as_deref(), index);
+    drop(mask);
+    let _ = advance(&mut grammar, next)?;
+    Ok((accepted, next))
 }
 
 /// Draw from a distribution given as (id, p) pairs with a uniform `u` in [0, 1).

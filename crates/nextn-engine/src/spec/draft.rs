@@ -16,8 +16,9 @@ use nextn_quant::kernels::ThreadPool;
 
 use super::accept::draw;
 use super::SpecConfig;
+use crate::grammar::Constraint;
 use crate::output::ms_since;
-use crate::sampler::{argmax, top1_probability, Draw, Sampler, TokenProb};
+use crate::sampler::{top1_probability, Draw, Sampler, TokenMask, TokenProb};
 
 /// The NextN head's side of one sequence.
 pub struct HeadState {
@@ -95,9 +96,15 @@ pub struct DraftJob<'a> {
     pub n_past: usize,
     /// Most drafts to make; 0 only runs (a piece of) the lag.
     pub n_draft: usize,
-    /// For `--spec-draft-sampling sample`: draw the drafts from the head's distribution under
-    /// this sampler; the output index of the first draft.
-    pub sampled: Option<(&'a mut Sampler, u64)>,
+    /// The request's sampler: its logit bias applies to the head's rows as to the target's, and
+    /// with `sample_drafts` the drafts are drawn from the head's distribution under it.
+    pub sampler: &'a mut Sampler,
+    pub sample_drafts: bool,
+    /// Output index of the first draft (the position after `id_last`).
+    pub first_index: u64,
+    /// The request's grammar, at its state after `id_last`: drafts are picked among the tokens
+    /// it allows, advancing a copy of its state along the chain (rolled back afterwards).
+    pub grammar: Option<&'a mut Constraint>,
 }
 
 /// What drafting produced for one job.
@@ -106,8 +113,13 @@ pub struct Drafts {
     pub tokens: Vec<u32>,
     /// The distribution each draft was drawn from (sampled drafts only).
     pub dists: Vec<Vec<TokenProb>>,
+    /// With a grammar: its mask before each draft (after `id_last` and the drafts before it),
+    /// which verification reuses for the same rows.
+    pub masks: Vec<TokenMask>,
     /// Milliseconds of the head passes this job took part in.
     pub ms: f64,
+    /// The chain reached the end of the grammar or of generation: no further depth.
+    ended: bool,
 }
 
 /// One head pass: its rows, the rows it computed logits for, and its time.
@@ -192,7 +204,12 @@ pub fn draft(
     let max_depth = jobs.iter().map(|j| j.n_draft).max().unwrap_or(0);
     for depth in 1..max_depth {
         let members: Vec<usize> = (0..jobs.len())
-            .filter(|&k| drafting[k] && jobs[k].n_draft > depth && drafts[k].tokens.len() == depth)
+            .filter(|&k| {
+                drafting[k]
+                    && jobs[k].n_draft > depth
+                    && drafts[k].tokens.len() == depth
+                    && !drafts[k].ended
+            })
             .collect();
         if members.is_empty() {
             break;
@@ -238,24 +255,34 @@ pub fn draft(
         }
     }
 
-    // The chain's own entries go; the entry for id_last (from the target's hidden) stays.
+    // The chain's own entries go; the entry for id_last (from the target's hidden) stays. The
+    // grammar returns to its state after id_last.
     for (k, job) in jobs.iter_mut().enumerate() {
         if !drafting[k] {
             continue;
         }
         NextnHead::truncate(&mut job.head.cache, job.n_past + 1);
         job.head.pos = job.n_past + 1;
+        if let Some(g) = job.grammar.as_mut() {
+            let consumed = drafts[k].tokens.len();
+            if g.rollback(consumed).is_err() {
+                // A grammar that cannot go back cannot check these drafts: verify without them.
+                drafts[k].tokens.clear();
+            }
+        }
         if drafts[k].tokens.len() < spec.n_min {
             drafts[k].tokens.clear();
             drafts[k].dists.clear();
+            drafts[k].masks.clear();
         }
     }
     Ok((drafts, passes))
 }
 
 /// Pick the draft after a head row (its top-1, or for sampled drafts a draw from the head's
-/// distribution) and keep the row's hidden state for the next depth; nothing when the head is
-/// not confident enough (`p_min`), which ends the chain.
+/// distribution, among the tokens the grammar allows) and keep the row's hidden state for the
+/// next depth; nothing when the head is not confident enough (`p_min`) or the grammar leaves
+/// no usable token, which ends the chain.
 fn extend_chain(
     job: &mut DraftJob,
     out: &ForwardOutput,
@@ -268,19 +295,38 @@ fn extend_chain(
     if p_min > 0.0 && top1_probability(row).1 < p_min {
         return;
     }
-    let pick = match job.sampled.as_mut() {
-        None => argmax(row),
-        Some((sampler, first_index)) => {
-            let first_index = *first_index;
-            let q = sampler.distribution(row).to_vec();
-            let u = sampler.uniform(Draw::Draft, first_index + depth as u64);
-            let Some(d) = draw(&q, u) else {
-                return;
-            };
-            drafts.dists.push(q);
-            d
+    let mask = match job.grammar.as_mut().map(|g| g.mask()) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(_)) => return,
+    };
+    let pick = if job.sample_drafts {
+        let q = job.sampler.distribution_masked(row, mask.as_ref()).to_vec();
+        let u = job
+            .sampler
+            .uniform(Draw::Draft, job.first_index + depth as u64);
+        let Some(d) = draw(&q, u) else {
+            return;
+        };
+        drafts.dists.push(q);
+        d
+    } else {
+        match job.sampler.top_token(row, mask.as_ref()) {
+            Some(t) => t,
+            None => return,
         }
     };
+    if let Some(g) = job.grammar.as_mut() {
+        if g.consume(pick).is_err() {
+            drafts.dists.truncate(drafts.tokens.len());
+            return;
+        }
+        // Nothing can follow the end of the grammar or of generation.
+        drafts.ended = g.is_finished() || g.is_eog(pick);
+    }
+    if let Some(m) = mask {
+        drafts.masks.push(m);
+    }
     drafts.tokens.push(pick);
     // The hidden state of the row just drafted from (the last row of the pass).
     let e = job.head.n_embd;
@@ -310,12 +356,16 @@ mod tests {
         h.commit(0, &[10, 11, 12], &hidden(3));
         assert_eq!(h.lag(), 3);
         let spec = SpecConfig::default();
+        let mut sampler = Sampler::new(crate::sampler::SamplerConfig::greedy()).unwrap();
         let mut jobs = [DraftJob {
             head: &mut h,
             id_last: 13,
             n_past: 3,
             n_draft: 2,
-            sampled: None,
+            sampler: &mut sampler,
+            sample_drafts: false,
+            first_index: 1,
+            grammar: None,
         }];
         let (made, passes) = draft(&head, &mut jobs, &spec, 64, &pool).unwrap();
         assert_eq!(made[0].tokens.len(), 2);
@@ -335,7 +385,10 @@ mod tests {
             id_last: 21,
             n_past: 6,
             n_draft: 3,
-            sampled: None,
+            sampler: &mut sampler,
+            sample_drafts: false,
+            first_index: 4,
+            grammar: None,
         }];
         let (made, _) = draft(&head, &mut jobs, &spec, 2, &pool).unwrap();
         assert!(made[0].tokens.is_empty());

@@ -59,6 +59,9 @@ pub struct SpecConfig {
     /// below this.
     pub p_min: f32,
     pub draft_sampling: DraftSampling,
+    /// With a grammar, pick drafts among the tokens it allows (a copy of its state advances
+    /// along the chain). Off: drafts ignore the grammar and verification alone enforces it.
+    pub mask_drafts: bool,
 }
 
 impl Default for SpecConfig {
@@ -68,6 +71,7 @@ impl Default for SpecConfig {
             n_min: 0,
             p_min: 0.0,
             draft_sampling: DraftSampling::Coupled,
+            mask_drafts: true,
         }
     }
 }

@@ -7,8 +7,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use nextn_engine::grammar::Constraint;
 use nextn_engine::output::FinishReason;
-use nextn_engine::sampler::{Sampler, SamplerConfig};
+use nextn_engine::sampler::{Sampler, SamplerConfig, TokenLogprob};
 use nextn_engine::scheduler::{
     Completion, DraftPolicy, EngineRef, Event, EventSink, Request, Scheduler, SchedulerConfig,
 };
@@ -96,7 +97,9 @@ pub struct Collect(pub mpsc::Sender<Event>);
 impl EventSink for Collect {
     fn send(&mut self, event: Event) -> bool {
         match event {
-            Event::Done(_) | Event::Failed { .. } => self.0.send(event).is_ok(),
+            Event::Done(_) | Event::Failed { .. } | Event::Logprobs(_) => {
+                self.0.send(event).is_ok()
+            }
             _ => true,
         }
     }
@@ -106,6 +109,15 @@ impl EventSink for Collect {
     }
 }
 
+/// One request for [`generate_jobs`].
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub sampler: SamplerConfig,
+    pub n: usize,
+    pub grammar: Option<Constraint>,
+    pub logprobs: Option<usize>,
+}
+
 /// Several requests through the generation loop on `n_slots` slots; their completions in order.
 pub fn generate_many(
     l: &Loaded,
@@ -113,6 +125,30 @@ pub fn generate_many(
     n_slots: usize,
     requests: &[(Vec<u32>, SamplerConfig, usize)],
 ) -> Vec<Completion> {
+    let jobs = requests
+        .iter()
+        .map(|(prompt, sampler, n)| Job {
+            prompt: prompt.clone(),
+            sampler: sampler.clone(),
+            n: *n,
+            grammar: None,
+            logprobs: None,
+        })
+        .collect();
+    generate_jobs(l, setup, n_slots, jobs)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect()
+}
+
+/// Requests with grammars and log probabilities through the loop; each one's completion and the
+/// log probabilities it was sent.
+pub fn generate_jobs(
+    l: &Loaded,
+    setup: &Setup,
+    n_slots: usize,
+    jobs: Vec<Job>,
+) -> Vec<(Completion, Vec<TokenLogprob>)> {
     let mut scheduler = Scheduler::new(
         l.engine(setup.spec.is_some()),
         SchedulerConfig {
@@ -121,31 +157,39 @@ pub fn generate_many(
             k_type: setup.kv,
             v_type: setup.kv,
             n_batch: setup.n_batch,
-            queue_capacity: requests.len(),
+            queue_capacity: jobs.len(),
             spec: setup.spec.clone(),
             policy: setup.policy,
             calibrate: false,
         },
     );
     let mut ends = Vec::new();
-    for (prompt, sampler, n) in requests {
+    for job in jobs {
         let (tx, rx) = mpsc::channel();
         scheduler.submit(Request {
-            prompt: prompt.clone(),
-            sampler: sampler.clone(),
-            n_predict: Some(*n),
+            prompt: job.prompt,
+            sampler: job.sampler,
+            n_predict: Some(job.n),
             stop: Vec::new(),
             ignore_eos: setup.ignore_eos,
             trace: setup.trace,
+            grammar: job.grammar,
+            logprobs: job.logprobs,
             sink: Box::new(Collect(tx)),
         });
         ends.push(rx);
     }
     scheduler.run();
     ends.iter()
-        .map(|rx| match rx.try_recv() {
-            Ok(Event::Done(c)) => c,
-            other => panic!("the request did not complete: {other:?}"),
+        .map(|rx| {
+            let mut logprobs = Vec::new();
+            loop {
+                match rx.try_recv() {
+                    Ok(Event::Logprobs(lp)) => logprobs.extend(lp),
+                    Ok(Event::Done(c)) => return (c, logprobs),
+                    other => panic!("the request did not complete: {other:?}"),
+                }
+            }
         })
         .collect()
 }
@@ -171,6 +215,29 @@ pub fn plain_reference(
     n: usize,
     setup: &Setup,
 ) -> (Vec<u32>, FinishReason) {
+    let r = constrained_reference(l, prompt, sampler, n, setup, None);
+    (r.tokens, r.finish)
+}
+
+/// What [`constrained_reference`] decodes.
+pub struct Reference {
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    /// The row each token was drawn from (raw logits).
+    pub rows: Vec<Vec<f32>>,
+}
+
+/// [`plain_reference`] under a grammar: each row masked by the grammar's state before the draw
+/// (`Sampler::sample_masked`), each token consumed; a token that completes the grammar is the
+/// last one.
+pub fn constrained_reference(
+    l: &Loaded,
+    prompt: &[u32],
+    sampler: &SamplerConfig,
+    n: usize,
+    setup: &Setup,
+    mut grammar: Option<Constraint>,
+) -> Reference {
     let pool = &l.pool;
     let mut state = l.model.new_sequence(setup.n_ctx, setup.kv, setup.kv);
     let chunks: Vec<&[u32]> = prompt.chunks(setup.n_batch).collect();
@@ -191,16 +258,30 @@ pub fn plain_reference(
     for &t in prompt {
         s.accept(t);
     }
-    let mut out = Vec::new();
+    let mut r = Reference {
+        tokens: Vec::new(),
+        finish: FinishReason::Length,
+        rows: Vec::new(),
+    };
     loop {
-        let t = s.sample_and_accept(&logits, out.len() as u64);
+        let mask = grammar.as_mut().map(|g| g.mask().expect("grammar mask"));
+        let t = s.sample_masked_and_accept(&logits, mask.as_ref(), r.tokens.len() as u64);
         if l.tok.is_eog(t) && !setup.ignore_eos {
-            return (out, FinishReason::Stop);
+            r.finish = FinishReason::Stop;
+            return r;
         }
-        out.push(t);
+        r.tokens.push(t);
+        r.rows.push(logits.clone());
+        if let Some(g) = grammar.as_mut() {
+            g.consume(t).expect("the grammar takes its own token");
+            if g.is_finished() {
+                r.finish = FinishReason::Stop;
+                return r;
+            }
+        }
         // The token sits at position n_past; a full context ends generation with it.
-        if out.len() >= n || state.n_past >= setup.n_ctx {
-            return (out, FinishReason::Length);
+        if r.tokens.len() >= n || state.n_past >= setup.n_ctx {
+            return r;
         }
         logits = l
             .model

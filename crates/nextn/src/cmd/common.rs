@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatTemplate;
+use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource};
 use nextn_engine::sampler::SamplerConfig;
 use nextn_engine::scheduler::EngineRef;
 use nextn_engine::spec::{DraftSampling, SpecConfig};
@@ -51,6 +52,7 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
         "-ctv" => "--cache-type-v".to_string(),
         "-np" => "--parallel".to_string(),
         "-sys" => "--system-prompt".to_string(),
+        "-jf" => "--json-schema-file".to_string(),
         "-cnv" => "--chat".to_string(),
         _ => a,
     })
@@ -249,6 +251,77 @@ pub struct SamplingArgs {
     /// RNG seed (-1: random)
     #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
     pub seed: i64,
+    /// Add BIAS to a token's logit: TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 (repeatable;
+    /// TOKEN_ID-inf bans the token)
+    #[arg(short = 'l', long = "logit-bias", value_name = "TOKEN_ID(+/-)BIAS")]
+    pub logit_bias: Vec<String>,
+}
+
+/// Constrained decoding, with llama.cpp's flags.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct GrammarArgs {
+    /// Constrain the output with a grammar: llama.cpp's GBNF, or llguidance's Lark syntax
+    #[arg(long = "grammar", conflicts_with_all = ["grammar_file", "json_schema", "json_schema_file"])]
+    pub grammar: Option<String>,
+    /// Read the grammar from a file
+    #[arg(long = "grammar-file", conflicts_with_all = ["json_schema", "json_schema_file"])]
+    pub grammar_file: Option<PathBuf>,
+    /// Constrain the output to JSON valid under this JSON Schema (`{}` for any JSON object)
+    #[arg(short = 'j', long = "json-schema", conflicts_with = "json_schema_file")]
+    pub json_schema: Option<String>,
+    /// Read the JSON Schema from a file (also -jf)
+    #[arg(long = "json-schema-file")]
+    pub json_schema_file: Option<PathBuf>,
+}
+
+impl GrammarArgs {
+    /// The grammar asked for, if any.
+    pub fn source(&self) -> Result<Option<GrammarSource>> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        };
+        let schema = |text: &str, what: &str| -> Result<GrammarSource> {
+            let v: serde_json::Value =
+                serde_json::from_str(text).with_context(|| format!("{what} is not valid JSON"))?;
+            Ok(match v {
+                serde_json::Value::Object(m) if m.is_empty() => GrammarSource::JsonObject,
+                v => GrammarSource::JsonSchema(v),
+            })
+        };
+        Ok(
+            match (
+                &self.grammar,
+                &self.grammar_file,
+                &self.json_schema,
+                &self.json_schema_file,
+            ) {
+                (Some(g), ..) => Some(GrammarSource::Grammar(g.clone())),
+                (_, Some(f), ..) => Some(GrammarSource::Grammar(read(f)?)),
+                (_, _, Some(j), _) => Some(schema(j, "--json-schema")?),
+                (_, _, _, Some(f)) => Some(schema(
+                    &read(f)?,
+                    &format!("--json-schema-file {}", f.display()),
+                )?),
+                _ => None,
+            },
+        )
+    }
+}
+
+/// A compiled grammar for one request, with the flag it came from named in errors.
+pub fn constraint(
+    compiler: &mut Option<GrammarCompiler>,
+    loaded: &Loaded,
+    source: &GrammarSource,
+) -> Result<Constraint> {
+    let c = match compiler {
+        Some(c) => c,
+        None => compiler.insert(GrammarCompiler::new(
+            &loaded.tokenizer,
+            loaded.model.n_vocab,
+        )?),
+    };
+    c.compile(source).context("--grammar / --json-schema")
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -311,6 +384,7 @@ impl SpecArgs {
             n_min: self.n_min,
             p_min: self.p_min,
             draft_sampling,
+            mask_drafts: true,
         })
     }
 
@@ -359,10 +433,34 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed,
+            logit_bias: self
+                .logit_bias
+                .iter()
+                .map(|b| parse_logit_bias(b))
+                .collect::<Result<_>>()?,
         };
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+/// `TOKEN_ID+BIAS`, `TOKEN_ID-BIAS` (llama.cpp's `--logit-bias`); `-inf` bans the token.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32)> {
+    let at = s
+        .find(['+', '-'])
+        .with_context(|| format!("--logit-bias {s}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS"))?;
+    let id: u32 = s[..at]
+        .trim()
+        .parse()
+        .with_context(|| format!("--logit-bias {s}: '{}' is not a token id", &s[..at]))?;
+    let bias: f32 = s[at..]
+        .trim()
+        .parse()
+        .with_context(|| format!("--logit-bias {s}: '{}' is not a number", &s[at..]))?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        bail!("--logit-bias {s}: the bias must be a finite number or -inf");
+    }
+    Ok((id, bias))
 }
 
 pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {

@@ -11,7 +11,7 @@ use nextn_engine::chat::ChatMessage;
 use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
 use serde_json::json;
 
-use super::common::{self, ModelArgs, SamplingArgs, SpecArgs};
+use super::common::{self, GrammarArgs, ModelArgs, SamplingArgs, SpecArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,6 +21,8 @@ pub struct Args {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// Prompt text
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
@@ -91,7 +93,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         String::new()
     };
+    let grammar = args.grammar.source()?;
     let loaded = common::load(&args.model)?;
+    if let Some((id, _)) = sampler
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= loaded.model.n_vocab)
+    {
+        bail!(
+            "--logit-bias: token id {id} is out of range: the vocabulary has {} tokens",
+            loaded.model.n_vocab
+        );
+    }
+    let grammar = match &grammar {
+        Some(g) => Some(common::constraint(&mut None, &loaded, g)?),
+        None => None,
+    };
     let head = if args.spec.enabled() {
         Some(args.spec.load_head(&loaded)?)
     } else {
@@ -143,6 +160,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
         trace: false,
+        grammar,
+        logprobs: None,
         sink: Box::new(Stdout {
             streaming: !args.json,
             events,

@@ -109,6 +109,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_body_bytes: args.max_body_size,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         log_requests: !args.log_disable,
+        debug_log: args.model.verbose,
     };
     let mut model_args = args.model.clone();
     model_args.model = Some(path);

@@ -372,3 +372,51 @@ pub fn chat(content: &str, extra: Value) -> Value {
     }
     v
 }
+
+/// Why a check through Python cannot run here (python3 or one of `modules` is missing), if it
+/// cannot. Only absent modules count: a broken install is a failure worth seeing.
+pub fn missing_python_modules(modules: &[&str]) -> Option<String> {
+    for m in modules {
+        let probe = match Command::new("python3")
+            .args(["-c", &format!("import {m}")])
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => return Some(format!("python3 not found ({e})")),
+        };
+        if probe.status.success() {
+            continue;
+        }
+        let err = String::from_utf8_lossy(&probe.stderr);
+        assert!(
+            err.contains("ModuleNotFoundError"),
+            "`python3 -c 'import {m}'` failed:\n{err}"
+        );
+        return Some(format!(
+            "the {m} Python module is not installed (.ci/run installs it)"
+        ));
+    }
+    None
+}
+
+/// Run a Python script under tools/ with `args`, with no proxy or OpenAI settings from the
+/// environment in the way of loopback traffic.
+pub fn run_python_tool(script: &str, args: &[&str]) -> std::process::Output {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools")
+        .join(script);
+    Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("all_proxy")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .unwrap_or_else(|e| panic!("run python3 tools/{script}: {e}"))
+}

@@ -4,11 +4,11 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use nextn_engine::spec::{DraftSampling, SpecStats};
+use nextn_engine::spec::SpecStats;
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::{head_cache_at, median, project, time_draft_step, Policy};
+use super::{head_cache_at, median, project, time_draft_step, Policy, RunKind};
 use crate::cmd::common::Loaded;
 
 /// Median times at the context of `prompt`: one draft step of `head` (one row, logits of the
@@ -99,8 +99,8 @@ pub fn costs(
 /// measured pass with the trimmed head at depth `k` and returns its stats and decode tok/s.
 pub fn acceptance(
     trimmed: &NextnHead,
-    full: &[(Policy, DraftSampling, SpecStats, f64)],
-    mut run: impl FnMut(&NextnHead, Policy, DraftSampling) -> Result<(SpecStats, f64)>,
+    full: &[(RunKind, SpecStats, f64)],
+    mut run: impl FnMut(&NextnHead, RunKind) -> Result<(SpecStats, f64)>,
 ) -> Result<Value> {
     let n = trimmed.draft_vocab_size();
     let per_pos = |s: &SpecStats| {
@@ -117,9 +117,10 @@ pub fn acceptance(
         trimmed.n_vocab()
     );
     let mut rows = Vec::new();
-    for (policy, mode, full_stats, full_tps) in full.iter().filter(|r| r.0 != Policy::Plain) {
-        let (s, tps) = run(trimmed, *policy, *mode)?;
-        let (k, mode) = (policy.label(), mode.as_str());
+    for (kind, full_stats, full_tps) in full.iter().filter(|r| r.0.policy != Policy::Plain) {
+        let (s, tps) = run(trimmed, *kind)?;
+        let policy = kind.policy;
+        let (k, mode) = (policy.label(), kind.mode_name());
         println!(
             "  n_max {k} {mode:>7} full head:    acceptance {:.3}, len {:.3}, {full_tps:8.1} tok/s, per position {}",
             full_stats.acceptance_rate(),

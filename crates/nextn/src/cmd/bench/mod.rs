@@ -12,13 +12,14 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use nextn_engine::grammar::{GrammarCompiler, GrammarSource};
 use nextn_engine::sampler::{argmax, SamplerConfig};
 use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
 use nextn_engine::spec::{DraftSampling, SpecConfig, SpecStats};
 use nextn_model::{LayerCache, LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::common::{self, DraftVocabArgs, Loaded, ModelArgs};
+use super::common::{self, DraftVocabArgs, GrammarArgs, Loaded, ModelArgs};
 use floor::FloorArgs;
 
 /// The default prompt set: code and prose.
@@ -70,6 +71,13 @@ pub struct Args {
     pub floor: FloorArgs,
     #[command(flatten)]
     pub draft_vocab: DraftVocabArgs,
+    /// Constrain every run's output (a grammar or a JSON Schema, as for `run`)
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
+    /// With a grammar: pick drafts among the tokens it allows (on), or ignore it while drafting
+    /// (off; verification alone enforces it); `on,off` measures both
+    #[arg(long = "draft-mask", value_delimiter = ',', default_value = "on", value_parser = ["on", "off"])]
+    pub draft_mask: Vec<String>,
 }
 
 struct Prompt {
@@ -130,6 +138,38 @@ struct RunTotals {
     predicted_n: usize,
     predicted_ms: f64,
     stats: SpecStats,
+    /// With a grammar: milliseconds computing its masks, and how many.
+    grammar_ms: f64,
+    grammar_masks: u64,
+}
+
+/// One measured configuration of the generation loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RunKind {
+    policy: Policy,
+    mode: DraftSampling,
+    /// With a grammar: drafts are picked among the tokens it allows.
+    mask_drafts: bool,
+}
+
+impl RunKind {
+    fn mode_name(self) -> String {
+        match (self.policy, self.mask_drafts) {
+            (Policy::Plain, _) => "-".into(),
+            (_, true) => self.mode.as_str().into(),
+            (_, false) => format!("{}/unmasked", self.mode.as_str()),
+        }
+    }
+}
+
+/// What every run shares.
+struct Setup<'a> {
+    loaded: &'a Loaded,
+    prompts: &'a [Prompt],
+    n: usize,
+    sampling: SamplerConfig,
+    grammar: Option<GrammarSource>,
+    compiler: std::cell::RefCell<Option<GrammarCompiler>>,
 }
 
 fn sampler_config(temp: f32, seed: u64) -> SamplerConfig {
@@ -217,22 +257,19 @@ impl EventSink for Collect {
     }
 }
 
-/// Every prompt, one after the other on one slot, through the generation loop with `policy`.
-#[allow(clippy::too_many_arguments)]
+/// Every prompt, one after the other on one slot, through the generation loop as `kind` says.
 fn run_depth(
-    loaded: &Loaded,
+    setup: &Setup,
     head: Option<&NextnHead>,
-    prompts: &[Prompt],
-    n: usize,
-    policy: Policy,
-    sampling: &SamplerConfig,
-    draft_sampling: DraftSampling,
+    kind: RunKind,
     outputs: Option<&mut Vec<Vec<u32>>>,
 ) -> Result<RunTotals> {
-    let head = head.filter(|_| policy != Policy::Plain);
+    let loaded = setup.loaded;
+    let head = head.filter(|_| kind.policy != Policy::Plain);
     let spec = SpecConfig {
-        n_max: policy.n_max(),
-        draft_sampling,
+        n_max: kind.policy.n_max(),
+        draft_sampling: kind.mode,
+        mask_drafts: kind.mask_drafts,
         ..SpecConfig::default()
     };
     let mut scheduler = Scheduler::new(
@@ -243,9 +280,9 @@ fn run_depth(
             k_type: loaded.k_type,
             v_type: loaded.v_type,
             n_batch: 512,
-            queue_capacity: prompts.len(),
+            queue_capacity: setup.prompts.len(),
             spec: head.is_some().then_some(spec),
-            policy: match policy {
+            policy: match kind.policy {
                 Policy::Auto(_) => DraftPolicy::Auto,
                 _ => DraftPolicy::ALWAYS,
             },
@@ -253,21 +290,32 @@ fn run_depth(
         },
     );
     let (tx, rx) = mpsc::channel();
-    for p in prompts {
+    for p in setup.prompts {
+        let grammar = match &setup.grammar {
+            Some(g) => Some(common::constraint(
+                &mut setup.compiler.borrow_mut(),
+                loaded,
+                g,
+            )?),
+            None => None,
+        };
         scheduler.submit(Request {
             prompt: p.tokens.clone(),
-            sampler: sampling.clone(),
-            n_predict: Some(n),
+            sampler: setup.sampling.clone(),
+            n_predict: Some(setup.n),
             stop: Vec::new(),
-            ignore_eos: true,
+            // With a grammar, generation ends where the grammar does.
+            ignore_eos: setup.grammar.is_none(),
             trace: false,
+            grammar,
+            logprobs: None,
             sink: Box::new(Collect(tx.clone())),
         });
     }
     scheduler.run();
     let mut t = RunTotals::default();
     let mut outs = Vec::new();
-    for p in prompts {
+    for p in setup.prompts {
         let c = match rx.try_recv() {
             Ok(Event::Done(c)) => c,
             Ok(Event::Failed { message, .. }) => bail!("prompt {}: {message}", p.name),
@@ -278,6 +326,10 @@ fn run_depth(
         t.predicted_n += c.timings.predicted_n;
         t.predicted_ms += c.timings.predicted_ms;
         t.stats.merge(&c.spec);
+        if let Some((ms, n)) = c.grammar_masks {
+            t.grammar_ms += ms;
+            t.grammar_masks += n;
+        }
         outs.push(c.tokens);
     }
     if let Some(o) = outputs {
@@ -488,41 +540,59 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     let mut rows = Vec::new();
     let mut plain_tps = None;
-    let sampling = sampler_config(args.temp, args.seed);
+    let setup = Setup {
+        loaded: &loaded,
+        prompts: &prompts,
+        n: args.n_predict,
+        sampling: sampler_config(args.temp, args.seed),
+        grammar: args.grammar.source()?,
+        compiler: std::cell::RefCell::new(None),
+    };
     let modes: Vec<DraftSampling> = if args.temp > 0.0 {
         vec![DraftSampling::Coupled, DraftSampling::Sample]
     } else {
         vec![DraftSampling::Coupled]
     };
+    let masks: Vec<bool> = if setup.grammar.is_some() {
+        args.draft_mask.iter().map(|m| m == "on").collect()
+    } else {
+        vec![true]
+    };
     let mut plain_outputs: Vec<Vec<u32>> = Vec::new();
     let mut spec_agree = (0usize, 0usize);
     println!(
-        "{:>5} {:>7} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
+        "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
         "n_max", "drafts", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
     );
-    let runs: Vec<(Policy, DraftSampling)> = policies
-        .iter()
-        .flat_map(|&p| {
-            if p == Policy::Plain {
-                vec![(p, DraftSampling::Coupled)]
-            } else {
-                modes.iter().map(|&m| (p, m)).collect()
+    let mut runs = Vec::new();
+    for &policy in &policies {
+        if policy == Policy::Plain {
+            runs.push(RunKind {
+                policy,
+                mode: DraftSampling::Coupled,
+                mask_drafts: true,
+            });
+            continue;
+        }
+        for &mode in &modes {
+            for &mask_drafts in &masks {
+                runs.push(RunKind {
+                    policy,
+                    mode,
+                    mask_drafts,
+                });
             }
-        })
-        .collect();
-    for (policy, mode) in runs {
+        }
+    }
+    let mut grammar_time = (0.0, 0u64, 0usize);
+    for kind in runs {
+        let (policy, mode) = (kind.policy, kind.mode);
         let k = policy.n_max();
         let mut outputs = Vec::new();
-        let t = run_depth(
-            &loaded,
-            head.as_ref(),
-            &prompts,
-            args.n_predict,
-            policy,
-            &sampling,
-            mode,
-            Some(&mut outputs),
-        )?;
+        let t = run_depth(&setup, head.as_ref(), kind, Some(&mut outputs))?;
+        grammar_time.0 += t.grammar_ms;
+        grammar_time.1 += t.grammar_masks;
+        grammar_time.2 += t.predicted_n;
         if k == 0 {
             plain_outputs = outputs;
         } else if mode == DraftSampling::Coupled && !plain_outputs.is_empty() {
@@ -545,9 +615,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .zip(&t.stats.drafted_per_pos)
             .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
             .collect();
-        let mode_name = if k == 0 { "-" } else { mode.as_str() };
+        let mode_name = kind.mode_name();
         println!(
-            "{:>5} {:>7} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
+            "{:>5} {:>16} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
             policy.label(),
             mode_name,
             prefill,
@@ -572,7 +642,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         rows.push(json!({
             "n_max": k,
             "policy": policy.kind(),
-            "draft_sampling": mode_name,
+            "draft_sampling": if k == 0 { "-" } else { mode.as_str() },
+            "mask_drafts": kind.mask_drafts,
             "temperature": args.temp,
             "prompt_n": t.prompt_n,
             "prompt_ms": t.prompt_ms,
@@ -582,8 +653,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "decode_tok_s": decode,
             "speedup_vs_plain": speedup,
             "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
+            "grammar_ms": t.grammar_ms,
+            "grammar_masks": t.grammar_masks,
         }));
-        full_runs.push((policy, mode, t.stats.clone(), decode));
+        full_runs.push((kind, t.stats.clone(), decode));
+    }
+    if setup.grammar.is_some() && grammar_time.2 > 0 {
+        println!(
+            "grammar masks: {:.3} ms per generated token ({} masks, {:.3} ms per mask)",
+            grammar_time.0 / grammar_time.2 as f64,
+            grammar_time.1,
+            grammar_time.0 / grammar_time.1.max(1) as f64
+        );
     }
 
     let costs = measure_costs(
@@ -650,17 +731,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             &args.assume_acceptance,
             max_n,
         )?;
-        let accept = draft_vocab::acceptance(trimmed, &full_runs, |h, policy, mode| {
-            let t = run_depth(
-                &loaded,
-                Some(h),
-                &prompts,
-                args.n_predict,
-                policy,
-                &sampling,
-                mode,
-                None,
-            )?;
+        let accept = draft_vocab::acceptance(trimmed, &full_runs, |h, kind| {
+            let t = run_depth(&setup, Some(h), kind, None)?;
             Ok((
                 t.stats,
                 t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9),

@@ -1,0 +1,279 @@
+//! Constrained decoding through the generation loop: under a grammar, drafting (masked or not)
+//! gives exactly plain constrained decoding's tokens, greedy and seeded; drafts drawn from the
+//! head stay inside the grammar; constrained and free requests share steps without affecting each
+//! other; log probabilities do not depend on drafting.
+
+mod common;
+
+use common::{constrained_reference, generate_jobs, Job, Loaded, Setup};
+use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource};
+use nextn_engine::output::FinishReason;
+use nextn_engine::sampler::{SamplerConfig, TokenLogprob};
+use nextn_engine::spec::DraftSampling;
+use serde_json::{json, Value};
+
+fn schema() -> Value {
+    json!({
+        "type": "array", "minItems": 3, "maxItems": 3,
+        "items": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 12},
+                "size": {"type": "integer", "minimum": 0, "maximum": 99},
+                "kind": {"enum": ["list", "dict", "set"]},
+                "ok": {"type": "boolean"}
+            },
+            "required": ["name", "size", "kind", "ok"],
+            "additionalProperties": false
+        }
+    })
+}
+
+/// The schema above, checked by hand.
+fn satisfies_schema(text: &str) -> bool {
+    let Ok(Value::Array(items)) = serde_json::from_str::<Value>(text) else {
+        return false;
+    };
+    items.len() == 3
+        && items.iter().all(|it| {
+            let Some(o) = it.as_object() else {
+                return false;
+            };
+            o.len() == 4
+                && o["name"].as_str().is_some_and(|s| s.chars().count() <= 12)
+                && o["size"].as_u64().is_some_and(|n| n <= 99)
+                && ["list", "dict", "set"].contains(&o["kind"].as_str().unwrap_or(""))
+                && o["ok"].is_boolean()
+        })
+}
+
+const GBNF: &str = r#"root ::= "def " name "(" params "):\n    return " name "\n"
+name ::= [a-z_] [a-z_0-9]{0,15}
+params ::= (name (", " name){0,3})?
+"#;
+
+fn sources() -> Vec<(&'static str, GrammarSource, &'static str)> {
+    vec![
+        (
+            "schema",
+            GrammarSource::JsonSchema(schema()),
+            "# three records as JSON\ndata = ",
+        ),
+        ("gbnf", GrammarSource::Grammar(GBNF.into()), "import os\n\n"),
+        (
+            "lark",
+            GrammarSource::Grammar("start: /[a-z]+( [a-z]+){2,30}\\./".into()),
+            "The quick brown fox",
+        ),
+    ]
+}
+
+fn constraint(l: &Loaded, source: &GrammarSource) -> Constraint {
+    GrammarCompiler::new(&l.tok, l.model.n_vocab)
+        .expect("compiler")
+        .compile(source)
+        .expect("the grammar compiles")
+}
+
+fn seeded(seed: u64) -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.9,
+        seed,
+        ..SamplerConfig::default()
+    }
+}
+
+/// Room for a schema's output: with this model's tokenizer every space of JSON indentation is a
+/// token of its own.
+const N_CTX: usize = 2560;
+
+fn plain() -> Setup {
+    Setup {
+        n_ctx: N_CTX,
+        ..Setup::plain()
+    }
+}
+
+fn drafting(n_max: usize, mask_drafts: bool, sampling: DraftSampling) -> Setup {
+    let mut s = Setup {
+        n_ctx: N_CTX,
+        ..Setup::drafting(n_max)
+    };
+    let spec = s.spec.as_mut().expect("drafting");
+    spec.mask_drafts = mask_drafts;
+    spec.draft_sampling = sampling;
+    s
+}
+
+/// Tokens per request: enough for the grammars below to complete.
+const N: usize = 2000;
+
+/// Greedy and seeded (coupled), with masked and unmasked drafts, the loop emits plain
+/// constrained decoding's tokens; masking the drafts keeps more of them.
+#[test]
+fn drafting_under_a_grammar_gives_plain_constrained_decoding() {
+    let l = common::bundled(2);
+    for (name, source, prompt) in sources() {
+        let prompt = l.tok.encode(prompt, true);
+        for sampler in [SamplerConfig::greedy(), seeded(3)] {
+            let want = constrained_reference(
+                &l,
+                &prompt,
+                &sampler,
+                N,
+                &plain(),
+                Some(constraint(&l, &source)),
+            );
+            let mut accepted = Vec::new();
+            for (label, setup) in [
+                ("plain", plain()),
+                ("masked", drafting(3, true, DraftSampling::Coupled)),
+                ("unmasked", drafting(3, false, DraftSampling::Coupled)),
+                ("masked n_max 1", drafting(1, true, DraftSampling::Coupled)),
+            ] {
+                let job = Job {
+                    prompt: prompt.clone(),
+                    sampler: sampler.clone(),
+                    n: N,
+                    grammar: Some(constraint(&l, &source)),
+                    logprobs: None,
+                };
+                let (c, _) = generate_jobs(&l, &setup, 1, vec![job]).remove(0);
+                let ctx = format!("{name}, {label}, seed {}", sampler.seed);
+                assert_eq!(c.tokens, want.tokens, "{ctx}");
+                assert_eq!(c.finish, want.finish, "{ctx}");
+                assert!(c.grammar_masks.is_some_and(|(_, n)| n > 0), "{ctx}");
+                accepted.push(c.spec.draft_n_accepted);
+            }
+            if name == "schema" {
+                let text = l.tok.decode(&want.tokens);
+                assert_eq!(want.finish, FinishReason::Stop, "{text}");
+                assert!(satisfies_schema(&text), "{text}");
+                // On a schema the head alone proposes what the grammar forbids.
+                assert!(
+                    accepted[1] > accepted[2],
+                    "masked {} vs unmasked {} accepted drafts",
+                    accepted[1],
+                    accepted[2]
+                );
+            }
+        }
+    }
+}
+
+/// Drafts drawn from the head's masked distribution and kept with min(1, p/q) stay inside the
+/// grammar, and the output completes it.
+#[test]
+fn sampled_drafts_stay_inside_the_grammar() {
+    let l = common::bundled(2);
+    let prompt = l.tok.encode("data = ", true);
+    for mask_drafts in [true, false] {
+        for seed in 0..6 {
+            let job = Job {
+                prompt: prompt.clone(),
+                sampler: seeded(seed),
+                n: N,
+                grammar: Some(constraint(&l, &GrammarSource::JsonSchema(schema()))),
+                logprobs: None,
+            };
+            let setup = drafting(3, mask_drafts, DraftSampling::Sample);
+            let (c, _) = generate_jobs(&l, &setup, 1, vec![job]).remove(0);
+            let text = l.tok.decode(&c.tokens);
+            assert_eq!(c.finish, FinishReason::Stop, "seed {seed}: {text}");
+            assert!(satisfies_schema(&text), "seed {seed}: {text}");
+            assert!(c.spec.draft_n > 0);
+        }
+    }
+}
+
+/// Constrained and free requests in one batch each get what they get alone.
+#[test]
+fn constrained_and_free_requests_share_steps() {
+    let l = common::bundled(2);
+    let mut jobs = Vec::new();
+    let mut want = Vec::new();
+    for (i, (_, source, prompt)) in sources().into_iter().enumerate() {
+        let prompt = l.tok.encode(prompt, true);
+        let sampler = if i == 1 {
+            seeded(5)
+        } else {
+            SamplerConfig::greedy()
+        };
+        want.push(
+            constrained_reference(
+                &l,
+                &prompt,
+                &sampler,
+                N,
+                &plain(),
+                Some(constraint(&l, &source)),
+            )
+            .tokens,
+        );
+        jobs.push(Job {
+            prompt,
+            sampler,
+            n: N,
+            grammar: Some(constraint(&l, &source)),
+            logprobs: None,
+        });
+    }
+    let free = l.tok.encode("import os\nimport sys\n", true);
+    want.push(constrained_reference(&l, &free, &seeded(9), 40, &plain(), None).tokens);
+    jobs.push(Job {
+        prompt: free,
+        sampler: seeded(9),
+        n: 40,
+        grammar: None,
+        logprobs: None,
+    });
+    let got = generate_jobs(&l, &drafting(3, true, DraftSampling::Coupled), 4, jobs);
+    for (i, ((c, _), w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(&c.tokens, w, "request {i}");
+    }
+    assert!(got[3].0.grammar_masks.is_none());
+}
+
+/// Every output token gets the log probability of the model's raw row and its most likely
+/// alternatives, the same with or without drafting (and with a grammar masking the draws).
+#[test]
+fn log_probabilities_do_not_depend_on_drafting() {
+    let l = common::bundled(2);
+    for (grammar, prompt) in [
+        (None, "class Stack:\n"),
+        (Some(GrammarSource::JsonSchema(schema())), "data = "),
+    ] {
+        let prompt = l.tok.encode(prompt, true);
+        let reference = constrained_reference(
+            &l,
+            &prompt,
+            &seeded(4),
+            48,
+            &plain(),
+            grammar.as_ref().map(|g| constraint(&l, g)),
+        );
+        let want: Vec<TokenLogprob> = reference
+            .tokens
+            .iter()
+            .zip(&reference.rows)
+            .map(|(&t, row)| TokenLogprob::of(row, t, 5))
+            .collect();
+        for setup in [plain(), drafting(3, true, DraftSampling::Coupled)] {
+            let job = Job {
+                prompt: prompt.clone(),
+                sampler: seeded(4),
+                n: 48,
+                grammar: grammar.as_ref().map(|g| constraint(&l, g)),
+                logprobs: Some(5),
+            };
+            let (c, lps) = generate_jobs(&l, &setup, 1, vec![job]).remove(0);
+            assert_eq!(c.tokens, reference.tokens);
+            assert_eq!(lps.len(), want.len());
+            // Verify rows equal one-row decodes bit for bit, so the numbers do too.
+            for (i, (got, want)) in lps.iter().zip(&want).enumerate() {
+                assert_eq!(got, want, "token {i}");
+                assert_eq!(got.top.len(), 5);
+            }
+        }
+    }
+}
