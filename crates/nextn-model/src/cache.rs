@@ -59,6 +59,31 @@ impl KvBuf {
         }
     }
 
+    /// Values `start..end` as a buffer of the same element type.
+    fn slice(&self, start: usize, end: usize) -> KvBuf {
+        match self {
+            KvBuf::F16(v) => KvBuf::F16(v[start..end].to_vec()),
+            KvBuf::F32(v) => KvBuf::F32(v[start..end].to_vec()),
+        }
+    }
+
+    /// Append `other`'s values; false (and nothing appended) when the element types differ.
+    fn extend(&mut self, other: &KvBuf) -> bool {
+        match (self, other) {
+            (KvBuf::F16(v), KvBuf::F16(o)) => v.extend_from_slice(o),
+            (KvBuf::F32(v), KvBuf::F32(o)) => v.extend_from_slice(o),
+            _ => return false,
+        }
+        true
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            KvBuf::F16(v) => v.len() * 2,
+            KvBuf::F32(v) => v.len() * 4,
+        }
+    }
+
     fn read(&self, start: usize, out: &mut [f32]) {
         match self {
             KvBuf::F16(v) => {
@@ -115,6 +140,41 @@ impl KvLayer {
         }
     }
 
+    /// The keys and values of positions `start..end`, exactly as stored (a prefix cache keeps
+    /// them to hand to a later sequence with the same tokens).
+    pub fn rows(&self, start: usize, end: usize) -> KvRows {
+        let end = end.min(self.len);
+        let start = start.min(end);
+        KvRows {
+            k: self.k.slice(start * self.width, end * self.width),
+            v: self.v.slice(start * self.width, end * self.width),
+            width: self.width,
+            len: end - start,
+        }
+    }
+
+    /// Append rows taken with [`KvLayer::rows`] from a cache of the same shape and types.
+    pub fn append_rows(&mut self, rows: &KvRows) -> Result<(), ModelError> {
+        if rows.width != self.width {
+            return Err(ModelError::SnapshotMismatch {
+                what: "attention row width",
+                expected: self.width,
+                found: rows.width,
+            });
+        }
+        let (k_ok, v_ok) = (
+            std::mem::discriminant(&self.k) == std::mem::discriminant(&rows.k),
+            std::mem::discriminant(&self.v) == std::mem::discriminant(&rows.v),
+        );
+        if !(k_ok && v_ok) {
+            return Err(ModelError::SnapshotKvType);
+        }
+        self.k.extend(&rows.k);
+        self.v.extend(&rows.v);
+        self.len += rows.len;
+        Ok(())
+    }
+
     /// Copy `len` positions of the key (or value) vectors of one kv head, starting at position 0,
     /// into `out` as `[pos][head_dim]`.
     pub fn read_head(
@@ -133,6 +193,62 @@ impl KvLayer {
                 &mut out[p * head_dim..(p + 1) * head_dim],
             );
         }
+    }
+}
+
+/// Keys and values of a run of positions of one attention layer, in the cache's element types.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvRows {
+    k: KvBuf,
+    v: KvBuf,
+    width: usize,
+    len: usize,
+}
+
+impl PartialEq for KvBuf {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (KvBuf::F16(a), KvBuf::F16(b)) => a
+                .iter()
+                .map(|x| x.to_bits())
+                .eq(b.iter().map(|x| x.to_bits())),
+            (KvBuf::F32(a), KvBuf::F32(b)) => a
+                .iter()
+                .map(|x| x.to_bits())
+                .eq(b.iter().map(|x| x.to_bits())),
+            _ => false,
+        }
+    }
+}
+
+impl KvRows {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.k.bytes() + self.v.bytes()
+    }
+
+    /// Split into positions `..at` (kept in `self`) and `at..` (returned).
+    pub fn split_off(&mut self, at: usize) -> KvRows {
+        let at = at.min(self.len);
+        let w = self.width;
+        let tail = KvRows {
+            k: self.k.slice(at * w, self.len * w),
+            v: self.v.slice(at * w, self.len * w),
+            width: w,
+            len: self.len - at,
+        };
+        self.k.truncate(at * w);
+        self.v.truncate(at * w);
+        self.len = at;
+        tail
     }
 }
 
@@ -196,6 +312,28 @@ pub enum LayerCache {
     DeltaNet(DeltaNetCache),
 }
 
+/// The recurrent state of every delta-net layer of a sequence after `n_past` committed
+/// positions: with the attention rows of those positions, all that is needed to resume it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentSnapshot {
+    n_past: usize,
+    states: Vec<RecurrentState>,
+}
+
+impl RecurrentSnapshot {
+    /// Committed positions the state follows.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.states
+            .iter()
+            .map(|s| (s.conv.len() + s.ssm.len()) * 4)
+            .sum()
+    }
+}
+
 /// Everything the target model remembers about one sequence.
 #[derive(Clone, Debug)]
 pub struct SequenceState {
@@ -233,6 +371,119 @@ impl SequenceState {
                 kv.truncate(pos);
             }
         }
+    }
+
+    /// The attention rows of positions `start..end` of every attention layer, in layer order.
+    pub fn attention_rows(&self, start: usize, end: usize) -> Vec<KvRows> {
+        self.layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerCache::Attention(kv) => Some(kv.rows(start, end)),
+                LayerCache::DeltaNet(_) => None,
+            })
+            .collect()
+    }
+
+    /// The recurrent state of every delta-net layer after the last committed position. Only
+    /// committed state can be kept: a pending verify batch is an error.
+    pub fn recurrent_snapshot(&self) -> Result<RecurrentSnapshot, ModelError> {
+        if self.pending_rows > 0 {
+            return Err(ModelError::UncommittedVerify {
+                pending: self.pending_rows,
+            });
+        }
+        Ok(RecurrentSnapshot {
+            n_past: self.n_past,
+            states: self
+                .layers
+                .iter()
+                .filter_map(|l| match l {
+                    LayerCache::DeltaNet(c) => Some(c.state.clone()),
+                    LayerCache::Attention(_) => None,
+                })
+                .collect(),
+        })
+    }
+
+    /// Resume a fresh sequence at `snapshot.n_past`: `segments` are the attention rows of
+    /// positions `0..n_past` in order (each as [`SequenceState::attention_rows`] gives them) and
+    /// `snapshot` the recurrent state after them. The result is the state the sequence had when
+    /// the snapshot was taken, bit for bit.
+    pub fn restore<'r>(
+        &mut self,
+        segments: impl IntoIterator<Item = &'r [KvRows]>,
+        snapshot: &RecurrentSnapshot,
+    ) -> Result<(), ModelError> {
+        if self.n_past != 0 || self.pending_rows != 0 {
+            return Err(ModelError::SnapshotMismatch {
+                what: "positions already in the sequence",
+                expected: 0,
+                found: self.n_past,
+            });
+        }
+        if snapshot.n_past > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_past: 0,
+                n_new: snapshot.n_past,
+                n_ctx: self.n_ctx,
+            });
+        }
+        let n_attention = self
+            .layers
+            .iter()
+            .filter(|l| matches!(l, LayerCache::Attention(_)))
+            .count();
+        let n_delta = self.layers.len() - n_attention;
+        if snapshot.states.len() != n_delta {
+            return Err(ModelError::SnapshotMismatch {
+                what: "delta-net layers",
+                expected: n_delta,
+                found: snapshot.states.len(),
+            });
+        }
+        for rows in segments {
+            if rows.len() != n_attention {
+                return Err(ModelError::SnapshotMismatch {
+                    what: "attention layers",
+                    expected: n_attention,
+                    found: rows.len(),
+                });
+            }
+            let kvs = self.layers.iter_mut().filter_map(|l| match l {
+                LayerCache::Attention(kv) => Some(kv),
+                LayerCache::DeltaNet(_) => None,
+            });
+            for (kv, r) in kvs.zip(rows) {
+                kv.append_rows(r)?;
+            }
+        }
+        let mut states = snapshot.states.iter();
+        for l in &mut self.layers {
+            match l {
+                LayerCache::Attention(kv) if kv.len() != snapshot.n_past => {
+                    return Err(ModelError::SnapshotMismatch {
+                        what: "attention positions",
+                        expected: snapshot.n_past,
+                        found: kv.len(),
+                    });
+                }
+                LayerCache::Attention(_) => {}
+                LayerCache::DeltaNet(c) => {
+                    let s = states.next().expect("counted above");
+                    if s.conv.len() != c.state.conv.len() || s.ssm.len() != c.state.ssm.len() {
+                        return Err(ModelError::SnapshotMismatch {
+                            what: "recurrent state values",
+                            expected: c.state.conv.len() + c.state.ssm.len(),
+                            found: s.conv.len() + s.ssm.len(),
+                        });
+                    }
+                    c.state.conv.copy_from_slice(&s.conv);
+                    c.state.ssm.copy_from_slice(&s.ssm);
+                }
+            }
+        }
+        self.n_past = snapshot.n_past;
+        Ok(())
     }
 
     /// Bytes held by the caches now.

@@ -16,7 +16,7 @@ pub mod traffic;
 pub mod weights;
 mod wide;
 
-pub use cache::{KvType, LayerCache, RecurrentState, SequenceState};
+pub use cache::{KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};
 pub use config::{Arch, LayerKind, Qwen35Config};
 pub use model::{BatchItem, ForwardOutput, LogitRows, Model};
 pub use nextn::{HeadBatchItem, NextnHead};
@@ -73,6 +73,16 @@ pub enum ModelError {
         cached: usize,
         start: usize,
     },
+    #[error("a cached state does not fit this sequence: {what} {found}, expected {expected}")]
+    SnapshotMismatch {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
+    #[error(
+        "cached attention rows have another element type than this sequence's KV cache (-ctk/-ctv)"
+    )]
+    SnapshotKvType,
     #[error("the NextN head got {found} hidden values for {rows} rows of width {width}")]
     HiddenLength {
         found: usize,
