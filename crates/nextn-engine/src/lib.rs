@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod grammar;
 pub mod output;
+pub mod prefix_cache;
 pub mod sampler;
 pub mod scheduler;
 pub mod spec;
