@@ -25,7 +25,10 @@ impl FinishReason {
 /// llama-server's `timings` fields.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {
+    /// Prompt tokens run through the model (the rest came from the prefix cache).
     pub prompt_n: usize,
+    /// Prompt tokens resumed from the prefix cache.
+    pub cache_n: usize,
     pub prompt_ms: f64,
     pub predicted_n: usize,
     pub predicted_ms: f64,
@@ -44,6 +47,7 @@ impl Timings {
         let per_token = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
         serde_json::json!({
             "prompt_n": self.prompt_n,
+            "cache_n": self.cache_n,
             "prompt_ms": self.prompt_ms,
             "prompt_per_token_ms": per_token(self.prompt_ms, self.prompt_n),
             "prompt_per_second": self.prompt_per_second(),
@@ -175,6 +179,11 @@ impl<'t> TextOut<'t> {
     }
 
     /// Tokens of the output so far.
+    /// The output's tokens so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
     pub fn n_tokens(&self) -> usize {
         self.tokens.len()
     }

@@ -132,6 +132,7 @@ fn drafting_under_a_grammar_gives_plain_constrained_decoding() {
                 ("masked n_max 1", drafting(1, true, DraftSampling::Coupled)),
             ] {
                 let job = Job {
+                    cache_points: Vec::new(),
                     prompt: prompt.clone(),
                     sampler: sampler.clone(),
                     n: N,
@@ -170,6 +171,7 @@ fn sampled_drafts_stay_inside_the_grammar() {
     for mask_drafts in [true, false] {
         for seed in 0..6 {
             let job = Job {
+                cache_points: Vec::new(),
                 prompt: prompt.clone(),
                 sampler: seeded(seed),
                 n: N,
@@ -211,6 +213,7 @@ fn constrained_and_free_requests_share_steps() {
             .tokens,
         );
         jobs.push(Job {
+            cache_points: Vec::new(),
             prompt,
             sampler,
             n: N,
@@ -221,6 +224,7 @@ fn constrained_and_free_requests_share_steps() {
     let free = l.tok.encode("import os\nimport sys\n", true);
     want.push(constrained_reference(&l, &free, &seeded(9), 40, &plain(), None).tokens);
     jobs.push(Job {
+        cache_points: Vec::new(),
         prompt: free,
         sampler: seeded(9),
         n: 40,
@@ -260,6 +264,7 @@ fn log_probabilities_do_not_depend_on_drafting() {
             .collect();
         for setup in [plain(), drafting(3, true, DraftSampling::Coupled)] {
             let job = Job {
+                cache_points: Vec::new(),
                 prompt: prompt.clone(),
                 sampler: seeded(4),
                 n: 48,

@@ -47,6 +47,7 @@ fn config(n_slots: usize, policy: Option<DraftPolicy>) -> SchedulerConfig {
         }),
         policy: policy.unwrap_or(DraftPolicy::ALWAYS),
         calibrate: true,
+        prefix_cache: None,
     }
 }
 
@@ -85,6 +86,8 @@ fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Reque
         trace: false,
         grammar: None,
         logprobs: None,
+        cache_prompt: false,
+        cache_points: Vec::new(),
         sink: Box::new(sink),
     };
     (r, Pending { rx, closed })

@@ -125,6 +125,11 @@ impl KvLayer {
         self.len == 0
     }
 
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.k.bytes() + self.v.bytes()
+    }
+
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
         self.k.push(&k[..self.width]);
         self.v.push(&v[..self.width]);

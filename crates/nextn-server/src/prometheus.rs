@@ -157,6 +157,41 @@ pub fn render(m: &MetricsSnapshot, n_slots: usize, n_max: usize) -> String {
     );
     family(
         &mut out,
+        &n("prompt_tokens_cached_total"),
+        Kind::Counter,
+        "Prompt tokens resumed from the prefix cache instead of being processed.",
+        &one(m.prompt_tokens_cached_total as f64),
+    );
+    family(
+        &mut out,
+        &n("cache_bytes"),
+        Kind::Gauge,
+        "Bytes held by the prefix cache (attention rows and snapshots).",
+        &one(m.cache_bytes as f64),
+    );
+    family(
+        &mut out,
+        &n("cache_snapshots"),
+        Kind::Gauge,
+        "Snapshots held by the prefix cache.",
+        &one(m.cache_snapshots as f64),
+    );
+    family(
+        &mut out,
+        &n("cache_snapshots_stored_total"),
+        Kind::Counter,
+        "Snapshots stored in the prefix cache.",
+        &one(m.cache_snapshots_stored_total as f64),
+    );
+    family(
+        &mut out,
+        &n("cache_evictions_total"),
+        Kind::Counter,
+        "Prefix-cache entries evicted to stay within --cache-ram.",
+        &one(m.cache_evictions_total as f64),
+    );
+    family(
+        &mut out,
         &n("requests_finished_total"),
         Kind::Counter,
         "Requests that ran to completion.",

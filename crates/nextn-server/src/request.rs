@@ -43,6 +43,8 @@ pub struct GenParams {
     pub grammar: Option<GrammarSource>,
     /// Per-request `reasoning_format`.
     pub reasoning: Option<ReasoningFormat>,
+    /// `cache_prompt`: resume from and add to the prefix cache (default true).
+    pub cache_prompt: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -380,6 +382,7 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         logprobs,
         grammar,
         reasoning,
+        cache_prompt: boolean(o, "cache_prompt")?.unwrap_or(true),
     })
 }
 

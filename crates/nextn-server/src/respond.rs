@@ -287,7 +287,6 @@ fn push_text(parts: &mut Vec<Part>, reasoning: String, content: String) {
 
 fn timings(c: &Completion) -> Value {
     let mut t = c.timings.to_json();
-    t["cache_n"] = json!(0);
     t["draft_n"] = json!(c.spec.draft_n);
     t["draft_n_accepted"] = json!(c.spec.draft_n_accepted);
     if let Some((ms, n)) = c.grammar_masks {
@@ -302,7 +301,7 @@ fn usage(c: &Completion) -> Value {
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": c.timings.cache_n},
     })
 }
 

@@ -229,6 +229,8 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
 struct Prepared {
     params: GenParams,
     tokens: Vec<u32>,
+    /// Prompt positions worth a prefix-cache snapshot.
+    cache_points: Vec<usize>,
     grammar: Option<Constraint>,
     shaping: Shaping,
 }
@@ -305,6 +307,15 @@ async fn chat_inner(
         };
         let text = rendered.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let tokens = fe.tokenizer.encode(&text, true);
+        // The next turn of the conversation diverges at the final assistant header (templates
+        // re-render earlier answers without their reasoning): keep the state just before it.
+        let cache_points: Vec<usize> = fe
+            .tokenizer
+            .token_id("<|im_start|>")
+            .and_then(|id| tokens.iter().rposition(|&t| t == id))
+            .filter(|&p| p > 0)
+            .into_iter()
+            .collect();
         let in_reasoning = prompt_opens_thinking(&text);
         let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
         let grammar = match (&req.tool_choice, &req.params.grammar) {
@@ -350,6 +361,7 @@ async fn chat_inner(
         Ok(Prepared {
             params: req.params,
             tokens,
+            cache_points,
             grammar,
             shaping,
         })
@@ -404,6 +416,7 @@ async fn completions_inner(
         Ok(Prepared {
             params: req.params,
             tokens,
+            cache_points: Vec::new(),
             grammar,
             shaping,
         })
@@ -421,6 +434,7 @@ async fn submit(
     let Prepared {
         params,
         tokens,
+        cache_points: prepared_cache_points,
         grammar,
         shaping,
     } = prepared;
@@ -465,6 +479,8 @@ async fn submit(
         trace: false,
         grammar,
         logprobs: params.logprobs,
+        cache_prompt: params.cache_prompt,
+        cache_points: prepared_cache_points,
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(|e| match e {

@@ -296,6 +296,7 @@ fn run_output_shape_is_pinned() {
     assert_eq!(
         keys(&v["timings"]),
         [
+            "cache_n",
             "draft_n",
             "draft_n_accepted",
             "predicted_ms",

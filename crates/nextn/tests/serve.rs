@@ -580,3 +580,70 @@ fn seeded_requests_give_the_same_tokens_under_load() {
         t.join().unwrap();
     }
 }
+
+/// A conversation's next turn resumes from the prefix cache: `cached_tokens` and `cache_n` say
+/// how much, the answer is the one a cold server gives, `cache_prompt: false` bypasses the cache,
+/// and a `cache_prompt` of the wrong type is a 400 naming it.
+#[test]
+fn the_next_turn_resumes_from_the_prefix_cache() {
+    let warm = Server::start(&["--spec-type", "nextn", "-np", "2", "--api-key", KEY]);
+    let cold = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "2",
+        "--api-key",
+        KEY,
+        "--cache-ram",
+        "0",
+    ]);
+    let system = "You write Python. ".repeat(20);
+    let turn1 = json!({"messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "def parse(line):"}
+    ], "temperature": 0, "max_tokens": 24});
+    let a1 = post(&warm, "/v1/chat/completions", &turn1).json();
+    assert_eq!(a1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let answer = a1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let turn2 = json!({"messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "def parse(line):"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Now add a docstring."}
+    ], "temperature": 0, "max_tokens": 24});
+    let w = post(&warm, "/v1/chat/completions", &turn2).json();
+    let c = post(&cold, "/v1/chat/completions", &turn2).json();
+    let cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = w["usage"]["prompt_tokens"].as_u64().unwrap();
+    // At least the system prompt and the first user message come from the cache.
+    assert!(cached > 100 && cached < prompt, "{cached} of {prompt}");
+    assert_eq!(w["timings"]["cache_n"].as_u64(), Some(cached));
+    assert_eq!(w["timings"]["prompt_n"].as_u64(), Some(prompt - cached));
+    assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
+
+    let mut bypass = turn2.clone();
+    bypass["cache_prompt"] = json!(false);
+    let b = post(&warm, "/v1/chat/completions", &bypass).json();
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(b["choices"][0]["message"], c["choices"][0]["message"]);
+
+    let mut bad = turn2;
+    bad["cache_prompt"] = json!("yes");
+    let r = post(&warm, "/v1/chat/completions", &bad);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "cache_prompt");
+
+    let m = get(&warm, "/metrics").text();
+    assert!(
+        metric(&m, "nextn:prompt_tokens_cached_total") >= cached as f64,
+        "{m}"
+    );
+    assert!(metric(&m, "nextn:cache_snapshots") >= 1.0);
+    assert!(metric(&m, "nextn:cache_bytes") > 0.0);
+}

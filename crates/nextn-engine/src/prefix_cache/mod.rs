@@ -11,11 +11,27 @@
 
 use std::collections::HashMap;
 
-use nextn_model::KvRows;
+use nextn_model::{KvRows, RecurrentSnapshot};
+
+use crate::spec::draft::HeadState;
 
 /// What a snapshot weighs, for the budget.
 pub trait Weighed {
     fn bytes(&self) -> usize;
+}
+
+/// A sequence's state at a cached position besides its attention rows: the recurrent states,
+/// and the NextN head's state when the sequence kept one.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub recurrent: RecurrentSnapshot,
+    pub head: Option<HeadState>,
+}
+
+impl Weighed for Snapshot {
+    fn bytes(&self) -> usize {
+        self.recurrent.bytes() + self.head.as_ref().map_or(0, HeadState::bytes)
+    }
 }
 
 struct Node<S> {
@@ -109,15 +125,20 @@ impl<S: Weighed> PrefixTree<S> {
         self.nodes[i].as_mut().expect("a live node")
     }
 
-    /// The deepest snapshot at a position `<= max_pos` on the path of `tokens` (the prompt);
-    /// its path counts as used.
-    pub fn lookup(&mut self, tokens: &[u32], max_pos: usize) -> Option<Hit<'_, S>> {
+    /// The deepest snapshot at a position `<= max_pos` on the path of `tokens` (the prompt) for
+    /// which `usable` holds; its path counts as used.
+    pub fn lookup(
+        &mut self,
+        tokens: &[u32],
+        max_pos: usize,
+        usable: impl Fn(&S) -> bool,
+    ) -> Option<Hit<'_, S>> {
         let mut path = Vec::new();
         let mut best = None;
         let mut at = ROOT;
         loop {
             let n = self.node(at);
-            if n.snapshot.is_some() && n.end() <= max_pos && at != ROOT {
+            if n.snapshot.as_ref().is_some_and(&usable) && n.end() <= max_pos && at != ROOT {
                 best = Some(path.len());
             }
             let pos = n.end();

@@ -33,7 +33,7 @@ fn lookup(
     prompt: &[u32],
     max_pos: usize,
 ) -> Option<(usize, &'static str)> {
-    let hit = tree.lookup(prompt, max_pos)?;
+    let hit = tree.lookup(prompt, max_pos, |_| true)?;
     let mut got = KvLayer::new(KvType::F32, KvType::F32, 1);
     for seg in &hit.segments {
         assert_eq!(seg.len(), 1);

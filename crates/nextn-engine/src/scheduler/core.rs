@@ -13,6 +13,7 @@ use super::{
     Request, SchedulerConfig, Shared, SpecConfig,
 };
 use crate::output::{ms_since, FinishReason, Timings};
+use crate::prefix_cache::{PrefixTree, Snapshot};
 use crate::sampler::Sampler;
 use crate::spec::draft::HeadState;
 
@@ -61,6 +62,8 @@ pub(super) struct Core<'e> {
     next_seq: u64,
     /// Steps run, for the exploration schedule of `auto`.
     pub step_no: u64,
+    /// Prompt prefixes kept for later requests.
+    pub prefix: Option<PrefixTree<Snapshot>>,
 }
 
 impl<'e> Core<'e> {
@@ -72,6 +75,10 @@ impl<'e> Core<'e> {
             .clone()
             .filter(|s| s.n_max > 0 && engine.head.is_some());
         let n_max = spec.as_ref().map_or(0, |s| s.n_max);
+        let prefix = cfg
+            .prefix_cache
+            .as_ref()
+            .map(|c| PrefixTree::new(c.budget_bytes));
         // Until measured: a pass costs a fixed part plus a little per row (weights dominate).
         let rough = RowCost::from_points(&[(1, 10.0), (64, 20.0)], 0.05);
         Core {
@@ -89,6 +96,7 @@ impl<'e> Core<'e> {
             global_acc: AcceptanceCounts::new(n_max),
             next_seq: 0,
             step_no: 0,
+            prefix,
         }
     }
 
@@ -215,11 +223,45 @@ impl<'e> Core<'e> {
         }
         let (kt, vt) = (self.cfg.k_type, self.cfg.v_type);
         let model = self.engine.model;
-        let state = model.new_sequence(n_ctx, kt, vt);
-        let head = match (&self.spec, self.engine.head) {
+        let mut state = model.new_sequence(n_ctx, kt, vt);
+        let mut head = match (&self.spec, self.engine.head) {
             (Some(_), Some(h)) => Some(HeadState::new(h, model.config.n_embd, kt, vt)),
             _ => None,
         };
+        let mut cache_n = 0;
+        let mut request = request;
+        if let Some(tree) = self.prefix.as_mut().filter(|_| request.cache_prompt) {
+            // The last prompt token is always run: its row gives the first output token.
+            let needs_head = head.is_some();
+            let max_pos = request.prompt.len() - 1;
+            if let Some(hit) = tree.lookup(&request.prompt, max_pos, |s| {
+                !needs_head || s.head.is_some()
+            }) {
+                let mut resumed = model.new_sequence(n_ctx, kt, vt);
+                if resumed
+                    .restore(hit.segments.iter().copied(), &hit.snapshot.recurrent)
+                    .is_ok()
+                {
+                    state = resumed;
+                    if needs_head {
+                        head = hit.snapshot.head.clone();
+                    }
+                    cache_n = hit.n_past;
+                }
+            }
+        }
+        if let Some(every) = self
+            .cfg
+            .prefix_cache
+            .as_ref()
+            .map(|c| c.snapshot_every)
+            .filter(|&e| e > 0 && request.cache_prompt)
+        {
+            let n = request.prompt.len();
+            request
+                .cache_points
+                .extend((1..).map(|k| k * every).take_while(|&p| p < n));
+        }
         let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
         // p/q acceptance needs a distribution to draw drafts from: only when sampling.
         let draft_sampling = match &self.spec {
@@ -240,7 +282,9 @@ impl<'e> Core<'e> {
             self.engine.tokenizer,
             n_max,
             self.next_seq,
+            cache_n,
         );
+        lock(&self.shared.metrics).prompt_tokens_cached_total += cache_n as u64;
         if slot.sink.send(Event::Started { slot: index }) {
             self.slots[index] = Some(slot);
             lock(&self.shared.metrics).requests_processing = self.busy();
@@ -287,6 +331,9 @@ impl<'e> Core<'e> {
         let Some(mut slot) = self.slots[index].take() else {
             return;
         };
+        if slot.cache_prompt {
+            self.keep_prefix(&slot);
+        }
         let (rest, tokens) = slot.out.finish();
         let predicted_ms = slot.t_first_token.map_or(0.0, ms_since);
         let completion = Completion {
@@ -295,7 +342,8 @@ impl<'e> Core<'e> {
             prompt_tokens: slot.prompt.len(),
             completion_tokens: tokens.len(),
             timings: Timings {
-                prompt_n: slot.prompt.len(),
+                prompt_n: slot.prompt.len() - slot.cache_n,
+                cache_n: slot.cache_n,
                 prompt_ms: slot.prompt_ms,
                 predicted_n: tokens.len(),
                 predicted_ms,
@@ -318,6 +366,35 @@ impl<'e> Core<'e> {
             m.requests_finished_total -= 1;
             m.requests_cancelled_total += 1;
         }
+    }
+
+    /// Keep `slot`'s committed state in the prefix cache (its attention rows where the tree
+    /// lacks them, and a snapshot at its position).
+    pub fn keep_prefix(&mut self, slot: &Slot<'_>) {
+        let Some(tree) = self.prefix.as_mut() else {
+            return;
+        };
+        let Ok(recurrent) = slot.state.recurrent_snapshot() else {
+            return;
+        };
+        let n_past = slot.state.n_past;
+        // The head's state goes along only when it stands exactly at the target's position.
+        let head = slot
+            .head
+            .as_ref()
+            .filter(|h| h.covered() == n_past)
+            .cloned();
+        let tokens = slot.committed_tokens();
+        tree.insert(
+            &tokens,
+            |start, end| slot.state.attention_rows(start, end),
+            Snapshot { recurrent, head },
+        );
+        let mut m = lock(&self.shared.metrics);
+        m.cache_bytes = tree.bytes() as u64;
+        m.cache_snapshots = tree.snapshots() as u64;
+        m.cache_evictions_total = tree.evictions();
+        m.cache_snapshots_stored_total += 1;
     }
 
     fn publish_gauges(&self) {

@@ -4,7 +4,15 @@
 /// Running totals and current gauges (a copy of them, when read through the handle).
 #[derive(Clone, Debug, Default)]
 pub struct MetricsSnapshot {
+    /// Prompt tokens run through the model.
     pub prompt_tokens_total: u64,
+    /// Prompt tokens resumed from the prefix cache instead.
+    pub prompt_tokens_cached_total: u64,
+    /// The prefix cache: bytes held, snapshots held, snapshots stored so far, entries evicted.
+    pub cache_bytes: u64,
+    pub cache_snapshots: u64,
+    pub cache_snapshots_stored_total: u64,
+    pub cache_evictions_total: u64,
     pub prompt_seconds_total: f64,
     pub tokens_predicted_total: u64,
     pub tokens_predicted_seconds_total: f64,

@@ -90,6 +90,17 @@ pub struct SchedulerConfig {
     pub policy: DraftPolicy,
     /// Measure the step-cost curves before serving (only used by [`DraftPolicy::Auto`]).
     pub calibrate: bool,
+    /// Keep prompt prefixes for later requests; `None` prefills every request from its start.
+    pub prefix_cache: Option<PrefixCacheConfig>,
+}
+
+/// The prefix cache shared by all slots (`--cache-ram`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrefixCacheConfig {
+    /// Most bytes the cache holds (attention rows and snapshots); slots' own state is extra.
+    pub budget_bytes: usize,
+    /// During a long prefill, keep a snapshot every this many prompt tokens (0: never).
+    pub snapshot_every: usize,
 }
 
 /// One generation request: prompt tokens and how to sample and stop.
@@ -104,6 +115,11 @@ pub struct Request {
     pub trace: bool,
     /// Constrained decoding: the output stays inside this grammar, and so do the drafts.
     pub grammar: Option<Constraint>,
+    /// Resume from and add to the prefix cache (`cache_prompt`).
+    pub cache_prompt: bool,
+    /// Prompt positions worth a snapshot (where a later request is likely to diverge, such as
+    /// the start of the final assistant header of a chat prompt).
+    pub cache_points: Vec<usize>,
     /// Send each output token's log probability and those of its `n` most likely alternatives
     /// ([`Event::Logprobs`]).
     pub logprobs: Option<usize>,
@@ -117,6 +133,9 @@ pub trait EventSink: Send {
     fn is_closed(&self) -> bool;
 }
 
+// `Done` is the large variant and is sent once per request; the others move a few hundred
+// bytes per event through a channel, which costs nothing next to a forward pass.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// The request got a slot and its prompt is being processed.

@@ -45,6 +45,12 @@ pub struct Slot<'t> {
     pub grammar: Option<Constraint>,
     /// Send log probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Use and feed the prefix cache.
+    pub cache_prompt: bool,
+    /// Prompt positions to keep a snapshot at, ascending.
+    pub cache_points: Vec<usize>,
+    /// Prompt tokens resumed from the prefix cache.
+    pub cache_n: usize,
     pub t_start: Instant,
     pub t_first_token: Option<Instant>,
     pub prompt_ms: f64,
@@ -63,6 +69,7 @@ impl<'t> Slot<'t> {
         tokenizer: &'t Tokenizer,
         n_max: usize,
         seq_no: u64,
+        cache_n: usize,
     ) -> Self {
         let Request {
             prompt,
@@ -72,9 +79,13 @@ impl<'t> Slot<'t> {
             trace,
             grammar,
             logprobs,
+            cache_prompt,
+            mut cache_points,
             sink,
             ..
         } = request;
+        cache_points.sort_unstable();
+        cache_points.dedup();
         Slot {
             prompt,
             sink,
@@ -83,7 +94,7 @@ impl<'t> Slot<'t> {
             state,
             head,
             idle_steps: 0,
-            stage: Stage::Prefill { next: 0 },
+            stage: Stage::Prefill { next: cache_n },
             out: TextOut::new(tokenizer, &stop, n_predict, ignore_eos),
             n_sampled: 0,
             stats: SpecStats::new(n_max),
@@ -91,11 +102,35 @@ impl<'t> Slot<'t> {
             trace,
             grammar,
             logprobs,
+            cache_prompt,
+            cache_points,
+            cache_n,
             t_start: Instant::now(),
             t_first_token: None,
             prompt_ms: 0.0,
             seq_no,
         }
+    }
+
+    /// Where the prompt chunk starting at `next` must end at the latest: the next cache point.
+    pub fn chunk_limit(&self, next: usize) -> usize {
+        self.cache_points
+            .iter()
+            .copied()
+            .find(|&p| p > next)
+            .unwrap_or(self.prompt.len())
+            .min(self.prompt.len())
+    }
+
+    /// The committed tokens: the prompt, then the output, up to the state's position.
+    pub fn committed_tokens(&self) -> Vec<u32> {
+        let n = self.state.n_past;
+        self.prompt
+            .iter()
+            .chain(self.out.tokens())
+            .take(n)
+            .copied()
+            .collect()
     }
 
     /// Send text; false when the listener is gone.

@@ -79,7 +79,7 @@ impl<'e> Core<'e> {
             if budget == 0 {
                 break;
             }
-            let end = slot.prompt.len().min(next + budget);
+            let end = slot.chunk_limit(next).min(next + budget);
             budget -= end - next;
             shape.prefill_rows += end - next;
             if end == slot.prompt.len() {
@@ -403,12 +403,24 @@ impl<'e> Core<'e> {
             h.commit(start, &slot.prompt[start..end], &out.hidden);
         }
         let last = end == slot.prompt.len();
-        let mut m = lock(&self.shared.metrics);
-        m.prompt_tokens_total += (end - start) as u64;
+        let keep = slot.cache_prompt && slot.cache_points.contains(&end);
+        lock(&self.shared.metrics).prompt_tokens_total += (end - start) as u64;
         if !last {
             slot.stage = Stage::Prefill { next: end };
+        }
+        if keep {
+            if let Some(slot) = self.slots[i].take() {
+                self.keep_prefix(&slot);
+                self.slots[i] = Some(slot);
+            }
+        }
+        if !last {
             return;
         }
+        let Some(slot) = self.slots[i].as_mut() else {
+            return;
+        };
+        let mut m = lock(&self.shared.metrics);
         slot.prompt_ms = ms_since(slot.t_start);
         m.prompt_seconds_total += slot.prompt_ms / 1000.0;
         drop(m);

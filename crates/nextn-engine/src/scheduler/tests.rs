@@ -60,6 +60,7 @@ fn config(spec: bool, policy: DraftPolicy, n_ctx: usize) -> SchedulerConfig {
         spec: spec.then(SpecConfig::default),
         policy,
         calibrate: false,
+        prefix_cache: None,
     }
 }
 
@@ -74,6 +75,8 @@ fn request(prompt: &[u32], n: usize) -> (Request, mpsc::Receiver<Event>) {
         trace: false,
         grammar: None,
         logprobs: None,
+        cache_prompt: false,
+        cache_points: Vec::new(),
         sink: Box::new(TestSink(tx)),
     };
     (r, rx)

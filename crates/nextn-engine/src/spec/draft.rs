@@ -21,6 +21,7 @@ use crate::output::ms_since;
 use crate::sampler::{top1_probability, Draw, Sampler, TokenMask, TokenProb};
 
 /// The NextN head's side of one sequence.
+#[derive(Clone, Debug)]
 pub struct HeadState {
     cache: LayerCache,
     /// Positions the cache holds (`0..pos`).
@@ -46,6 +47,20 @@ impl HeadState {
             last_hidden: vec![0.0; n_embd],
             n_embd,
         }
+    }
+
+    /// Positions the head has an entry for or owes one (its cache and its lag).
+    pub fn covered(&self) -> usize {
+        self.pos + self.lag_tokens.len()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        let cache = match &self.cache {
+            LayerCache::Attention(kv) => kv.bytes(),
+            LayerCache::DeltaNet(_) => 0,
+        };
+        cache + (self.lag_hidden.len() + self.last_hidden.len()) * 4 + self.lag_tokens.len() * 4
     }
 
     /// Committed positions whose head entry is still to be computed.

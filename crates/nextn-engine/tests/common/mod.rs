@@ -11,7 +11,8 @@ use nextn_engine::grammar::Constraint;
 use nextn_engine::output::FinishReason;
 use nextn_engine::sampler::{Sampler, SamplerConfig, TokenLogprob};
 use nextn_engine::scheduler::{
-    Completion, DraftPolicy, EngineRef, Event, EventSink, Request, Scheduler, SchedulerConfig,
+    Completion, DraftPolicy, EngineRef, Event, EventSink, PrefixCacheConfig, Request, Scheduler,
+    SchedulerConfig,
 };
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::tokenizer::Tokenizer;
@@ -65,6 +66,7 @@ pub struct Setup {
     pub kv: KvType,
     pub ignore_eos: bool,
     pub trace: bool,
+    pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
 impl Setup {
@@ -77,6 +79,7 @@ impl Setup {
             kv: KvType::F16,
             ignore_eos: true,
             trace: false,
+            prefix_cache: None,
         }
     }
 
@@ -111,6 +114,8 @@ impl EventSink for Collect {
 
 /// One request for [`generate_jobs`].
 pub struct Job {
+    /// Prompt positions to keep a prefix-cache snapshot at.
+    pub cache_points: Vec<usize>,
     pub prompt: Vec<u32>,
     pub sampler: SamplerConfig,
     pub n: usize,
@@ -128,6 +133,7 @@ pub fn generate_many(
     let jobs = requests
         .iter()
         .map(|(prompt, sampler, n)| Job {
+            cache_points: Vec::new(),
             prompt: prompt.clone(),
             sampler: sampler.clone(),
             n: *n,
@@ -149,7 +155,13 @@ pub fn generate_jobs(
     n_slots: usize,
     jobs: Vec<Job>,
 ) -> Vec<(Completion, Vec<TokenLogprob>)> {
-    let mut scheduler = Scheduler::new(
+    let mut scheduler = scheduler(l, setup, n_slots, jobs.len());
+    run_jobs(&mut scheduler, setup, jobs)
+}
+
+/// A local scheduler for `setup`.
+pub fn scheduler<'l>(l: &'l Loaded, setup: &Setup, n_slots: usize, queue: usize) -> Scheduler<'l> {
+    Scheduler::new(
         l.engine(setup.spec.is_some()),
         SchedulerConfig {
             n_slots,
@@ -157,12 +169,31 @@ pub fn generate_jobs(
             k_type: setup.kv,
             v_type: setup.kv,
             n_batch: setup.n_batch,
-            queue_capacity: jobs.len(),
+            queue_capacity: queue,
             spec: setup.spec.clone(),
             policy: setup.policy,
             calibrate: false,
+            prefix_cache: setup.prefix_cache.clone(),
         },
-    );
+    )
+}
+
+/// Run `jobs` on `scheduler` until they are done.
+pub fn run_jobs(
+    scheduler: &mut Scheduler<'_>,
+    setup: &Setup,
+    jobs: Vec<Job>,
+) -> Vec<(Completion, Vec<TokenLogprob>)> {
+    run_jobs_with(scheduler, setup, jobs, true)
+}
+
+/// [`run_jobs`] with `cache_prompt` set for every job.
+pub fn run_jobs_with(
+    scheduler: &mut Scheduler<'_>,
+    setup: &Setup,
+    jobs: Vec<Job>,
+    cache_prompt: bool,
+) -> Vec<(Completion, Vec<TokenLogprob>)> {
     let mut ends = Vec::new();
     for job in jobs {
         let (tx, rx) = mpsc::channel();
@@ -175,6 +206,8 @@ pub fn generate_jobs(
             trace: setup.trace,
             grammar: job.grammar,
             logprobs: job.logprobs,
+            cache_prompt,
+            cache_points: job.cache_points,
             sink: Box::new(Collect(tx)),
         });
         ends.push(rx);

@@ -150,6 +150,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             spec: head.is_some().then_some(spec),
             policy: DraftPolicy::ALWAYS,
             calibrate: false,
+            prefix_cache: None,
         },
     );
     let (events, received) = mpsc::channel();
@@ -162,6 +163,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         trace: false,
         grammar,
         logprobs: None,
+        cache_prompt: false,
+        cache_points: Vec::new(),
         sink: Box::new(Stdout {
             streaming: !args.json,
             events,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use nextn_engine::scheduler::{DraftPolicy, Engine, SchedulerConfig};
+use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
 use nextn_model::config::LayerKind;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 
@@ -56,6 +56,14 @@ pub struct Args {
     /// Do not log each finished request
     #[arg(long = "log-disable")]
     pub log_disable: bool,
+    /// Prefix cache size in MiB, shared by all slots (0 disables it; default: a quarter of the
+    /// available memory, at most 8192)
+    #[arg(long = "cache-ram", visible_alias = "cram")]
+    pub cache_ram: Option<u64>,
+    /// During a long prefill, keep a prefix-cache snapshot every this many prompt tokens
+    /// (0: only at the end of the last message and of each answer)
+    #[arg(long = "cache-snapshot-every", default_value_t = 1024)]
+    pub cache_snapshot_every: usize,
 }
 
 fn parse_policy(s: &str) -> Result<DraftPolicy> {
@@ -117,6 +125,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let spec_args = args.spec.clone();
     let n_batch = args.batch_size.max(1);
     let queue_capacity = args.max_queue;
+    let (cache_ram, cache_snapshot_every) = (args.cache_ram, args.cache_snapshot_every);
     let ctx_given = model_args.ctx_size.filter(|&c| c > 0);
     let load = move || -> Result<Loaded, String> {
         let loaded = common::load(&model_args).map_err(|e| format!("{e:#}"))?;
@@ -174,6 +183,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mib(recurrent_bytes),
             mib((kv_per_token * n_ctx_slot + recurrent_bytes) * n_slots),
         );
+        let cache_mib = cache_ram
+            .unwrap_or_else(|| (common::available_memory().unwrap_or(0) / 4 / (1 << 20)).min(8192));
+        let prefix_cache = (cache_mib > 0).then(|| PrefixCacheConfig {
+            budget_bytes: (cache_mib as usize).saturating_mul(1 << 20),
+            snapshot_every: cache_snapshot_every,
+        });
         let scheduler = SchedulerConfig {
             n_slots,
             n_ctx_slot,
@@ -184,6 +199,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             spec: head.is_some().then_some(spec_config),
             policy,
             calibrate: true,
+            prefix_cache,
         };
         let template = loaded.template;
         let engine = Engine {

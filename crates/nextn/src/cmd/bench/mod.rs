@@ -287,6 +287,7 @@ fn run_depth(
                 _ => DraftPolicy::ALWAYS,
             },
             calibrate: true,
+            prefix_cache: None,
         },
     );
     let (tx, rx) = mpsc::channel();
@@ -309,6 +310,8 @@ fn run_depth(
             trace: false,
             grammar,
             logprobs: None,
+            cache_prompt: false,
+            cache_points: Vec::new(),
             sink: Box::new(Collect(tx.clone())),
         });
     }
