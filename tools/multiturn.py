@@ -7,8 +7,8 @@ every answer is MAX_TOKENS tokens (greedy, ignore_eos) and is sent back as the a
 the next turn, as a chat client does. Time to first token is measured on the stream, from sending
 the request to the first chunk that carries text. Works against `nextn serve` and llama-server.
 
-    python3 tools/multiturn.py --url http://127.0.0.1:8080 [--turns 8] [--system-words 1100]
-        [--user-words 110] [--max-tokens 64] [--json out.json]
+    python3 tools/multiturn.py --url http://127.0.0.1:8080 [--turns 8] [--system-words 1485]
+        [--user-words 150] [--max-tokens 64] [--json out.json]
 """
 
 import argparse
@@ -72,8 +72,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True)
     ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--system-words", type=int, default=1100)
-    ap.add_argument("--user-words", type=int, default=110)
+    ap.add_argument("--system-words", type=int, default=1485)
+    ap.add_argument("--user-words", type=int, default=150)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json")
