@@ -496,17 +496,7 @@ impl SequenceState {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerCache::Attention(kv) => {
-                    let kb = match &kv.k {
-                        KvBuf::F16(v) => v.len() * 2,
-                        KvBuf::F32(v) => v.len() * 4,
-                    };
-                    let vb = match &kv.v {
-                        KvBuf::F16(v) => v.len() * 2,
-                        KvBuf::F32(v) => v.len() * 4,
-                    };
-                    kb + vb
-                }
+                LayerCache::Attention(kv) => kv.bytes(),
                 LayerCache::DeltaNet(c) => {
                     (c.state.conv.len() + c.state.ssm.len() + c.spare.len()) * 4
                 }
