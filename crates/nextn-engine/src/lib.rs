@@ -7,5 +7,6 @@ pub mod output;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod scheduler;
+pub mod slot_file;
 pub mod spec;
 pub mod tokenizer;

@@ -336,6 +336,30 @@ impl GgufFile {
         self.shards.iter().map(|s| s.header.file_size).sum()
     }
 
+    /// A 64-bit identity of the model: FNV-1a over the tensor directory (names, types, shapes,
+    /// offsets) and the first and last 64 bytes of every tensor's data. Two files with the same
+    /// weights agree; another model, quantization or fine-tune disagrees. Reads a few bytes per
+    /// tensor, so it is cheap even for a mapped model of many gigabytes.
+    pub fn fingerprint(&self) -> u64 {
+        const SAMPLE: usize = 64;
+        let mut h = Fnv1a::new();
+        for t in &self.tensors {
+            h.write(t.name.as_bytes());
+            h.write(&t.ty.id().to_le_bytes());
+            for d in &t.dims {
+                h.write(&d.to_le_bytes());
+            }
+            h.write(&t.offset.to_le_bytes());
+            if let Some(data) = self.try_tensor_data(t) {
+                let head = &data[..data.len().min(SAMPLE)];
+                let tail = &data[data.len().saturating_sub(SAMPLE)..];
+                h.write(head);
+                h.write(tail);
+            }
+        }
+        h.finish()
+    }
+
     pub(crate) fn shards(&self) -> &[Shard] {
         &self.shards
     }
@@ -348,6 +372,32 @@ impl Shard {
 
     pub(crate) fn header(&self) -> &ShardHeader {
         &self.header
+    }
+}
+
+/// 64-bit FNV-1a: stable across builds and platforms, unlike std's hasher.
+pub struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a::new()
+    }
+}
+
+impl Fnv1a {
+    pub fn new() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -377,5 +427,19 @@ mod tests {
         t.shard = 0;
         t.n_bytes = u64::MAX;
         assert_eq!(f.try_tensor_data(&t), None);
+    }
+
+    #[test]
+    fn fingerprint_follows_the_weights() {
+        let file = |byte: u8, name: &str| {
+            let mut w = GgufWriter::new();
+            w.add_tensor(name, vec![64], GgmlType::F32, vec![byte; 256])
+                .unwrap();
+            GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+        };
+        let a = file(1, "a").fingerprint();
+        assert_eq!(a, file(1, "a").fingerprint());
+        assert_ne!(a, file(2, "a").fingerprint());
+        assert_ne!(a, file(1, "b").fingerprint());
     }
 }

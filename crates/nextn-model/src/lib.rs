@@ -16,7 +16,10 @@ pub mod traffic;
 pub mod weights;
 mod wide;
 
-pub use cache::{KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState};
+pub use cache::{
+    KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState, StateCodecError,
+    StateReader, StateWriter,
+};
 pub use config::{Arch, LayerKind, Qwen35Config};
 pub use model::{BatchItem, ForwardOutput, LogitRows, Model};
 pub use nextn::{HeadBatchItem, NextnHead};

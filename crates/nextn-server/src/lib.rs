@@ -15,6 +15,7 @@ pub mod reasoning;
 pub mod request;
 mod respond;
 mod routes;
+pub mod slots;
 pub mod tools;
 
 use std::net::SocketAddr;
@@ -55,6 +56,9 @@ pub struct ServerConfig {
     pub log_requests: bool,
     /// Log details such as request fields the server does not know (once each).
     pub debug_log: bool,
+    /// Where `POST /slots/{id}?action=save|restore` writes and reads slot files (`None`: the
+    /// actions answer 501).
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 /// What the loader hands over once the model is read.

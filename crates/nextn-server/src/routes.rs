@@ -21,10 +21,11 @@ use crate::request::{
     parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, GenParams, Prompt,
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
+use crate::slots;
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
 use crate::{prometheus, App, Frontend, ReasoningFormat};
 
-type AppState = Arc<App>;
+pub(crate) type AppState = Arc<App>;
 
 pub(crate) fn router(app: AppState) -> Router {
     let limit = app.cfg.max_body_bytes;
@@ -38,6 +39,8 @@ pub(crate) fn router(app: AppState) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/slots", get(slots::list))
+        .route("/slots/{id}", post(slots::action))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
@@ -103,7 +106,7 @@ async fn method_not_allowed(req: Request) -> Response {
     .into_response()
 }
 
-fn json_response(status: StatusCode, v: serde_json::Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, v: serde_json::Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
@@ -207,6 +210,17 @@ fn check_model(app: &App, model: Option<&str>) -> Result<(), ApiError> {
                 app.cfg.model_id
             ))
         }),
+    }
+}
+
+pub(crate) fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull(_) => {
+            ApiError::unavailable(format!("the server is busy: {e}; retry later"))
+        }
+        SubmitError::Loading => ApiError::unavailable("Loading model"),
+        SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down"),
+        SubmitError::Stopped(_) => ApiError::internal(e.to_string()),
     }
 }
 
@@ -483,14 +497,7 @@ async fn submit(
         cache_points: prepared_cache_points,
         sink: Box::new(respond::ChannelSink(tx)),
     };
-    app.handle.submit(request).map_err(|e| match e {
-        SubmitError::QueueFull(_) => {
-            ApiError::unavailable(format!("the server is busy: {e}; retry later"))
-        }
-        SubmitError::Loading => ApiError::unavailable("Loading model"),
-        SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down"),
-        SubmitError::Stopped(_) => ApiError::internal(e.to_string()),
-    })?;
+    app.handle.submit(request).map_err(submit_error)?;
     let reply = Reply::new(
         app.clone(),
         fe.tokenizer.clone(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cost::{CostModel, RowCost};
+use super::kept::{Kept, SlotActionError};
 use super::policy::AcceptanceCounts;
 use super::slot::Slot;
 use super::{
@@ -15,6 +16,7 @@ use super::{
 use crate::output::{ms_since, FinishReason, Timings};
 use crate::prefix_cache::{PrefixTree, Snapshot};
 use crate::sampler::Sampler;
+use crate::slot_file::ModelIdentity;
 use crate::spec::draft::HeadState;
 
 /// Acceptance assumed for a draft position nothing has been measured for yet: optimistic, so
@@ -64,6 +66,14 @@ pub(super) struct Core<'e> {
     pub step_no: u64,
     /// Prompt prefixes kept for later requests.
     pub prefix: Option<PrefixTree<Snapshot>>,
+    /// Each free slot's state from its last request.
+    pub kept: Vec<Option<Kept>>,
+    /// Each slot's last request: prompt tokens, those from a cache, tokens generated.
+    pub last_request: Vec<(usize, usize, usize)>,
+    /// Ticks once per freed slot, for picking the slot freed longest ago.
+    pub clock: u64,
+    /// The model's identity for slot files, computed when first needed.
+    pub identity: Option<ModelIdentity>,
 }
 
 impl<'e> Core<'e> {
@@ -75,6 +85,7 @@ impl<'e> Core<'e> {
             .clone()
             .filter(|s| s.n_max > 0 && engine.head.is_some());
         let n_max = spec.as_ref().map_or(0, |s| s.n_max);
+        let n_slots = cfg.n_slots;
         let prefix = cfg
             .prefix_cache
             .as_ref()
@@ -97,6 +108,10 @@ impl<'e> Core<'e> {
             next_seq: 0,
             step_no: 0,
             prefix,
+            kept: (0..n_slots).map(|_| None).collect(),
+            last_request: vec![(0, 0, 0); n_slots],
+            clock: 0,
+            identity: None,
         }
     }
 
@@ -107,6 +122,7 @@ impl<'e> Core<'e> {
     /// Measure the step costs when the policy needs them; what the engine offers.
     pub fn start(&mut self) -> EngineInfo {
         let calibration = self.wants_calibration().then(|| self.calibrate());
+        self.publish_slots();
         EngineInfo {
             n_slots: self.cfg.n_slots,
             n_ctx_slot: self.cfg.n_ctx_slot,
@@ -152,6 +168,18 @@ impl<'e> Core<'e> {
                                 message: "the server is shutting down".into(),
                             });
                         }
+                        for c in inbox.controls.drain(..) {
+                            let _ = c.reply.send(Err(SlotActionError::ShuttingDown));
+                        }
+                    }
+                    // Slot actions go first: a slot they wait for is not given to a request.
+                    let controls = std::mem::take(&mut inbox.controls);
+                    for c in controls {
+                        if self.slots.get(c.slot).is_some_and(Option::is_some) {
+                            inbox.controls.push(c);
+                        } else {
+                            let _ = c.reply.send(self.run_slot_action(c.slot, c.action));
+                        }
                     }
                     if self.busy() > 0 || !inbox.queue.is_empty() {
                         break;
@@ -187,7 +215,7 @@ impl<'e> Core<'e> {
     }
 
     pub(super) fn admit(&mut self, request: Request) {
-        let Some(index) = self.slots.iter().position(|s| s.is_none()) else {
+        let Some((index, kept_n)) = self.pick_slot(&request.prompt, request.cache_prompt) else {
             return;
         };
         let fail = |mut r: Request, message: String| {
@@ -230,13 +258,18 @@ impl<'e> Core<'e> {
         };
         let mut cache_n = 0;
         let mut request = request;
+        // The slot's own state from its last request, when the prompt continues it: no copy.
+        let kept = self.kept[index].take().filter(|_| kept_n > 0);
         if let Some(tree) = self.prefix.as_mut().filter(|_| request.cache_prompt) {
             // The last prompt token is always run: its row gives the first output token.
             let needs_head = head.is_some();
             let max_pos = request.prompt.len() - 1;
-            if let Some(hit) = tree.lookup(&request.prompt, max_pos, |s| {
-                !needs_head || s.head.is_some()
-            }) {
+            if let Some(hit) = tree
+                .lookup(&request.prompt, max_pos, |s| {
+                    !needs_head || s.head.is_some()
+                })
+                .filter(|hit| hit.n_past > kept_n)
+            {
                 let mut resumed = model.new_sequence(n_ctx, kt, vt);
                 if resumed
                     .restore(hit.segments.iter().copied(), &hit.snapshot.recurrent)
@@ -249,6 +282,13 @@ impl<'e> Core<'e> {
                     cache_n = hit.n_past;
                 }
             }
+        }
+        if let Some(k) = kept.filter(|_| cache_n == 0) {
+            state = k.state;
+            if head.is_some() {
+                head = k.head;
+            }
+            cache_n = kept_n;
         }
         if let Some(every) = self
             .cfg
@@ -296,9 +336,15 @@ impl<'e> Core<'e> {
     /// Free the slots whose clients went away.
     fn reap_closed(&mut self) {
         let mut cancelled = 0;
-        for s in self.slots.iter_mut() {
-            if s.as_ref().is_some_and(|slot| slot.sink.is_closed()) {
-                *s = None;
+        for i in 0..self.slots.len() {
+            if self.slots[i]
+                .as_ref()
+                .is_some_and(|slot| slot.sink.is_closed())
+            {
+                if let Some(slot) = self.slots[i].take() {
+                    let committed = slot.committed_tokens();
+                    self.keep_in_slot(i, slot, committed);
+                }
                 cancelled += 1;
             }
         }
@@ -334,6 +380,7 @@ impl<'e> Core<'e> {
         if slot.cache_prompt {
             self.keep_prefix(&slot);
         }
+        let committed = slot.committed_tokens();
         let (rest, tokens) = slot.out.finish();
         let predicted_ms = slot.t_first_token.map_or(0.0, ms_since);
         let completion = Completion {
@@ -360,7 +407,11 @@ impl<'e> Core<'e> {
             m.tokens_predicted_seconds_total += predicted_ms / 1000.0;
             m.requests_finished_total += 1;
         }
-        let delivered = slot.send_text(rest) && slot.sink.send(Event::Done(completion));
+        // The slot's state is kept (and /slots says so) before the client hears the end.
+        let mut sink = self.keep_in_slot(index, slot, committed);
+        self.publish_slots();
+        let delivered =
+            (rest.is_empty() || sink.send(Event::Text(rest))) && sink.send(Event::Done(completion));
         if !delivered {
             let mut m = lock(&self.shared.metrics);
             m.requests_finished_total -= 1;
@@ -381,20 +432,16 @@ impl<'e> Core<'e> {
         // The head's state goes along only when it stands exactly at the target's position.
         let head = slot
             .head
-            .as_ref()
-            .filter(|h| h.covered() == n_past)
-            .cloned();
+            .clone()
+            .and_then(|mut h| h.rewind(n_past).then_some(h));
         let tokens = slot.committed_tokens();
         tree.insert(
             &tokens,
             |start, end| slot.state.attention_rows(start, end),
             Snapshot { recurrent, head },
         );
-        let mut m = lock(&self.shared.metrics);
-        m.cache_bytes = tree.bytes() as u64;
-        m.cache_snapshots = tree.snapshots() as u64;
-        m.cache_evictions_total = tree.evictions();
-        m.cache_snapshots_stored_total += 1;
+        lock(&self.shared.metrics).cache_snapshots_stored_total += 1;
+        self.publish_cache_gauges();
     }
 
     fn publish_gauges(&self) {
@@ -422,5 +469,7 @@ impl<'e> Core<'e> {
         for s in self.slots.iter().flatten() {
             m.n_tokens_max = m.n_tokens_max.max(s.state.n_past as u64);
         }
+        drop(m);
+        self.publish_slots();
     }
 }

@@ -42,6 +42,8 @@ pub struct MetricsSnapshot {
     pub cost_target_ms: Vec<(usize, f64)>,
     pub cost_head_ms: Vec<(usize, f64)>,
     pub acceptance_estimate: Vec<f64>,
+    /// Every slot, busy or free (`/slots`).
+    pub slots: Vec<super::SlotStatus>,
 }
 
 impl MetricsSnapshot {

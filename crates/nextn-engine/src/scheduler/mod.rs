@@ -17,6 +17,7 @@
 mod calibrate;
 mod core;
 pub mod cost;
+mod kept;
 mod metrics;
 pub mod policy;
 mod slot;
@@ -39,6 +40,7 @@ use crate::sampler::{SamplerConfig, TokenLogprob};
 pub use crate::spec::{DraftSampling, SpecConfig, SpecStats, StepTrace};
 use crate::tokenizer::Tokenizer;
 
+pub use kept::{SlotAction, SlotActionDone, SlotActionError, SlotStatus};
 pub use metrics::MetricsSnapshot;
 pub use policy::DraftPolicy;
 
@@ -229,6 +231,8 @@ pub enum Phase {
 
 struct Inbox {
     queue: VecDeque<Request>,
+    /// Slot actions waiting for their slot to be free.
+    controls: Vec<kept::SlotControl>,
     shutdown: Option<Instant>,
 }
 
@@ -240,6 +244,24 @@ struct Shared {
     info: Mutex<Option<EngineInfo>>,
     failure: Mutex<Option<String>>,
     metrics: Mutex<MetricsSnapshot>,
+}
+
+impl Shared {
+    fn new(phase: Phase, queue_capacity: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            phase: AtomicU8::new(phase as u8),
+            inbox: Mutex::new(Inbox {
+                queue: VecDeque::new(),
+                controls: Vec::new(),
+                shutdown: None,
+            }),
+            wake: Condvar::new(),
+            queue_capacity: Mutex::new(queue_capacity),
+            info: Mutex::new(None),
+            failure: Mutex::new(None),
+            metrics: Mutex::new(MetricsSnapshot::default()),
+        })
+    }
 }
 
 /// Poison only means another thread panicked while holding the lock; the data is still usable
@@ -303,6 +325,38 @@ impl SchedulerHandle {
         lock(&self.shared.metrics).clone()
     }
 
+    /// Ask slot `slot` to save, restore or erase its kept state. The action runs on the
+    /// inference thread as soon as the slot is free; the answer comes through the receiver.
+    pub fn slot_action(
+        &self,
+        slot: usize,
+        action: SlotAction,
+    ) -> Result<std::sync::mpsc::Receiver<Result<SlotActionDone, SlotActionError>>, SubmitError>
+    {
+        match self.phase() {
+            Phase::Loading => return Err(SubmitError::Loading),
+            Phase::Failed | Phase::Stopped => {
+                return Err(SubmitError::Stopped(
+                    self.failure().unwrap_or_else(|| "stopped".into()),
+                ))
+            }
+            Phase::Ready => {}
+        }
+        let (reply, answer) = std::sync::mpsc::channel();
+        let mut inbox = lock(&self.shared.inbox);
+        if inbox.shutdown.is_some() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        inbox.controls.push(kept::SlotControl {
+            slot,
+            action,
+            reply,
+        });
+        drop(inbox);
+        self.shared.wake.notify_all();
+        Ok(answer)
+    }
+
     /// Stop taking requests: waiting ones are refused, running ones may finish for `grace`,
     /// then they are cancelled and the inference thread ends.
     pub fn shutdown(&self, grace: Duration) {
@@ -327,18 +381,7 @@ pub struct Scheduler<'e> {
 impl<'e> Scheduler<'e> {
     /// Measures the step costs first when the policy is `auto` and `cfg.calibrate` is set.
     pub fn new(engine: EngineRef<'e>, cfg: SchedulerConfig) -> Self {
-        let shared = Arc::new(Shared {
-            phase: AtomicU8::new(Phase::Ready as u8),
-            inbox: Mutex::new(Inbox {
-                queue: VecDeque::new(),
-                shutdown: None,
-            }),
-            wake: Condvar::new(),
-            queue_capacity: Mutex::new(cfg.queue_capacity),
-            info: Mutex::new(None),
-            failure: Mutex::new(None),
-            metrics: Mutex::new(MetricsSnapshot::default()),
-        });
+        let shared = Shared::new(Phase::Ready, cfg.queue_capacity);
         let mut core = core::Core::new(engine, cfg, shared);
         let info = core.start();
         Scheduler {
@@ -376,6 +419,27 @@ impl<'e> Scheduler<'e> {
     pub fn metrics(&self) -> MetricsSnapshot {
         lock(&self.core.shared.metrics).clone()
     }
+
+    /// Offer a slot file's state (written by [`Scheduler::save_prefix`] or a server's slot save)
+    /// to the prefix cache, so that a prompt continuing its tokens resumes from it. Returns how
+    /// the tokens it holds. Needs the prefix cache ([`SchedulerConfig::prefix_cache`]).
+    pub fn load_prefix(
+        &mut self,
+        bytes: &[u8],
+    ) -> Result<Vec<u32>, crate::slot_file::SlotFileError> {
+        let saved = self.core.decode_state(bytes)?;
+        // Resuming checks every layer against the model before the state is offered.
+        self.core.resume_state(&saved)?;
+        self.core.offer_to_prefix_cache(&saved);
+        Ok(saved.tokens)
+    }
+
+    /// The deepest state the prefix cache holds along `tokens`, ending at or before `max_pos`,
+    /// as a slot file: its bytes and the tokens it holds.
+    pub fn save_prefix(&mut self, tokens: &[u32], max_pos: usize) -> Option<(Vec<u8>, Vec<u32>)> {
+        let saved = self.core.export_prefix(tokens, max_pos)?;
+        Some((self.core.encode_state(&saved), saved.tokens))
+    }
 }
 
 /// Start the inference thread. `load` runs on it (the model is read while the caller already
@@ -384,18 +448,7 @@ pub fn spawn<L>(load: L) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)>
 where
     L: FnOnce() -> Result<(Engine, SchedulerConfig), String> + Send + 'static,
 {
-    let shared = Arc::new(Shared {
-        phase: AtomicU8::new(Phase::Loading as u8),
-        inbox: Mutex::new(Inbox {
-            queue: VecDeque::new(),
-            shutdown: None,
-        }),
-        wake: Condvar::new(),
-        queue_capacity: Mutex::new(0),
-        info: Mutex::new(None),
-        failure: Mutex::new(None),
-        metrics: Mutex::new(MetricsSnapshot::default()),
-    });
+    let shared = Shared::new(Phase::Loading, 0);
     let handle = SchedulerHandle {
         shared: shared.clone(),
     };

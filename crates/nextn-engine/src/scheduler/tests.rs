@@ -25,18 +25,7 @@ impl EventSink for TestSink {
 }
 
 fn shared() -> Arc<Shared> {
-    Arc::new(Shared {
-        phase: AtomicU8::new(Phase::Ready as u8),
-        inbox: Mutex::new(Inbox {
-            queue: Default::default(),
-            shutdown: None,
-        }),
-        wake: Condvar::new(),
-        queue_capacity: Mutex::new(4),
-        info: Mutex::new(None),
-        failure: Mutex::new(None),
-        metrics: Mutex::new(MetricsSnapshot::default()),
-    })
+    Shared::new(Phase::Ready, 4)
 }
 
 fn bundled() -> (Model, NextnHead, Tokenizer) {

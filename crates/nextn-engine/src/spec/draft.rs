@@ -10,7 +10,8 @@
 use std::time::Instant;
 
 use nextn_model::{
-    ForwardOutput, HeadBatchItem, KvType, LayerCache, LogitRows, ModelError, NextnHead,
+    ForwardOutput, HeadBatchItem, KvRows, KvType, LayerCache, LogitRows, ModelError, NextnHead,
+    StateCodecError, StateReader, StateWriter,
 };
 use nextn_quant::kernels::ThreadPool;
 
@@ -94,6 +95,98 @@ impl HeadState {
             .extend_from_slice(&hidden[last * e..(last + 1) * e]);
     }
 
+    /// Drop the head's entries past committed position `n_past` (an entry for a sampled token
+    /// the target never committed, made by a draft step). False when the state cannot stand at
+    /// `n_past`: it covers fewer positions, or entries past `n_past` sit behind a lag.
+    pub fn rewind(&mut self, n_past: usize) -> bool {
+        if self.covered() == n_past {
+            return true;
+        }
+        if self.pos <= n_past || !self.lag_tokens.is_empty() {
+            return false;
+        }
+        match &mut self.cache {
+            LayerCache::Attention(kv) => kv.truncate(n_past),
+            LayerCache::DeltaNet(_) => return false,
+        }
+        self.pos = n_past;
+        true
+    }
+
+    /// The state as bytes, for a slot file ([`HeadState::decode`] reads it back).
+    pub fn encode(&self, w: &mut StateWriter) {
+        let rows = match &self.cache {
+            LayerCache::Attention(kv) => Some(kv.rows(0, self.pos)),
+            LayerCache::DeltaNet(_) => None,
+        };
+        w.u64(self.n_embd as u64);
+        w.u64(self.pos as u64);
+        if let Some(rows) = rows {
+            rows.encode(w);
+        }
+        w.u32s(&self.lag_tokens);
+        w.f32s(&self.lag_hidden);
+        w.f32s(&self.last_hidden);
+    }
+
+    /// A state written by [`HeadState::encode`], checked against `head`'s shape and the KV types.
+    pub fn decode(
+        r: &mut StateReader<'_>,
+        head: &NextnHead,
+        n_embd: usize,
+        k_type: KvType,
+        v_type: KvType,
+    ) -> Result<HeadState, HeadStateError> {
+        let mut state = HeadState::new(head, n_embd, k_type, v_type);
+        let found_embd = r.count("head hidden width")?;
+        if found_embd != n_embd {
+            return Err(HeadStateError::Mismatch {
+                what: "hidden width",
+                expected: n_embd,
+                found: found_embd,
+            });
+        }
+        state.pos = r.count("head position")?;
+        match &mut state.cache {
+            LayerCache::Attention(kv) => {
+                let rows = KvRows::decode(r)?;
+                if rows.len() != state.pos {
+                    return Err(HeadStateError::Mismatch {
+                        what: "attention rows",
+                        expected: state.pos,
+                        found: rows.len(),
+                    });
+                }
+                kv.append_rows(&rows)?;
+            }
+            LayerCache::DeltaNet(_) => {
+                return Err(HeadStateError::Mismatch {
+                    what: "attention layers",
+                    expected: 0,
+                    found: 1,
+                })
+            }
+        }
+        state.lag_tokens = r.u32s("head lag tokens")?;
+        state.lag_hidden = r.f32s("head lag hidden states")?;
+        state.last_hidden = r.f32s("head last hidden state")?;
+        if state.lag_hidden.len() != state.lag_tokens.len() * n_embd {
+            return Err(HeadStateError::Mismatch {
+                what: "lag hidden values",
+                expected: state.lag_tokens.len() * n_embd,
+                found: state.lag_hidden.len(),
+            });
+        }
+        if state.last_hidden.len() != n_embd {
+            return Err(HeadStateError::Mismatch {
+                what: "last hidden values",
+                expected: n_embd,
+                found: state.last_hidden.len(),
+            });
+        }
+        Ok(state)
+    }
+
     /// The first `rows` lag rows now have head entries.
     fn consume_lag(&mut self, rows: usize) {
         let rows = rows.min(self.lag_tokens.len());
@@ -101,6 +194,23 @@ impl HeadState {
         self.lag_tokens.drain(..rows);
         self.lag_hidden.drain(..rows * self.n_embd);
     }
+}
+
+/// Why a saved head state cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum HeadStateError {
+    #[error(transparent)]
+    Codec(#[from] StateCodecError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(
+        "the saved NextN head state does not fit this head: {what} {found}, expected {expected}"
+    )]
+    Mismatch {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
 }
 
 /// One sequence's part of this step's drafting.

@@ -2,13 +2,16 @@
 //! One request through the generation loop (`nextn_engine::scheduler`), on one slot.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 
 use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatMessage;
-use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
+use nextn_engine::scheduler::{
+    DraftPolicy, Event, EventSink, PrefixCacheConfig, Request, Scheduler, SchedulerConfig,
+};
+use nextn_engine::slot_file::{write_atomically, SlotFileError};
 use serde_json::json;
 
 use super::common::{self, GrammarArgs, ModelArgs, SamplingArgs, SpecArgs};
@@ -56,6 +59,13 @@ pub struct Args {
     /// Print one JSON object (text, tokens, timings) instead of streaming text
     #[arg(long)]
     pub json: bool,
+    /// Keep the prompt's state in FILE after prefill, and resume from it when a later prompt
+    /// starts with the same tokens
+    #[arg(long = "prompt-cache", value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+    /// Use --prompt-cache without updating the file
+    #[arg(long = "prompt-cache-ro", requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
 }
 
 /// Streams text to stdout as it comes, or (for one JSON object at the end) hands it back with
@@ -150,9 +160,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
             spec: head.is_some().then_some(spec),
             policy: DraftPolicy::ALWAYS,
             calibrate: false,
-            prefix_cache: None,
+            // One prompt: the cache holds what the file brings and the prompt's own state.
+            prefix_cache: args.prompt_cache.as_ref().map(|_| PrefixCacheConfig {
+                budget_bytes: usize::MAX,
+                snapshot_every: 0,
+            }),
         },
     );
+    let cached = match &args.prompt_cache {
+        Some(path) => load_prompt_cache(&mut scheduler, path)?,
+        None => Vec::new(),
+    };
+    // The state just before the last prompt token: a later prompt that starts with this one,
+    // or is this one again, resumes there (the last token's row gives the first output token).
+    let cache_point = tokens.len().saturating_sub(1);
     let (events, received) = mpsc::channel();
     scheduler.submit(Request {
         prompt: tokens.clone(),
@@ -163,8 +184,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         trace: false,
         grammar,
         logprobs: None,
-        cache_prompt: false,
-        cache_points: Vec::new(),
+        cache_prompt: args.prompt_cache.is_some(),
+        cache_points: if cache_point > 0 {
+            vec![cache_point]
+        } else {
+            Vec::new()
+        },
         sink: Box::new(Stdout {
             streaming: !args.json,
             events,
@@ -180,6 +205,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             _ => bail!("generation ended without a result"),
         }
     };
+    if let (Some(path), false) = (&args.prompt_cache, args.prompt_cache_ro) {
+        save_prompt_cache(&mut scheduler, path, &tokens, cache_point, &cached)?;
+    }
     let t = &completion.timings;
     if args.json {
         let mut timings = t.to_json();
@@ -204,6 +232,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         println!();
     }
+    if t.cache_n > 0 {
+        eprintln!(
+            "prompt cache: {} of {} prompt tokens resumed from the file",
+            t.cache_n,
+            tokens.len()
+        );
+    }
     eprintln!(
         "prompt {} tokens in {:.1} ms ({:.1} tok/s); generated {} tokens in {:.1} ms ({:.1} tok/s); finish: {}",
         t.prompt_n,
@@ -218,4 +253,54 @@ pub fn run(args: Args) -> Result<ExitCode> {
         eprintln!("{}", completion.spec.summary());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Offer the file's state to the scheduler; a missing file is an empty cache. Returns the tokens
+/// the file holds.
+fn load_prompt_cache(scheduler: &mut Scheduler<'_>, path: &Path) -> Result<Vec<u32>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => bail!(
+            "--prompt-cache {}: cannot read the file: {e}",
+            path.display()
+        ),
+    };
+    match scheduler.load_prefix(&bytes) {
+        Ok(tokens) => Ok(tokens),
+        // Saved by a run without drafting: usable, but not for this one; it is replaced.
+        Err(e @ SlotFileError::NoHeadState) => {
+            eprintln!("prompt cache: {} is not used: {e}", path.display());
+            Ok(Vec::new())
+        }
+        Err(e) => bail!(
+            "--prompt-cache {}: {e} (delete the file to start a new cache)",
+            path.display()
+        ),
+    }
+}
+
+/// Write the prompt's state at `cache_point` when it differs from what the file held.
+fn save_prompt_cache(
+    scheduler: &mut Scheduler<'_>,
+    path: &Path,
+    tokens: &[u32],
+    cache_point: usize,
+    cached: &[u32],
+) -> Result<()> {
+    let Some((bytes, kept)) = scheduler.save_prefix(tokens, cache_point) else {
+        return Ok(());
+    };
+    if kept == cached {
+        return Ok(());
+    }
+    write_atomically(path, &bytes)
+        .with_context(|| format!("--prompt-cache {}: cannot write the file", path.display()))?;
+    eprintln!(
+        "prompt cache: saved the state after {} tokens to {} ({:.1} MiB)",
+        kept.len(),
+        path.display(),
+        bytes.len() as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
 }

@@ -64,6 +64,10 @@ pub struct Args {
     /// (0: only at the end of the last message and of each answer)
     #[arg(long = "cache-snapshot-every", default_value_t = 1024)]
     pub cache_snapshot_every: usize,
+    /// Directory for slot files: POST /slots/{id}?action=save|restore writes and reads a slot's
+    /// state there (created if missing; without it the actions answer 501)
+    #[arg(long = "slot-save-path", value_name = "DIR")]
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 fn parse_policy(s: &str) -> Result<DraftPolicy> {
@@ -118,7 +122,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         log_requests: !args.log_disable,
         debug_log: args.model.verbose,
+        slot_save_path: args.slot_save_path.clone(),
     };
+    if let Some(dir) = &cfg.slot_save_path {
+        nextn_server::slots::check_save_dir(dir).map_err(anyhow::Error::msg)?;
+    }
     let mut model_args = args.model.clone();
     model_args.model = Some(path);
     let n_slots = args.parallel;

@@ -2,9 +2,13 @@
 //! state (causal-conv window + delta-net state) of each gated-delta-net layer (docs/MODEL.md,
 //! "Caches" and "Speculative verify rollback").
 
+mod codec;
+
 use half::f16;
 
 use crate::ModelError;
+
+pub use codec::{StateCodecError, StateReader, StateWriter};
 
 /// Element type of the attention KV cache (`-ctk` / `-ctv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,6 +242,37 @@ impl KvRows {
 
     pub fn bytes(&self) -> usize {
         self.k.bytes() + self.v.bytes()
+    }
+
+    /// Positions `start..end` as rows of their own.
+    pub fn range(&self, start: usize, end: usize) -> KvRows {
+        let end = end.min(self.len);
+        let start = start.min(end);
+        let w = self.width;
+        KvRows {
+            k: self.k.slice(start * w, end * w),
+            v: self.v.slice(start * w, end * w),
+            width: w,
+            len: end - start,
+        }
+    }
+
+    /// Append the positions of `other`, which must have the same width and element types.
+    pub fn append(&mut self, other: &KvRows) -> Result<(), ModelError> {
+        if other.width != self.width {
+            return Err(ModelError::SnapshotMismatch {
+                what: "attention row width",
+                expected: self.width,
+                found: other.width,
+            });
+        }
+        if self.types() != other.types() {
+            return Err(ModelError::SnapshotKvType);
+        }
+        self.k.extend(&other.k);
+        self.v.extend(&other.v);
+        self.len += other.len;
+        Ok(())
     }
 
     /// Split into positions `..at` (kept in `self`) and `at..` (returned).

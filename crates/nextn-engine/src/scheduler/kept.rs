@@ -1,0 +1,335 @@
+//! What a slot keeps between requests, and the slot actions on it (`/slots`, slot files, the
+//! prompt cache of `nextn run`).
+//!
+//! A finished request leaves its committed state in its slot ([`Kept`]) until another request
+//! takes the slot. The state was that size while the request ran, so keeping it costs no memory
+//! beyond the busiest moment, and it is never evicted: the next turn of the same conversation
+//! continues from it without a copy, and `POST /slots/{id}?action=save` writes it to a file.
+//! The prefix cache holds its own copy (shared by every slot, bounded by `--cache-ram`).
+
+use std::sync::mpsc;
+
+use nextn_model::SequenceState;
+
+use super::core::Core;
+use super::slot::Slot;
+use super::{lock, EventSink};
+use crate::prefix_cache::Snapshot;
+use crate::slot_file::{ModelIdentity, SavedState, SlotFileError, Target};
+use crate::spec::draft::HeadState;
+
+/// A free slot's state from its last request.
+pub struct Kept {
+    /// The committed tokens the state holds.
+    pub tokens: Vec<u32>,
+    pub state: SequenceState,
+    /// The head's state at the same position (`None` when there is none or it could not be
+    /// brought there).
+    pub head: Option<HeadState>,
+    /// When the slot was freed (a tick of [`Core::clock`]).
+    pub freed_at: u64,
+}
+
+/// What a free slot is asked to do with its kept state.
+pub enum SlotAction {
+    /// Encode the kept state as a slot file.
+    Save,
+    /// Replace the kept state with a slot file's (and offer it to the prefix cache).
+    Restore(Vec<u8>),
+    /// Drop the kept state.
+    Erase,
+}
+
+/// The answer to a [`SlotAction`].
+#[derive(Debug)]
+pub enum SlotActionDone {
+    /// A slot file's bytes and the tokens it holds.
+    Saved {
+        bytes: Vec<u8>,
+        n_tokens: usize,
+    },
+    Restored {
+        n_tokens: usize,
+    },
+    Erased {
+        n_tokens: usize,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlotActionError {
+    #[error("slot {slot} does not exist (the server has {n_slots} slots)")]
+    NoSuchSlot { slot: usize, n_slots: usize },
+    #[error("cannot restore the slot file: {0}")]
+    File(#[from] SlotFileError),
+    #[error("cannot save slot {slot}: {why}")]
+    Save { slot: usize, why: String },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+pub type SlotActionReply = mpsc::Sender<Result<SlotActionDone, SlotActionError>>;
+
+/// A slot action waiting for its slot to be free.
+pub struct SlotControl {
+    pub slot: usize,
+    pub action: SlotAction,
+    pub reply: SlotActionReply,
+}
+
+/// One slot as `/slots` shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SlotStatus {
+    pub id: usize,
+    pub n_ctx: usize,
+    pub is_processing: bool,
+    /// Tokens of context the slot holds (its running request's, or those kept from its last).
+    pub n_past: usize,
+    /// The running or last request: prompt tokens, those resumed from a cache, tokens generated.
+    pub n_prompt_tokens: usize,
+    pub n_prompt_tokens_cache: usize,
+    pub n_decoded: usize,
+}
+
+impl<'e> Core<'e> {
+    /// Keep a finished or abandoned request's committed state (`tokens`) in its slot; the
+    /// request's sink is handed back.
+    pub(super) fn keep_in_slot(
+        &mut self,
+        index: usize,
+        slot: Slot<'e>,
+        tokens: Vec<u32>,
+    ) -> Box<dyn EventSink> {
+        self.last_request[index] = (slot.prompt.len(), slot.cache_n, slot.n_sampled as usize);
+        self.clock += 1;
+        let Slot {
+            state, head, sink, ..
+        } = slot;
+        if state.pending_rows > 0 {
+            self.kept[index] = None;
+            return sink;
+        }
+        let n_past = state.n_past;
+        let head = head.and_then(|mut h| h.rewind(n_past).then_some(h));
+        self.kept[index] = Some(Kept {
+            tokens,
+            state,
+            head,
+            freed_at: self.clock,
+        });
+        sink
+    }
+
+    /// The free slot for `prompt`: the one whose kept state is the longest usable prefix of it
+    /// (when `reuse`), else an empty one, else the one freed longest ago. Returns the slot and
+    /// how many prompt tokens its kept state covers (0 when it is not usable).
+    pub(super) fn pick_slot(&self, prompt: &[u32], reuse: bool) -> Option<(usize, usize)> {
+        let needs_head = self.spec.is_some() && self.engine.head.is_some();
+        let usable = |k: &Kept| {
+            k.tokens.len() < prompt.len()
+                && prompt.starts_with(&k.tokens)
+                && (!needs_head || k.head.is_some())
+        };
+        let free = (0..self.slots.len()).filter(|&i| self.slots[i].is_none());
+        if reuse {
+            let best = free
+                .clone()
+                .filter_map(|i| {
+                    let k = self.kept[i].as_ref()?;
+                    usable(k).then_some((i, k.tokens.len()))
+                })
+                .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
+            if let Some((i, n)) = best.filter(|&(_, n)| n > 0) {
+                return Some((i, n));
+            }
+        }
+        free.min_by_key(|&i| self.kept[i].as_ref().map_or(0, |k| k.freed_at))
+            .map(|i| (i, 0))
+    }
+
+    /// Run `f` with what a slot file must fit here.
+    fn with_target<R>(&mut self, f: impl FnOnce(&Target<'_>) -> R) -> R {
+        let model = self.engine.model;
+        let identity: &ModelIdentity = self
+            .identity
+            .get_or_insert_with(|| ModelIdentity::of(model));
+        let target = Target {
+            model,
+            head: self.spec.as_ref().and(self.engine.head),
+            identity,
+            k_type: self.cfg.k_type,
+            v_type: self.cfg.v_type,
+            n_ctx: self.cfg.n_ctx_slot,
+        };
+        f(&target)
+    }
+
+    /// Run a slot action on a free slot.
+    pub(super) fn run_slot_action(
+        &mut self,
+        slot: usize,
+        action: SlotAction,
+    ) -> Result<SlotActionDone, SlotActionError> {
+        if slot >= self.slots.len() {
+            return Err(SlotActionError::NoSuchSlot {
+                slot,
+                n_slots: self.slots.len(),
+            });
+        }
+        let result = match action {
+            SlotAction::Save => self.save_slot(slot),
+            SlotAction::Restore(bytes) => {
+                let saved = self.decode_state(&bytes)?;
+                let state = self.resume_state(&saved)?;
+                self.offer_to_prefix_cache(&saved);
+                let n_tokens = saved.tokens.len();
+                self.clock += 1;
+                self.last_request[slot] = (0, 0, 0);
+                self.kept[slot] = Some(Kept {
+                    tokens: saved.tokens,
+                    state,
+                    head: saved.head,
+                    freed_at: self.clock,
+                });
+                Ok(SlotActionDone::Restored { n_tokens })
+            }
+            SlotAction::Erase => {
+                let n_tokens = self.kept[slot].take().map_or(0, |k| k.tokens.len());
+                self.last_request[slot] = (0, 0, 0);
+                Ok(SlotActionDone::Erased { n_tokens })
+            }
+        };
+        self.publish_slots();
+        result
+    }
+
+    fn save_slot(&mut self, slot: usize) -> Result<SlotActionDone, SlotActionError> {
+        let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
+        let saved = match &self.kept[slot] {
+            Some(k) => SavedState::of(k.tokens.clone(), &k.state, k.head.clone()),
+            None => {
+                let fresh = self
+                    .engine
+                    .model
+                    .new_sequence(self.cfg.n_ctx_slot, k_type, v_type);
+                let head = match (&self.spec, self.engine.head) {
+                    (Some(_), Some(h)) => Some(HeadState::new(
+                        h,
+                        self.engine.model.config.n_embd,
+                        k_type,
+                        v_type,
+                    )),
+                    _ => None,
+                };
+                SavedState::of(Vec::new(), &fresh, head)
+            }
+        }
+        .map_err(|e| SlotActionError::Save {
+            slot,
+            why: e.to_string(),
+        })?;
+        let n_tokens = saved.tokens.len();
+        Ok(SlotActionDone::Saved {
+            bytes: self.encode_state(&saved),
+            n_tokens,
+        })
+    }
+
+    /// A state as a slot file of this model and these KV types.
+    pub(super) fn encode_state(&mut self, saved: &SavedState) -> Vec<u8> {
+        let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
+        self.with_target(|t| saved.encode(t.identity, k_type, v_type))
+    }
+
+    /// Read a slot file written for this model and these KV types.
+    pub(super) fn decode_state(&mut self, bytes: &[u8]) -> Result<SavedState, SlotFileError> {
+        self.with_target(|t| SavedState::decode(bytes, t))
+    }
+
+    /// A sequence at `saved`'s position, every layer checked against the model.
+    pub(super) fn resume_state(
+        &mut self,
+        saved: &SavedState,
+    ) -> Result<SequenceState, SlotFileError> {
+        self.with_target(|t| saved.resume(t))
+    }
+
+    /// Put a saved state in the prefix cache, so that any slot can resume from it.
+    pub(super) fn offer_to_prefix_cache(&mut self, saved: &SavedState) {
+        let Some(tree) = self.prefix.as_mut() else {
+            return;
+        };
+        tree.insert(
+            &saved.tokens,
+            |start, end| saved.rows.iter().map(|r| r.range(start, end)).collect(),
+            Snapshot {
+                recurrent: saved.recurrent.clone(),
+                head: saved.head.clone(),
+            },
+        );
+        self.publish_cache_gauges();
+    }
+
+    /// The deepest state the prefix cache holds on `tokens`' path at or before `max_pos`.
+    pub(super) fn export_prefix(&mut self, tokens: &[u32], max_pos: usize) -> Option<SavedState> {
+        let needs_head = self.spec.is_some() && self.engine.head.is_some();
+        let tree = self.prefix.as_mut()?;
+        let hit = tree.lookup(tokens, max_pos, |s| !needs_head || s.head.is_some())?;
+        let mut rows: Vec<nextn_model::KvRows> = Vec::new();
+        for segment in &hit.segments {
+            if rows.is_empty() {
+                rows = segment.to_vec();
+                continue;
+            }
+            for (acc, part) in rows.iter_mut().zip(segment.iter()) {
+                acc.append(part).ok()?;
+            }
+        }
+        Some(SavedState {
+            tokens: tokens[..hit.n_past].to_vec(),
+            rows,
+            recurrent: hit.snapshot.recurrent.clone(),
+            head: hit.snapshot.head.clone(),
+        })
+    }
+
+    /// `/slots`: what every slot holds, busy or free.
+    pub(super) fn publish_slots(&self) {
+        let statuses = (0..self.slots.len())
+            .map(|i| match &self.slots[i] {
+                Some(s) => SlotStatus {
+                    id: i,
+                    n_ctx: self.cfg.n_ctx_slot,
+                    is_processing: true,
+                    n_past: s.state.n_past,
+                    n_prompt_tokens: s.prompt.len(),
+                    n_prompt_tokens_cache: s.cache_n,
+                    n_decoded: s.out.tokens().len(),
+                },
+                None => {
+                    let (n_prompt_tokens, n_prompt_tokens_cache, n_decoded) = self.last_request[i];
+                    SlotStatus {
+                        id: i,
+                        n_ctx: self.cfg.n_ctx_slot,
+                        is_processing: false,
+                        n_past: self.kept[i].as_ref().map_or(0, |k| k.tokens.len()),
+                        n_prompt_tokens,
+                        n_prompt_tokens_cache,
+                        n_decoded,
+                    }
+                }
+            })
+            .collect();
+        lock(&self.shared.metrics).slots = statuses;
+    }
+
+    pub(super) fn publish_cache_gauges(&self) {
+        let Some(tree) = self.prefix.as_ref() else {
+            return;
+        };
+        let mut m = lock(&self.shared.metrics);
+        m.cache_bytes = tree.bytes() as u64;
+        m.cache_snapshots = tree.snapshots() as u64;
+        m.cache_evictions_total = tree.evictions();
+    }
+}

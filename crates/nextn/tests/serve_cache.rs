@@ -1,0 +1,353 @@
+//! What the server keeps between requests, as clients see it: a slot's state saved to a file and
+//! restored in another server process continues exactly as a cold server would; `/slots` shows
+//! what each slot holds; damaged, foreign and misnamed slot files are a clear 4xx and leave the
+//! server serving; a turn after a `<think>` answer or a tool call resumes from the prefix cache
+//! with the answer a cold server gives.
+
+mod serve_common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use nextn_gguf::Fnv1a;
+use serde_json::{json, Value};
+use serve_common::{bundled, Server};
+
+fn post(s: &Server, path: &str, body: &Value) -> serve_common::Response {
+    s.post(path, body)
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nextn-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn slots(s: &Server) -> Vec<Value> {
+    let r = s.get("/slots");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json().as_array().unwrap().clone()
+}
+
+/// A prompt whose end is a special token, so that appending text does not change its tokens.
+const PROMPT: &str = "<|im_start|>system\nYou write small, correct Python functions with docstrings.<|im_end|>\n<|im_start|>user\nWrite a function that parses a CSV line into fields.<|im_end|>\n";
+const NEXT: &str = "<|im_start|>assistant\ndef parse";
+
+fn continuation(extra: Value) -> Value {
+    let mut body = json!({
+        "prompt": format!("{PROMPT}{NEXT}"),
+        "max_tokens": 16,
+        "temperature": 0.7,
+        "seed": 3,
+        "logprobs": 2,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// Rewrite a slot file's checksum after editing it, so that only the edit is judged.
+fn reseal(bytes: &mut [u8]) {
+    let n = bytes.len() - 8;
+    let mut h = Fnv1a::new();
+    h.write(&bytes[..n]);
+    bytes[n..].copy_from_slice(&h.finish().to_le_bytes());
+}
+
+#[test]
+fn a_saved_slot_continues_in_another_server_exactly() {
+    let dir = temp_dir("slots");
+    let d = dir.to_str().unwrap();
+    let a = Server::start(&["--spec-type", "nextn", "-np", "2", "--slot-save-path", d]);
+    assert!(slots(&a)
+        .iter()
+        .all(|s| s["n_past"] == 0 && s["is_processing"] == false));
+
+    // The prompt alone: the slot keeps its state.
+    let r = post(
+        &a,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let n = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let list = slots(&a);
+    assert_eq!(list.len(), 2);
+    let held = list
+        .iter()
+        .find(|s| s["n_past"] == n)
+        .expect("a slot holds the prompt");
+    let id = held["id"].as_u64().unwrap();
+    assert_eq!(held["n_prompt_tokens"], n);
+    assert_eq!(held["speculative"], true);
+
+    let r = post(
+        &a,
+        &format!("/slots/{id}?action=save"),
+        &json!({"filename": "conv.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let saved = r.json();
+    assert_eq!(saved["n_saved"], n);
+    assert_eq!(saved["filename"], "conv.bin");
+    let file = dir.join("conv.bin");
+    assert_eq!(
+        saved["n_written"].as_u64(),
+        Some(std::fs::metadata(&file).unwrap().len())
+    );
+    // The same request on a cold path: the cache bypassed.
+    let cold = post(
+        &a,
+        "/v1/completions",
+        &continuation(json!({"cache_prompt": false})),
+    )
+    .json();
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // Another server (no prefix cache: only the slot's own state can help) restores the file
+    // into its slot 1, and the continuation resumes from it with the cold answer.
+    let b = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "2",
+        "--slot-save-path",
+        d,
+        "--cache-ram",
+        "0",
+    ]);
+    let r = post(
+        &b,
+        "/slots/1?action=restore",
+        &json!({"filename": "conv.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["n_restored"], n);
+    assert_eq!(slots(&b)[1]["n_past"], n);
+    let warm = post(&b, "/v1/completions", &continuation(json!({}))).json();
+    assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"], n);
+    assert_eq!(warm["timings"]["cache_n"], n);
+    assert_eq!(warm["choices"][0]["text"], cold["choices"][0]["text"]);
+    assert_eq!(
+        warm["choices"][0]["logprobs"],
+        cold["choices"][0]["logprobs"]
+    );
+
+    // A restored state also goes to the prefix cache: after the slot's own copy is erased,
+    // another request still resumes from it.
+    let c = Server::start(&["--spec-type", "nextn", "-np", "1", "--slot-save-path", d]);
+    let r = post(
+        &c,
+        "/slots/0?action=restore",
+        &json!({"filename": "conv.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post(&c, "/slots/0?action=erase", &json!({}));
+    assert_eq!(r.json(), json!({"id_slot": 0, "n_erased": n}));
+    assert_eq!(slots(&c)[0]["n_past"], 0);
+    let from_tree = post(&c, "/v1/completions", &continuation(json!({}))).json();
+    assert_eq!(
+        from_tree["usage"]["prompt_tokens_details"]["cached_tokens"],
+        n
+    );
+    assert_eq!(
+        from_tree["choices"][0]["logprobs"],
+        cold["choices"][0]["logprobs"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_slot_files_and_requests_are_refused_and_nothing_else_changes() {
+    let dir = temp_dir("slot-errors");
+    let d = dir.to_str().unwrap();
+    let s = Server::start(&["--spec-type", "nextn", "--slot-save-path", d]);
+    let r = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 0}),
+    );
+    assert_eq!(r.status, 200);
+    let n = r.json()["usage"]["prompt_tokens"].as_u64();
+    let r = post(&s, "/slots/0?action=save", &json!({"filename": "good.bin"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let good = std::fs::read(dir.join("good.bin")).unwrap();
+
+    let mut damaged = good.clone();
+    damaged[good.len() / 2] ^= 0x10;
+    std::fs::write(dir.join("damaged.bin"), &damaged).unwrap();
+    let mut foreign = good.clone();
+    foreign[12] ^= 0xff; // the model fingerprint
+    reseal(&mut foreign);
+    std::fs::write(dir.join("foreign.bin"), &foreign).unwrap();
+    std::fs::write(dir.join("text.bin"), b"not a slot file").unwrap();
+    std::fs::create_dir_all(dir.join("taken").join("inside")).unwrap();
+
+    let cases: Vec<(String, Value, u16, &str)> = vec![
+        (
+            "/slots/0?action=restore".into(),
+            json!({"filename": "damaged.bin"}),
+            400,
+            "damaged",
+        ),
+        (
+            "/slots/0?action=restore".into(),
+            json!({"filename": "foreign.bin"}),
+            400,
+            "another model",
+        ),
+        (
+            "/slots/0?action=restore".into(),
+            json!({"filename": "text.bin"}),
+            400,
+            "not a nextn slot file",
+        ),
+        (
+            "/slots/0?action=restore".into(),
+            json!({"filename": "missing.bin"}),
+            404,
+            "cannot read",
+        ),
+        (
+            "/slots/0?action=restore".into(),
+            json!({"filename": "../good.bin"}),
+            400,
+            "invalid filename",
+        ),
+        (
+            "/slots/0?action=save".into(),
+            json!({"filename": "a/b.bin"}),
+            400,
+            "invalid filename",
+        ),
+        (
+            "/slots/0?action=save".into(),
+            json!({"filename": 7}),
+            400,
+            "must be a string",
+        ),
+        ("/slots/0?action=save".into(), json!({}), 400, "filename"),
+        (
+            "/slots/0?action=save".into(),
+            json!({"filename": "taken"}),
+            400,
+            "cannot write",
+        ),
+        (
+            "/slots/0?action=load".into(),
+            json!({"filename": "good.bin"}),
+            400,
+            "unknown slot action",
+        ),
+        (
+            "/slots/0".into(),
+            json!({"filename": "good.bin"}),
+            400,
+            "action=",
+        ),
+        (
+            "/slots/x?action=save".into(),
+            json!({"filename": "good.bin"}),
+            400,
+            "invalid slot id",
+        ),
+        (
+            "/slots/5?action=save".into(),
+            json!({"filename": "good.bin"}),
+            400,
+            "does not exist",
+        ),
+    ];
+    for (path, body, status, says) in cases {
+        let r = post(&s, &path, &body);
+        assert_eq!(r.status, status, "{path} {body}: {}", r.text());
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(says), "{path} {body}: {message}");
+    }
+    // The slot still holds its state and the server still serves.
+    assert_eq!(slots(&s)[0]["n_past"].as_u64(), n);
+    let r = post(&s, "/v1/completions", &continuation(json!({})));
+    assert_eq!(r.status, 200);
+    assert!(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0));
+    let r = post(
+        &s,
+        "/slots/0?action=restore",
+        &json!({"filename": "good.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Without --slot-save-path the actions are not offered.
+    let plain = Server::start(&[]);
+    let r = post(
+        &plain,
+        "/slots/0?action=save",
+        &json!({"filename": "x.bin"}),
+    );
+    assert_eq!(r.status, 501, "{}", r.text());
+    assert!(r.text().contains("--slot-save-path"));
+    let n_slots = plain.get("/v1/models").json()["data"][0]["meta"]["n_slots"].as_u64();
+    assert_eq!(Some(slots(&plain).len() as u64), n_slots);
+
+    // A save path that cannot be a directory stops the server before it loads anything.
+    let out = Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .args(["serve", "--port", "0", "-m"])
+        .arg(bundled())
+        .args(["--slot-save-path", "/dev/null/slots"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--slot-save-path /dev/null/slots"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chat turns that follow a reasoning answer and a tool call resume from the prefix cache (the
+/// template re-renders the earlier answer, so they resume at the previous prompt's last message)
+/// and get exactly the cold server's answer.
+#[test]
+fn turns_after_thinking_and_tool_calls_resume_exactly() {
+    let warm = Server::start(&["--spec-type", "nextn"]);
+    let cold = Server::start(&["--spec-type", "nextn", "--cache-ram", "0"]);
+    let system =
+        json!({"role": "system", "content": "You are a careful coding agent. ".repeat(12)});
+    let user = json!({"role": "user", "content": "What is in config.toml?"});
+    let tools = json!([{"type": "function", "function": {
+        "name": "read_file",
+        "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    }}]);
+    let turn1 =
+        json!({"messages": [system, user], "tools": tools, "max_tokens": 12, "temperature": 0});
+    let r = post(&warm, "/v1/chat/completions", &turn1);
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let after_thinking = json!({"messages": [
+        system, user,
+        {"role": "assistant", "content": "It holds the settings.",
+         "reasoning_content": "The user asks about a file. I should answer briefly."},
+        {"role": "user", "content": "Show me the first line."}
+    ], "tools": tools, "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let after_tool_call = json!({"messages": [
+        system, user,
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "read_file", "arguments": "{\"path\": \"config.toml\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "[server]\nport = 8080\n"},
+    ], "tools": tools, "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    for body in [after_thinking, after_tool_call] {
+        let w = post(&warm, "/v1/chat/completions", &body);
+        assert_eq!(w.status, 200, "{}", w.text());
+        let w = w.json();
+        let c = post(&cold, "/v1/chat/completions", &body).json();
+        let cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        // At least the system prompt and the first question come from the cache.
+        assert!(cached > 60, "{cached}: {w}");
+        assert_eq!(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
+        assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
+    }
+}
