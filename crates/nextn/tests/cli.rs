@@ -581,3 +581,79 @@ fn run_with_a_grammar_a_schema_and_a_logit_bias() {
         assert!(!stderr(&o).contains("panicked"));
     }
 }
+
+/// `--prompt-cache FILE`: the first run saves the prompt's state, a later run with the same
+/// prompt or a longer one resumes from it with the output of a run without the cache; a damaged
+/// file is an error that names it; `--prompt-cache-ro` leaves the file as it is.
+#[test]
+fn prompt_cache_resumes_later_runs_exactly() {
+    let file = tmp("prompt-cache.bin");
+    let _ = std::fs::remove_file(&file);
+    let f = file.to_str().unwrap();
+    let model = bundled();
+    let m = model.to_str().unwrap();
+    let prompt = "import os\nimport sys\n\n\ndef main():\n";
+    let longer = format!("{prompt}    args = sys.argv[1:]\n");
+    let gen = |p: &str, cache: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            p,
+            "-n",
+            "20",
+            "--temp",
+            "0.8",
+            "--seed",
+            "7",
+            "--spec-type",
+            "nextn",
+            "--json",
+        ];
+        args.extend_from_slice(cache);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            v["tokens"].clone(),
+            v["timings"]["cache_n"].as_u64().unwrap(),
+            stderr(&o),
+        )
+    };
+    let (cold, _, _) = gen(prompt, &[]);
+    let (first, cache_n, log) = gen(prompt, &["--prompt-cache", f]);
+    assert_eq!((first, cache_n), (cold.clone(), 0));
+    assert!(log.contains("prompt cache: saved the state after"), "{log}");
+    let n_prompt = {
+        let v: serde_json::Value = serde_json::from_slice(
+            &run(&["run", "-m", m, "-p", prompt, "-n", "0", "--json"]).stdout,
+        )
+        .unwrap();
+        v["prompt_tokens"].as_array().unwrap().len() as u64
+    };
+    let (again, cache_n, log) = gen(prompt, &["--prompt-cache", f]);
+    assert_eq!((again, cache_n), (cold, n_prompt - 1), "{log}");
+
+    let (cold_longer, _, _) = gen(&longer, &[]);
+    let saved = std::fs::read(&file).unwrap();
+    let (ro, cache_n, _) = gen(&longer, &["--prompt-cache", f, "--prompt-cache-ro"]);
+    assert_eq!((ro, cache_n), (cold_longer.clone(), n_prompt - 1));
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        saved,
+        "--prompt-cache-ro wrote the file"
+    );
+    let (warm_longer, cache_n, _) = gen(&longer, &["--prompt-cache", f]);
+    assert_eq!((warm_longer, cache_n), (cold_longer, n_prompt - 1));
+    assert!(std::fs::read(&file).unwrap().len() > saved.len());
+
+    let mut damaged = saved;
+    let mid = damaged.len() / 2;
+    damaged[mid] ^= 1;
+    std::fs::write(&file, &damaged).unwrap();
+    let o = run(&["run", "-m", m, "-p", prompt, "-n", "4", "--prompt-cache", f]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains(f) && err.contains("damaged"), "{err}");
+}

@@ -351,3 +351,62 @@ fn turns_after_thinking_and_tool_calls_resume_exactly() {
         assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
     }
 }
+
+/// A short soak (tools/soak.py): 8 conversations at once on 4 slots, with a prefix cache that
+/// holds about 15 snapshots of this model; no request fails, the cache stays within its budget
+/// while it evicts and still serves prefixes, and every answer equals the same conversation run
+/// alone on a server without the cache.
+#[test]
+fn a_short_soak_keeps_the_budget_and_matches_one_at_a_time() {
+    if let Some(why) = serve_common::missing_python_modules(&["openai"]) {
+        // CI installs the client (.ci/run): there a missing one is a failure, not a skip.
+        assert!(!nextn_testdata::in_ci(), "required in CI (CI=true): {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tested = Server::start(&["--spec-type", "nextn", "-np", "4", "--cache-ram", "24"]);
+    let reference = Server::start(&["--spec-type", "nextn", "-np", "1", "--cache-ram", "0"]);
+    let pid = tested.child.as_ref().unwrap().id().to_string();
+    let (url, ref_url) = (
+        format!("http://127.0.0.1:{}", tested.port),
+        format!("http://127.0.0.1:{}", reference.port),
+    );
+    let out = serve_common::run_python_tool(
+        "soak.py",
+        &[
+            "--url",
+            &url,
+            "--ref-url",
+            &ref_url,
+            "--pid",
+            &pid,
+            "--conversations",
+            "8",
+            "--turns",
+            "3",
+            "--duration",
+            "12",
+            "--system-words",
+            "200",
+            "--budget-mib",
+            "24",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["mismatches"], 0, "{report}");
+    assert!(report["conversations"].as_u64() >= Some(8), "{report}");
+    assert!(report["evictions"].as_f64() > Some(0.0), "{report}");
+    assert!(
+        report["cached_prompt_tokens"].as_f64() > Some(0.0),
+        "{report}"
+    );
+    assert!(report["cache_mib_max"].as_f64() <= Some(24.0), "{report}");
+    assert!(report["rss_mib_max"].as_f64() > Some(0.0), "{report}");
+}

@@ -43,7 +43,10 @@ struct Node<S> {
     rows: Vec<KvRows>,
     snapshot: Option<S>,
     children: HashMap<u32, usize>,
+    /// When a path through this node was last stored or resumed.
     last_used: u64,
+    /// When the snapshot was last stored or resumed from.
+    snapshot_used: u64,
 }
 
 impl<S: Weighed> Node<S> {
@@ -89,6 +92,7 @@ impl<S: Weighed> PrefixTree<S> {
                 snapshot: None,
                 children: HashMap::new(),
                 last_used: 0,
+                snapshot_used: 0,
             })],
             free: Vec::new(),
             budget,
@@ -159,6 +163,7 @@ impl<S: Weighed> PrefixTree<S> {
         for &i in &path[..depth] {
             self.node_mut(i).last_used = now;
         }
+        self.node_mut(path[depth - 1]).snapshot_used = now;
         let path = &path[..depth];
         let last = self.node(path[depth - 1]);
         Some(Hit {
@@ -198,6 +203,7 @@ impl<S: Weighed> PrefixTree<S> {
                     snapshot: None,
                     children: HashMap::new(),
                     last_used: now,
+                    snapshot_used: now,
                 };
                 let i = self.add(node);
                 self.node_mut(at).children.insert(tokens[pos], i);
@@ -218,6 +224,7 @@ impl<S: Weighed> PrefixTree<S> {
             at = self.node(at).children[&tokens[pos]];
         }
         let n = self.node_mut(at);
+        n.snapshot_used = now;
         let old = n.snapshot.replace(snapshot);
         let added = n.snapshot.as_ref().map_or(0, Weighed::bytes);
         self.bytes = self.bytes + added - old.map_or(0, |s| s.bytes());
@@ -260,6 +267,7 @@ impl<S: Weighed> PrefixTree<S> {
             snapshot: None,
             children: HashMap::from([(first_tail, i)]),
             last_used,
+            snapshot_used: 0,
         });
         self.node_mut(i).parent = h;
         self.node_mut(parent).children.insert(first_head, h);
@@ -274,19 +282,31 @@ impl<S: Weighed> PrefixTree<S> {
         self.evictions += 1;
     }
 
+    /// Evict the least recently used snapshot until the tree fits: a leaf goes with its rows
+    /// (and any ancestor left bare); a snapshot inside the tree, an older state of a sequence
+    /// that has moved on, goes alone, and its rows stay for the paths through it.
     fn evict_to_budget(&mut self) {
         while self.bytes > self.budget {
-            let leaf = self
+            let victim = self
                 .nodes
                 .iter()
                 .enumerate()
                 .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-                .filter(|(i, n)| *i != ROOT && n.children.is_empty())
-                .min_by_key(|(_, n)| n.last_used)
+                .filter(|(i, n)| *i != ROOT && (n.children.is_empty() || n.snapshot.is_some()))
+                .min_by_key(|(_, n)| match n.snapshot {
+                    Some(_) => n.snapshot_used,
+                    None => n.last_used,
+                })
                 .map(|(i, _)| i);
-            let Some(mut i) = leaf else {
+            let Some(mut i) = victim else {
                 return;
             };
+            if !self.node(i).children.is_empty() {
+                let dropped = self.node_mut(i).snapshot.take();
+                self.bytes -= dropped.map_or(0, |s| s.bytes());
+                self.evictions += 1;
+                continue;
+            }
             loop {
                 let parent = self.node(i).parent;
                 self.remove(i);

@@ -107,3 +107,21 @@ fn the_least_recently_used_leaf_goes_first_with_its_bare_ancestors() {
     assert_eq!(t.snapshots(), 0);
     assert_eq!(lookup(&mut t, &[5, 5, 5, 2, 0], 4), None);
 }
+
+#[test]
+fn an_older_state_inside_the_tree_goes_before_another_sequences_latest() {
+    // Conversation "a" moves on from a1 (inside the tree) to a2; conversation "b" is stored
+    // after a1. Under pressure a1 goes first, alone: its rows stay for a2's path.
+    let mut t = PrefixTree::new(usize::MAX);
+    insert(&mut t, &[1, 1, 1], "a1");
+    insert(&mut t, &[2, 2, 2], "b");
+    insert(&mut t, &[1, 1, 1, 1, 1], "a2");
+    t.budget = t.bytes() - 1;
+    t.evict_to_budget();
+    assert_eq!(t.evictions(), 1);
+    assert_eq!(t.snapshots(), 2);
+    assert_eq!(lookup(&mut t, &[1, 1, 1, 9], 3), None);
+    assert_eq!(lookup(&mut t, &[1, 1, 1, 1, 1, 9], 5), Some((5, "a2")));
+    assert_eq!(lookup(&mut t, &[2, 2, 2, 9], 3), Some((3, "b")));
+    assert_eq!(t.bytes(), rows_bytes(5) + rows_bytes(3) + 2 * 100);
+}
