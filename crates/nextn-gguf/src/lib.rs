@@ -57,9 +57,12 @@ impl TensorInfo {
     }
 }
 
-/// The bytes of one shard: a read-only mapping, or an owned buffer.
+/// The bytes of one shard: a read-only mapping of the file, a copy in anonymous memory
+/// (`--no-mmap`), or an owned buffer.
 enum ShardBytes {
     Mapped(memmap2::Mmap),
+    /// Read from the file into memory of the process's own; its pages are never given back.
+    Copied(memmap2::Mmap),
     Owned(Vec<u8>),
 }
 
@@ -67,7 +70,7 @@ impl Deref for ShardBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            ShardBytes::Mapped(m) => m,
+            ShardBytes::Mapped(m) | ShardBytes::Copied(m) => m,
             ShardBytes::Owned(v) => v,
         }
     }
@@ -136,6 +139,39 @@ impl GgufFile {
         let first = Shard::open(path, 0)?;
         let (shards, paths) = split::open_all_shards(path, first)?;
         Self::assemble(shards, paths)
+    }
+
+    /// Copy every mapped shard into memory of the process's own and drop the file mappings
+    /// (llama.cpp's `--no-mmap`): the model no longer depends on the file or the page cache.
+    pub fn read_into_memory(&mut self) -> std::io::Result<()> {
+        for shard in &mut self.shards {
+            if let ShardBytes::Mapped(map) = &shard.bytes {
+                let mut copy = memmap2::MmapMut::map_anon(map.len())?;
+                copy.copy_from_slice(map);
+                shard.bytes = ShardBytes::Copied(copy.make_read_only()?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lock every shard's pages in RAM (llama.cpp's `--mlock`), reading them now. Fails when
+    /// the process may not lock that much (`ulimit -l`).
+    pub fn lock_in_memory(&self) -> std::io::Result<()> {
+        for shard in &self.shards {
+            match &shard.bytes {
+                ShardBytes::Mapped(m) | ShardBytes::Copied(m) => m.lock()?,
+                ShardBytes::Owned(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the model is read through file mappings (false after
+    /// [`read_into_memory`](Self::read_into_memory)).
+    pub fn is_mapped(&self) -> bool {
+        self.shards
+            .iter()
+            .any(|s| matches!(s.bytes, ShardBytes::Mapped(_)))
     }
 
     /// Parses a single shard held in memory (tests, fuzzing). Split metadata is kept but no

@@ -59,6 +59,12 @@ pub struct ServerConfig {
     /// Where `POST /slots/{id}?action=save|restore` writes and reads slot files (`None`: the
     /// actions answer 501).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Chat template variables for requests that do not set them (`--reasoning-budget 0` sets
+    /// `enable_thinking: false`).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Request fields a request that leaves them out gets (sampling settings and `n_predict`
+    /// from the command line), as JSON the request parser reads.
+    pub request_defaults: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What the loader hands over once the model is read.

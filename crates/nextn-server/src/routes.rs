@@ -224,6 +224,14 @@ pub(crate) fn submit_error(e: SubmitError) -> ApiError {
     }
 }
 
+/// Fill in the fields a request leaves out from the server's command line (`--temp`, `-n`, ...).
+/// The token budget goes in as `n_predict`, which `max_tokens` and `max_completion_tokens` override.
+fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
+    for (k, v) in &app.cfg.request_defaults {
+        o.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+}
+
 /// The text/JSON parts of a request that run off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
@@ -303,13 +311,17 @@ async fn chat_inner(
     let fe2 = fe.clone();
     let prepared = blocking(move || {
         let (app, fe) = (app2, fe2);
-        let o = parse_json(&body)?;
+        let mut o = parse_json(&body)?;
         log_unknown(&app, &o);
+        with_server_defaults(&app, &mut o);
         let mut req = parse_chat(&o)?;
         check_model(&app, req.params.model.as_deref())?;
         resolve_bias(&fe, &mut req.params)?;
         let use_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
         let mut kwargs = req.template_kwargs.clone();
+        for (k, v) in &app.cfg.template_kwargs {
+            kwargs.entry(k.clone()).or_insert_with(|| v.clone());
+        }
         if use_tools && !kwargs.contains_key("tools") {
             kwargs.insert("tools".into(), req.tools_for_template.clone());
         }
@@ -408,8 +420,9 @@ async fn completions_inner(
     let fe2 = fe.clone();
     let prepared = blocking(move || {
         let (app, fe) = (app2, fe2);
-        let o = parse_json(&body)?;
+        let mut o = parse_json(&body)?;
         log_unknown(&app, &o);
+        with_server_defaults(&app, &mut o);
         let mut req = parse_completion(&o)?;
         check_model(&app, req.params.model.as_deref())?;
         resolve_bias(&fe, &mut req.params)?;

@@ -63,3 +63,115 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Command {
+        let args =
+            std::iter::once("nextn".to_string()).chain(line.split_whitespace().map(str::to_string));
+        match Cli::try_parse_from(cmd::common::normalize_args(args)) {
+            Ok(cli) => cli.command,
+            Err(e) => panic!("`{line}` was refused: {e}"),
+        }
+    }
+
+    fn serve(line: &str) -> cmd::serve::Args {
+        match parse(line) {
+            Command::Serve(a) => a,
+            _ => panic!("`{line}` is not serve"),
+        }
+    }
+
+    fn run(line: &str) -> cmd::run::Args {
+        match parse(line) {
+            Command::Run(a) => a,
+            _ => panic!("`{line}` is not run"),
+        }
+    }
+
+    /// llama-server command lines as their users write them, with what each flag must mean.
+    #[test]
+    fn llama_server_command_lines_keep_their_meaning() {
+        let a = serve(
+            "serve -m q.gguf -ngl 99 -fa on -c 32768 -np 4 --jinja --host 0.0.0.0 --port 8081",
+        );
+        assert_eq!(
+            a.model.model.as_deref(),
+            Some(std::path::Path::new("q.gguf"))
+        );
+        assert_eq!(a.model.cpu_only.n_gpu_layers.as_deref(), Some("99"));
+        assert_eq!(a.model.cpu_only.flash_attn.as_deref(), Some("on"));
+        assert_eq!(a.model.ctx_size, Some(32768));
+        assert_eq!(a.parallel, 4);
+        assert!(a.model.jinja);
+        assert_eq!((a.host.as_str(), a.port), ("0.0.0.0", 8081));
+
+        let a = serve(
+            "serve -m q.gguf --temp 0.6 --top-k 20 --top-p 0.95 --min-p 0 -n 4096 --metrics \
+             --alias qwen -ctk f16 -ctv f32 -ub 512 -b 2048 -tb 8 -t 8 -cb -kvu -cram 4096 \
+             --reasoning-budget 0 --no-mmap --mlock --chat-template-file t.jinja -s 42",
+        );
+        assert_eq!(a.sampling.temp, 0.6);
+        assert_eq!(a.sampling.top_k, 20);
+        assert_eq!(a.sampling.min_p, 0.0);
+        assert_eq!(a.sampling.seed, 42);
+        assert_eq!(a.n_predict, 4096);
+        assert!(a.metrics && a.cont_batching && a.kv_unified);
+        assert_eq!(a.alias.as_deref(), Some("qwen"));
+        assert_eq!(
+            (a.model.cache_type_k.as_str(), a.model.cache_type_v.as_str()),
+            ("f16", "f32")
+        );
+        assert_eq!(a.model.cpu_only.ubatch_size, Some(512));
+        assert_eq!(a.batch_size, 2048);
+        assert_eq!(a.model.cpu_only.threads_batch, Some(8));
+        assert_eq!(a.model.threads, Some(8));
+        assert_eq!(a.cache_ram, Some(4096));
+        assert_eq!(a.reasoning_budget, 0);
+        assert!(a.model.no_mmap && a.model.mlock);
+        assert_eq!(
+            a.model.chat_template_file.as_deref(),
+            Some(std::path::Path::new("t.jinja"))
+        );
+
+        let a =
+            serve("serve -m q.gguf --cache-ram -1 -fa auto -nocb -no-kvu --slot-save-path /tmp/s");
+        assert_eq!(a.cache_ram, Some(-1));
+        assert_eq!(a.model.cpu_only.flash_attn.as_deref(), Some("auto"));
+        assert!(a.no_cont_batching && a.no_kv_unified);
+        // `-fa` alone means on, as in llama.cpp.
+        let a = serve("serve -fa --port 9000");
+        assert_eq!(a.model.cpu_only.flash_attn.as_deref(), Some("on"));
+        assert_eq!(a.port, 9000);
+
+        let r = run("run -m q.gguf -ngl 99 -fa on -p hello -n 64 --temp 0.7");
+        assert_eq!(r.model.cpu_only.n_gpu_layers.as_deref(), Some("99"));
+        assert_eq!(r.prompt.as_deref(), Some("hello"));
+        assert_eq!(r.n_predict, 64);
+        assert!(r.file.is_none());
+        let r = run("run -m q.gguf -cnv -sys be-brief -p hi");
+        assert!(r.chat);
+        assert_eq!(r.system_prompt.as_deref(), Some("be-brief"));
+        let r = run("run -m q.gguf -no-cnv -p hi --chat-template chatml");
+        assert!(!r.chat && r.no_conversation);
+        assert_eq!(r.model.chat_template.as_deref(), Some("chatml"));
+        // A prompt that looks like a flag stays the prompt.
+        let r = run("run -p -fa -n 1");
+        assert_eq!(r.prompt.as_deref(), Some("-fa"));
+        assert!(r.model.cpu_only.flash_attn.is_none());
+    }
+
+    #[test]
+    fn misspelled_values_are_refused() {
+        for line in ["serve -fa maybe", "run -ngl", "serve --cache-ram lots"] {
+            let args = std::iter::once("nextn".to_string())
+                .chain(line.split_whitespace().map(str::to_string));
+            assert!(
+                Cli::try_parse_from(cmd::common::normalize_args(args)).is_err(),
+                "`{line}` was accepted"
+            );
+        }
+    }
+}

@@ -657,3 +657,63 @@ fn prompt_cache_resumes_later_runs_exactly() {
     let err = stderr(&o);
     assert!(err.contains(f) && err.contains("damaged"), "{err}");
 }
+
+/// llama.cpp's `LLAMA_ARG_*` variables set the flags we share; flags that mean nothing on the CPU
+/// are named on stderr, once each, and change nothing.
+#[test]
+fn llama_env_variables_and_cpu_only_flags() {
+    let model = bundled();
+    let o = bin()
+        .args([
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "def f():",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+        ])
+        .env("LLAMA_ARG_CTX_SIZE", "64")
+        .env("LLAMA_ARG_N_GPU_LAYERS", "99")
+        .env("LLAMA_ARG_FLASH_ATTN", "on")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("context 64"), "{err}");
+    assert_eq!(err.matches("-ngl 99: no effect").count(), 1, "{err}");
+    assert!(err.contains("-fa on: no effect"), "{err}");
+    let plain = run(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "def f():",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "-c",
+        "64",
+    ]);
+    assert_eq!(stdout(&o), stdout(&plain));
+    // --no-mmap reads the model into memory: same output.
+    let in_memory = run(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "def f():",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "-c",
+        "64",
+        "--no-mmap",
+    ]);
+    assert!(in_memory.status.success(), "{}", stderr(&in_memory));
+    assert_eq!(stdout(&in_memory), stdout(&plain));
+}

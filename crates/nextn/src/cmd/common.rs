@@ -26,37 +26,225 @@ pub const BUNDLED_MODEL: &str = "models/tiny-qwen35-mtp-Q8_0.gguf";
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF model (first shard of a split model); defaults to the bundled tiny model
-    #[arg(short = 'm', long = "model", value_name = "FILE")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "FILE",
+        env = "LLAMA_ARG_MODEL"
+    )]
     pub model: Option<PathBuf>,
     /// Threads for matrix products (default: all cores)
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", env = "LLAMA_ARG_THREADS")]
     pub threads: Option<usize>,
     /// Context length (default: the model's trained length, capped to what fits in memory)
-    #[arg(short = 'c', long = "ctx-size")]
+    #[arg(short = 'c', long = "ctx-size", env = "LLAMA_ARG_CTX_SIZE")]
     pub ctx_size: Option<usize>,
     /// KV cache type for K: f16 or f32
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    #[arg(
+        long = "cache-type-k",
+        visible_alias = "ctk",
+        default_value = "f16",
+        env = "LLAMA_ARG_CACHE_TYPE_K"
+    )]
     pub cache_type_k: String,
     /// KV cache type for V: f16 or f32
-    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    #[arg(
+        long = "cache-type-v",
+        visible_alias = "ctv",
+        default_value = "f16",
+        env = "LLAMA_ARG_CACHE_TYPE_V"
+    )]
     pub cache_type_v: String,
     /// Print load details to stderr
     #[arg(long)]
     pub verbose: bool,
+    /// Read the model into memory instead of mapping it
+    #[arg(long = "no-mmap", env = "LLAMA_ARG_NO_MMAP", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub no_mmap: bool,
+    /// Lock the model's pages in memory, so that the OS never pages them out
+    #[arg(long = "mlock", env = "LLAMA_ARG_MLOCK", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub mlock: bool,
+    /// Chat template to use instead of the model's: jinja source, or the built-in name `chatml`
+    #[arg(
+        long = "chat-template",
+        env = "LLAMA_ARG_CHAT_TEMPLATE",
+        value_name = "TEMPLATE",
+        conflicts_with = "chat_template_file"
+    )]
+    pub chat_template: Option<String>,
+    /// Read the chat template from FILE
+    #[arg(
+        long = "chat-template-file",
+        env = "LLAMA_ARG_CHAT_TEMPLATE_FILE",
+        value_name = "FILE"
+    )]
+    pub chat_template_file: Option<PathBuf>,
+    /// Render chat prompts with the jinja template (always the case; accepted as llama.cpp takes it)
+    #[arg(long = "jinja", env = "LLAMA_ARG_JINJA", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub jinja: bool,
+    #[command(flatten)]
+    pub cpu_only: CpuOnlyArgs,
 }
 
-/// Accept llama.cpp's single-dash spellings `-ctk`, `-ctv`, `-np`, `-sys` by rewriting them before clap sees them.
+/// llama.cpp flags about GPUs and compute buffers, which change nothing in a CPU-only build. They
+/// are accepted so that llama.cpp command lines run, and each one given is named on stderr.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct CpuOnlyArgs {
+    /// Layers to offload to a GPU (-ngl; no effect: this build runs on the CPU)
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        env = "LLAMA_ARG_N_GPU_LAYERS",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
+    pub n_gpu_layers: Option<String>,
+    /// Flash attention on|off|auto (-fa; no effect: attention runs in one CPU kernel either way)
+    #[arg(long = "flash-attn", env = "LLAMA_ARG_FLASH_ATTN", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off", "auto", "1", "0", "true", "false"])]
+    pub flash_attn: Option<String>,
+    /// Physical batch size (-ub; no effect: prompt rows are processed in -b chunks)
+    #[arg(long = "ubatch-size", env = "LLAMA_ARG_UBATCH", value_name = "N")]
+    pub ubatch_size: Option<usize>,
+    /// Threads for prompt processing (-tb; no effect: prompts use the -t threads)
+    #[arg(
+        long = "threads-batch",
+        env = "LLAMA_ARG_THREADS_BATCH",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
+    pub threads_batch: Option<i64>,
+    /// GPU devices (-dev; no effect: this build runs on the CPU)
+    #[arg(long = "device", value_name = "LIST")]
+    pub device: Option<String>,
+    /// How to split the model over GPUs (-sm; no effect)
+    #[arg(
+        long = "split-mode",
+        env = "LLAMA_ARG_SPLIT_MODE",
+        value_name = "none|layer|row"
+    )]
+    pub split_mode: Option<String>,
+    /// Main GPU (-mg; no effect)
+    #[arg(long = "main-gpu", env = "LLAMA_ARG_MAIN_GPU", value_name = "N")]
+    pub main_gpu: Option<String>,
+    /// Share of the model per GPU (-ts; no effect)
+    #[arg(
+        long = "tensor-split",
+        env = "LLAMA_ARG_TENSOR_SPLIT",
+        value_name = "LIST"
+    )]
+    pub tensor_split: Option<String>,
+    /// GPU layers of the draft model (-ngld; no effect)
+    #[arg(
+        long = "n-gpu-layers-draft",
+        visible_alias = "gpu-layers-draft",
+        env = "LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
+    pub n_gpu_layers_draft: Option<String>,
+}
+
+impl CpuOnlyArgs {
+    /// One stderr line per flag given: it was accepted and changes nothing here.
+    pub fn report(&self) {
+        let given = [
+            (
+                "-ngl",
+                self.n_gpu_layers.as_deref(),
+                "this build runs on the CPU",
+            ),
+            (
+                "-ngld",
+                self.n_gpu_layers_draft.as_deref(),
+                "this build runs on the CPU",
+            ),
+            ("-dev", self.device.as_deref(), "this build runs on the CPU"),
+            (
+                "-sm",
+                self.split_mode.as_deref(),
+                "this build runs on the CPU",
+            ),
+            (
+                "-mg",
+                self.main_gpu.as_deref(),
+                "this build runs on the CPU",
+            ),
+            (
+                "-ts",
+                self.tensor_split.as_deref(),
+                "this build runs on the CPU",
+            ),
+            (
+                "-fa",
+                self.flash_attn.as_deref(),
+                "attention runs in one CPU kernel either way",
+            ),
+        ];
+        for (flag, value, why) in given {
+            if let Some(v) = value {
+                eprintln!("{flag} {v}: no effect ({why})");
+            }
+        }
+        if let Some(n) = self.ubatch_size {
+            eprintln!("-ub {n}: no effect (prompt rows are processed in -b chunks)");
+        }
+        if let Some(n) = self.threads_batch {
+            eprintln!("-tb {n}: no effect (prompt processing uses the -t threads)");
+        }
+    }
+}
+
+/// llama.cpp's multi-letter single-dash flags and their long spellings (clap reads `-ngl` as `-n gl`
+/// and `-hf` as `-h -f`, so they are rewritten before it sees them).
+pub const LLAMA_SHORT_FLAGS: &[(&str, &str)] = &[
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-np", "--parallel"),
+    ("-sys", "--system-prompt"),
+    ("-jf", "--json-schema-file"),
+    ("-cnv", "--conversation"),
+    ("-no-cnv", "--no-conversation"),
+    ("-hf", "--hf-repo"),
+    ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
+    ("-ngl", "--n-gpu-layers"),
+    ("-ngld", "--n-gpu-layers-draft"),
+    ("-fa", "--flash-attn"),
+    ("-ub", "--ubatch-size"),
+    ("-tb", "--threads-batch"),
+    ("-cb", "--cont-batching"),
+    ("-nocb", "--no-cont-batching"),
+    ("-kvu", "--kv-unified"),
+    ("-no-kvu", "--no-kv-unified"),
+    ("-dev", "--device"),
+    ("-sm", "--split-mode"),
+    ("-mg", "--main-gpu"),
+    ("-ts", "--tensor-split"),
+    ("-cram", "--cache-ram"),
+    ("-md", "--spec-draft-model"),
+];
+
+/// Accept llama.cpp's single-dash spellings by rewriting them before clap sees them. Only whole
+/// arguments are rewritten, so a value such as a prompt `-p -fa` is left alone unless it stands
+/// where a flag does.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    args.map(|a| match a.as_str() {
-        "-ctk" => "--cache-type-k".to_string(),
-        "-ctv" => "--cache-type-v".to_string(),
-        "-np" => "--parallel".to_string(),
-        "-sys" => "--system-prompt".to_string(),
-        "-jf" => "--json-schema-file".to_string(),
-        "-cnv" => "--chat".to_string(),
-        _ => a,
-    })
-    .collect()
+    let mut out: Vec<String> = Vec::new();
+    for a in args {
+        // The value of a flag that takes one is never a flag to rewrite (e.g. `-p -np`).
+        let takes_value = out.last().is_some_and(|prev| {
+            matches!(
+                prev.as_str(),
+                "-p" | "--prompt" | "-r" | "--reverse-prompt" | "--stop"
+            )
+        });
+        let long = LLAMA_SHORT_FLAGS
+            .iter()
+            .find(|(short, _)| *short == a)
+            .filter(|_| !takes_value)
+            .map(|(_, long)| long.to_string());
+        out.push(long.unwrap_or(a));
+    }
+    out
 }
 
 pub fn resolve_model_path(arg: Option<&PathBuf>) -> Result<PathBuf> {
@@ -118,6 +306,35 @@ pub fn available_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The chat template: `--chat-template-file`, `--chat-template` (source or `chatml`), the file's, or
+/// ChatML when the file has none.
+fn chat_template(args: &ModelArgs, file: &GgufFile) -> Result<ChatTemplate> {
+    if let Some(path) = &args.chat_template_file {
+        let src = std::fs::read_to_string(path)
+            .with_context(|| format!("--chat-template-file {}: cannot read it", path.display()))?;
+        return ChatTemplate::new(&src).with_context(|| {
+            format!(
+                "--chat-template-file {}: the template does not parse",
+                path.display()
+            )
+        });
+    }
+    match args.chat_template.as_deref() {
+        Some("chatml") => return Ok(ChatTemplate::chatml()),
+        Some(src) if src.contains("{%") || src.contains("{{") => {
+            return ChatTemplate::new(src).context("--chat-template: the template does not parse")
+        }
+        Some(other) => bail!(
+            "--chat-template {other}: not a template (no {{% or {{{{) and not a built-in name; built-in: chatml (Qwen's own template is in the model file)"
+        ),
+        None => {}
+    }
+    Ok(match file.get_str("tokenizer.chat_template")? {
+        Some(src) => ChatTemplate::new(src).context("the file's chat template does not parse")?,
+        None => ChatTemplate::chatml(),
+    })
+}
+
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = resolve_model_path(args.model.as_ref())?;
     let k_type = KvType::parse(&args.cache_type_k).with_context(|| {
@@ -132,8 +349,22 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             args.cache_type_v
         )
     })?;
-    let file =
-        Arc::new(GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?);
+    args.cpu_only.report();
+    let mut file =
+        GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    if args.no_mmap {
+        file.read_into_memory()
+            .with_context(|| format!("--no-mmap: cannot read {} into memory", path.display()))?;
+    }
+    if args.mlock {
+        file.lock_in_memory().with_context(|| {
+            format!(
+                "--mlock: cannot lock {} in memory (the limit is `ulimit -l`)",
+                path.display()
+            )
+        })?;
+    }
+    let file = Arc::new(file);
     let t0 = std::time::Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut progress = |done: usize, total: usize| {
@@ -155,10 +386,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         .with_context(|| format!("cannot load {}", path.display()))?;
     let tokenizer =
         Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
-    let template = match file.get_str("tokenizer.chat_template")? {
-        Some(src) => ChatTemplate::new(src).context("the file's chat template does not parse")?,
-        None => ChatTemplate::chatml(),
-    };
+    let template = chat_template(args, &file)?;
     let threads = match args.threads {
         Some(0) => bail!("-t 0: at least one thread is needed"),
         Some(t) => t,

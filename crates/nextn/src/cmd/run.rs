@@ -27,7 +27,7 @@ pub struct Args {
     #[command(flatten)]
     pub grammar: GrammarArgs,
     /// Prompt text
-    #[arg(short = 'p', long = "prompt")]
+    #[arg(short = 'p', long = "prompt", allow_hyphen_values = true)]
     pub prompt: Option<String>,
     /// Read the prompt from a file
     #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
@@ -41,9 +41,12 @@ pub struct Args {
     /// Prompt rows per prefill pass
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// Treat the prompt as a user message and render it with the chat template
-    #[arg(long)]
+    /// Treat the prompt as a user message and render it with the chat template (-cnv)
+    #[arg(long, visible_alias = "conversation")]
     pub chat: bool,
+    /// Plain text continuation (-no-cnv; the default)
+    #[arg(long = "no-conversation", conflicts_with = "chat")]
+    pub no_conversation: bool,
     /// System message for --chat
     #[arg(long = "system-prompt")]
     pub system_prompt: Option<String>,

@@ -9,8 +9,9 @@ use anyhow::{bail, Result};
 use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
 use nextn_model::config::LayerKind;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
+use serde_json::json;
 
-use super::common::{self, ModelArgs, SpecArgs};
+use super::common::{self, ModelArgs, SamplingArgs, SpecArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,31 +19,43 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Sampling for requests that do not set it (request fields override these)
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Most tokens a request generates when it does not say (-1: until end of generation or a
+    /// full context)
+    #[arg(short = 'n', long = "n-predict", visible_alias = "predict", default_value_t = -1, allow_negative_numbers = true, env = "LLAMA_ARG_N_PREDICT")]
+    pub n_predict: i64,
     /// Address to listen on (loopback by default; use 0.0.0.0 to listen on every interface)
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", env = "LLAMA_ARG_HOST")]
     pub host: String,
     /// Port to listen on (0: any free port, printed at start-up)
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = 8080, env = "LLAMA_ARG_PORT")]
     pub port: u16,
     /// Parallel sequences (slots), also -np; -c is shared equally among them
-    #[arg(long = "parallel", default_value_t = 4)]
+    #[arg(long = "parallel", default_value_t = 4, env = "LLAMA_ARG_N_PARALLEL")]
     pub parallel: usize,
     /// Most prompt tokens processed per step over all slots (a long prompt is split so that decoding
     /// slots keep moving)
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        default_value_t = 512,
+        env = "LLAMA_ARG_BATCH"
+    )]
     pub batch_size: usize,
     /// Draft only while at most N slots are busy, or `auto`: decide per step and slot from measured
     /// step costs and acceptance
     #[arg(long = "spec-max-drafting-slots", default_value = "auto")]
     pub max_drafting_slots: String,
     /// Require `Authorization: Bearer KEY` (repeatable for several keys)
-    #[arg(long = "api-key")]
+    #[arg(long = "api-key", env = "LLAMA_API_KEY", value_delimiter = ',')]
     pub api_key: Vec<String>,
     /// Model name reported by /v1/models and accepted in requests (default: the file name)
-    #[arg(short = 'a', long = "alias")]
+    #[arg(short = 'a', long = "alias", env = "LLAMA_ARG_ALIAS")]
     pub alias: Option<String>,
     /// Where <think> blocks go: deepseek (reasoning_content; `auto` is the same) or none (left in content)
-    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "deepseek", "none"], env = "LLAMA_ARG_REASONING_FORMAT")]
     pub reasoning_format: String,
     /// Requests that may wait for a free slot; more are answered 503
     #[arg(long = "max-queue", default_value_t = 256)]
@@ -58,8 +71,13 @@ pub struct Args {
     pub log_disable: bool,
     /// Prefix cache size in MiB, shared by all slots (0 disables it; default: a quarter of the
     /// available memory, at most 8192)
-    #[arg(long = "cache-ram", visible_alias = "cram")]
-    pub cache_ram: Option<u64>,
+    #[arg(
+        long = "cache-ram",
+        visible_alias = "cram",
+        env = "LLAMA_ARG_CACHE_RAM",
+        allow_hyphen_values = true
+    )]
+    pub cache_ram: Option<i64>,
     /// During a long prefill, keep a prefix-cache snapshot every this many prompt tokens
     /// (0: only at the end of the last message and of each answer)
     #[arg(long = "cache-snapshot-every", default_value_t = 1024)]
@@ -68,6 +86,65 @@ pub struct Args {
     /// state there (created if missing; without it the actions answer 501)
     #[arg(long = "slot-save-path", value_name = "DIR")]
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Continuous batching (-cb; always on)
+    #[arg(long = "cont-batching", env = "LLAMA_ARG_CONT_BATCHING", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub cont_batching: bool,
+    /// Turn continuous batching off (-nocb; no effect: the generation loop always batches)
+    #[arg(long = "no-cont-batching", env = "LLAMA_ARG_NO_CONT_BATCHING", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub no_cont_batching: bool,
+    /// One KV buffer shared by all slots (-kvu; no effect: each slot has its own KV, -c is split)
+    #[arg(long = "kv-unified", env = "LLAMA_ARG_KV_UNIFIED", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub kv_unified: bool,
+    /// Per-slot KV buffers (-no-kvu; how this server always works)
+    #[arg(long = "no-kv-unified", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub no_kv_unified: bool,
+    /// Serve /metrics (always on)
+    #[arg(long = "metrics", env = "LLAMA_ARG_ENDPOINT_METRICS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub metrics: bool,
+    /// Thinking budget: -1 unlimited, 0 no thinking (the default of `enable_thinking` for chat
+    /// requests that do not set it)
+    #[arg(long = "reasoning-budget", env = "LLAMA_ARG_THINK_BUDGET", default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
+}
+
+/// The command line's sampling settings as request fields.
+fn request_defaults(args: &Args) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let s = args.sampling.config()?;
+    let mut d = serde_json::Map::new();
+    d.insert("temperature".into(), json!(s.temperature));
+    d.insert("top_k".into(), json!(s.top_k));
+    d.insert("top_p".into(), json!(s.top_p));
+    d.insert("min_p".into(), json!(s.min_p));
+    d.insert("repeat_penalty".into(), json!(s.repeat_penalty));
+    d.insert("repeat_last_n".into(), json!(s.repeat_last_n));
+    d.insert("presence_penalty".into(), json!(s.presence_penalty));
+    d.insert("frequency_penalty".into(), json!(s.frequency_penalty));
+    // A fixed --seed makes every request that sends none reproducible; without it each request
+    // draws its own.
+    if args.sampling.seed >= 0 {
+        d.insert("seed".into(), json!(args.sampling.seed));
+    }
+    if !s.logit_bias.is_empty() {
+        let bias: serde_json::Map<String, serde_json::Value> = s
+            .logit_bias
+            .iter()
+            .map(|&(id, b)| {
+                (
+                    id.to_string(),
+                    if b.is_finite() {
+                        json!(b)
+                    } else {
+                        json!(false)
+                    },
+                )
+            })
+            .collect();
+        d.insert("logit_bias".into(), serde_json::Value::Object(bias));
+    }
+    if args.n_predict >= 0 {
+        d.insert("n_predict".into(), json!(args.n_predict));
+    }
+    Ok(d)
 }
 
 fn parse_policy(s: &str) -> Result<DraftPolicy> {
@@ -123,7 +200,25 @@ pub fn run(args: Args) -> Result<ExitCode> {
         log_requests: !args.log_disable,
         debug_log: args.model.verbose,
         slot_save_path: args.slot_save_path.clone(),
+        request_defaults: request_defaults(&args)?,
+        template_kwargs: match args.reasoning_budget {
+            -1 => serde_json::Map::new(),
+            0 => serde_json::Map::from_iter([("enable_thinking".to_string(), false.into())]),
+            n => bail!(
+                "--reasoning-budget {n}: only -1 (unlimited) and 0 (no thinking) are supported"
+            ),
+        },
     };
+    if args.no_cont_batching {
+        eprintln!(
+            "--no-cont-batching: no effect (the generation loop always batches the busy slots)"
+        );
+    }
+    if args.kv_unified {
+        eprintln!(
+            "--kv-unified: no effect (each slot has its own KV cache; -c is split among the slots)"
+        );
+    }
     if let Some(dir) = &cfg.slot_save_path {
         nextn_server::slots::check_save_dir(dir).map_err(anyhow::Error::msg)?;
     }
@@ -191,10 +286,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mib(recurrent_bytes),
             mib((kv_per_token * n_ctx_slot + recurrent_bytes) * n_slots),
         );
-        let cache_mib = cache_ram
-            .unwrap_or_else(|| (common::available_memory().unwrap_or(0) / 4 / (1 << 20)).min(8192));
-        let prefix_cache = (cache_mib > 0).then(|| PrefixCacheConfig {
-            budget_bytes: (cache_mib as usize).saturating_mul(1 << 20),
+        // llama-server's spelling: -1 is no limit, 0 turns the cache off.
+        let budget_bytes = match cache_ram {
+            Some(n) if n < 0 => usize::MAX,
+            Some(n) => (n as usize).saturating_mul(1 << 20),
+            None => {
+                let mib = (common::available_memory().unwrap_or(0) / 4 / (1 << 20)).min(8192);
+                (mib as usize).saturating_mul(1 << 20)
+            }
+        };
+        let prefix_cache = (budget_bytes > 0).then(|| PrefixCacheConfig {
+            budget_bytes,
             snapshot_every: cache_snapshot_every,
         });
         let scheduler = SchedulerConfig {
