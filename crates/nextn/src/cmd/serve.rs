@@ -295,7 +295,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 (mib as usize).saturating_mul(1 << 20)
             }
         };
-        let prefix_cache = (budget_bytes > 0).then(|| PrefixCacheConfig {
+        let prefix_cache = (budget_bytes > 0).then_some(PrefixCacheConfig {
             budget_bytes,
             snapshot_every: cache_snapshot_every,
         });
