@@ -10,6 +10,7 @@
 //! `GET /health` (503 while loading), `GET /metrics` (see [`prometheus`] for the names).
 
 pub mod error;
+mod native;
 pub mod prometheus;
 pub mod reasoning;
 pub mod request;
@@ -45,8 +46,6 @@ pub struct ServerConfig {
     pub api_keys: Vec<String>,
     /// The model id reported by `/v1/models` and in responses.
     pub model_id: String,
-    /// Other names a request's `model` may use (the file name, its stem, its path).
-    pub model_aliases: Vec<String>,
     pub reasoning: ReasoningFormat,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
@@ -65,6 +64,12 @@ pub struct ServerConfig {
     /// Request fields a request that leaves them out gets (sampling settings and `n_predict`
     /// from the command line), as JSON the request parser reads.
     pub request_defaults: serde_json::Map<String, serde_json::Value>,
+    /// The model file, for `/props`.
+    pub model_path: String,
+    /// `Access-Control-Allow-Origin`: `*`, `localhost`, or a list (`--cors-origins`).
+    pub cors_origins: String,
+    /// Allow credentials; with `*` the request's origin is echoed (`--cors-credentials`).
+    pub cors_credentials: bool,
 }
 
 /// What the loader hands over once the model is read.

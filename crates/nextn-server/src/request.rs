@@ -66,6 +66,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Fields the server reads (or checks), for telling unknown ones apart.
 const KNOWN_FIELDS: &[&str] = &[
+    "return_tokens",
     "model",
     "messages",
     "prompt",

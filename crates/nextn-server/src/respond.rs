@@ -11,6 +11,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use nextn_engine::output::FinishReason;
 use nextn_engine::sampler::TokenLogprob;
 use nextn_engine::scheduler::{Completion, Event, EventSink, FailKind};
 use nextn_engine::tokenizer::Tokenizer;
@@ -38,6 +39,9 @@ impl EventSink for ChannelSink {
 pub(crate) enum Endpoint {
     Chat,
     Completion,
+    /// llama-server's own `/completion`: `content`, `stop`, `tokens_predicted`, ... instead of
+    /// OpenAI's envelope.
+    Native,
 }
 
 pub(crate) fn unix_time() -> u64 {
@@ -55,6 +59,11 @@ pub(crate) struct Shaping {
     pub legacy_functions: bool,
     /// Log probabilities were asked for (chat shape or completions shape by endpoint).
     pub logprobs: bool,
+    /// Native `/completion`: send the generated token ids (`return_tokens`).
+    pub return_tokens: bool,
+    /// Native `/completion`: the processed `prompt` and the `generation_settings` its last
+    /// object carries.
+    pub native: Option<Value>,
 }
 
 /// One part of the answer, in order.
@@ -92,7 +101,7 @@ impl Reply {
     ) -> Self {
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
-            Endpoint::Completion => "cmpl",
+            Endpoint::Completion | Endpoint::Native => "cmpl",
         };
         let id = format!("{prefix}-{:016x}", crate::request::fresh_seed());
         Reply {
@@ -114,7 +123,7 @@ impl Reply {
         match (self.endpoint, chunk) {
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Chat, true) => "chat.completion.chunk",
-            (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Completion | Endpoint::Native, _) => "text_completion",
         }
     }
 
@@ -196,18 +205,26 @@ impl Reply {
         let tok = &self.tokenizer;
         let text = |id: u32| tok.decode(&[id]);
         let bytes = |id: u32| tok.token_bytes(id).to_vec();
+        let per_token = || {
+            tokens
+                .iter()
+                .map(|t| {
+                    json!({
+                        "id": t.id,
+                        "token": text(t.id),
+                        "logprob": t.logprob,
+                        "bytes": bytes(t.id),
+                        "top_logprobs": t.top.iter().map(|&(id, lp)| json!({
+                            "id": id, "token": text(id), "logprob": lp, "bytes": bytes(id),
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
         match self.endpoint {
-            Endpoint::Chat => json!({
-                "content": tokens.iter().map(|t| json!({
-                    "id": t.id,
-                    "token": text(t.id),
-                    "logprob": t.logprob,
-                    "bytes": bytes(t.id),
-                    "top_logprobs": t.top.iter().map(|&(id, lp)| json!({
-                        "id": id, "token": text(id), "logprob": lp, "bytes": bytes(id),
-                    })).collect::<Vec<_>>(),
-                })).collect::<Vec<_>>(),
-            }),
+            Endpoint::Chat => json!({ "content": per_token() }),
+            // llama-server's `completion_probabilities`.
+            Endpoint::Native => json!(per_token()),
             Endpoint::Completion => {
                 let mut offsets = Vec::new();
                 for t in tokens {
@@ -396,6 +413,18 @@ pub(crate) async fn collect(
         Endpoint::Completion => {
             json!({"index": 0, "text": content, "logprobs": logprobs, "finish_reason": finish})
         }
+        Endpoint::Native => {
+            let mut body = native_final(&reply, &completion, content);
+            if reply.shaping.logprobs {
+                body["completion_probabilities"] = logprobs;
+            }
+            return Ok((
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+                body.to_string(),
+            )
+                .into_response());
+        }
     };
     let mut body = reply.envelope(false, json!([choice]));
     body["usage"] = usage(&completion);
@@ -407,6 +436,39 @@ pub(crate) async fn collect(
         body.to_string(),
     )
         .into_response())
+}
+
+/// llama-server's `stop_type`: how generation ended.
+fn stop_type(c: &Completion) -> &'static str {
+    match c.finish {
+        FinishReason::Length => "limit",
+        FinishReason::Stop => "eos",
+    }
+}
+
+/// The last object of a native `/completion` (the whole answer when not streaming).
+fn native_final(reply: &Reply, c: &Completion, content: String) -> Value {
+    let mut v = json!({
+        "index": 0,
+        "content": content,
+        "tokens": if reply.shaping.return_tokens { json!(c.tokens) } else { json!([]) },
+        "id_slot": c.slot,
+        "stop": true,
+        "model": reply.app.cfg.model_id,
+        "tokens_predicted": c.completion_tokens,
+        "tokens_evaluated": c.prompt_tokens,
+        "truncated": false,
+        "stop_type": stop_type(c),
+        "stopping_word": "",
+        "tokens_cached": c.timings.cache_n,
+        "timings": timings(c),
+    });
+    if let Some(Value::Object(meta)) = &reply.shaping.native {
+        for (k, x) in meta {
+            v[k] = x.clone();
+        }
+    }
+    v
 }
 
 fn sse(v: &Value) -> Bytes {
@@ -438,7 +500,14 @@ impl SseState {
                     let v = self.reply.envelope(true, json!([choice]));
                     self.frames.push_back(sse(&v));
                 }
-                (Endpoint::Completion, Part::Call(..)) => {}
+                (Endpoint::Completion | Endpoint::Native, Part::Call(..)) => {}
+                (Endpoint::Native, Part::Content(text) | Part::Reasoning(text)) => {
+                    let mut v = json!({"index": 0, "content": text, "tokens": [], "stop": false});
+                    if self.reply.shaping.logprobs {
+                        v["completion_probabilities"] = self.reply.take_logprobs();
+                    }
+                    self.frames.push_back(sse(&v));
+                }
                 (Endpoint::Chat, Part::Content(c)) => self.chunk(json!({"content": c})),
                 (Endpoint::Chat, Part::Reasoning(r)) => self.chunk(json!({"reasoning_content": r})),
                 (Endpoint::Chat, Part::Call(index, id, call)) => {
@@ -477,13 +546,22 @@ impl SseState {
                 let parts = self.reply.finish_parts();
                 self.part_chunks(parts);
                 self.reply.log(&c);
+                if self.reply.endpoint == Endpoint::Native {
+                    let mut last = native_final(&self.reply, &c, String::new());
+                    if self.reply.shaping.logprobs {
+                        last["completion_probabilities"] = self.reply.take_logprobs();
+                    }
+                    self.frames.push_back(sse(&last));
+                    self.finished = true;
+                    return;
+                }
                 let finish = self.reply.finish_reason(&c);
                 let logprobs = self.reply.take_logprobs();
                 let choice = match self.reply.endpoint {
                     Endpoint::Chat => {
                         json!({"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": finish})
                     }
-                    Endpoint::Completion => {
+                    Endpoint::Completion | Endpoint::Native => {
                         json!({"index": 0, "text": "", "logprobs": logprobs, "finish_reason": finish})
                     }
                 };

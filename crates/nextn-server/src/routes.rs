@@ -21,8 +21,8 @@ use crate::request::{
     parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, GenParams, Prompt,
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
-use crate::slots;
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
+use crate::{native, slots};
 use crate::{prometheus, App, Frontend, ReasoningFormat};
 
 pub(crate) type AppState = Arc<App>;
@@ -39,11 +39,17 @@ pub(crate) fn router(app: AppState) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/completion", post(completion_native))
+        .route("/tokenize", post(native::tokenize))
+        .route("/detokenize", post(native::detokenize))
+        .route("/apply-template", post(native::apply_template))
+        .route("/props", get(native::props))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(app.clone(), native::cors))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }
@@ -191,25 +197,11 @@ fn body_error(r: BytesRejection) -> ApiError {
     }
 }
 
-fn frontend(app: &App) -> Result<Arc<Frontend>, ApiError> {
+pub(crate) fn frontend(app: &App) -> Result<Arc<Frontend>, ApiError> {
     match (app.handle.phase(), app.frontend.get()) {
         (Phase::Ready, Some(f)) => Ok(f.clone()),
         (Phase::Loading, _) | (Phase::Ready, None) => Err(ApiError::unavailable("Loading model")),
         _ => Err(ApiError::unavailable("the server is shutting down")),
-    }
-}
-
-fn check_model(app: &App, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        None | Some("") => Ok(()),
-        Some(m) if m == app.cfg.model_id || app.cfg.model_aliases.iter().any(|a| a == m) => Ok(()),
-        Some(m) => Err(ApiError {
-            param: Some("model".into()),
-            ..ApiError::not_found(format!(
-                "the model '{m}' does not exist: this server serves '{}'",
-                app.cfg.model_id
-            ))
-        }),
     }
 }
 
@@ -315,7 +307,7 @@ async fn chat_inner(
         log_unknown(&app, &o);
         with_server_defaults(&app, &mut o);
         let mut req = parse_chat(&o)?;
-        check_model(&app, req.params.model.as_deref())?;
+        // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
         let use_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
         let mut kwargs = req.template_kwargs.clone();
@@ -383,6 +375,8 @@ async fn chat_inner(
             }),
             legacy_functions: req.legacy_functions,
             logprobs: req.params.logprobs.is_some(),
+            return_tokens: false,
+            native: None,
         };
         Ok(Prepared {
             params: req.params,
@@ -405,7 +399,17 @@ fn grammar_param(o: &Map<String, Value>) -> &'static str {
 }
 
 async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    completions_inner(app, body)
+    completions_inner(app, body, Endpoint::Completion)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// llama-server's native `/completion`.
+async fn completion_native(
+    State(app): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    completions_inner(app, body, Endpoint::Native)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -413,6 +417,7 @@ async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejec
 async fn completions_inner(
     app: AppState,
     body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
@@ -424,7 +429,7 @@ async fn completions_inner(
         log_unknown(&app, &o);
         with_server_defaults(&app, &mut o);
         let mut req = parse_completion(&o)?;
-        check_model(&app, req.params.model.as_deref())?;
+        // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
         let tokens = match &req.prompt {
             Prompt::Text(t) => fe.tokenizer.encode(t, true),
@@ -439,6 +444,41 @@ async fn completions_inner(
             tools: None,
             legacy_functions: false,
             logprobs: req.params.logprobs.is_some(),
+            return_tokens: match o.get("return_tokens") {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid_field(
+                        "return_tokens",
+                        "'return_tokens' must be a boolean",
+                    ))
+                }
+            },
+            native: (endpoint == Endpoint::Native).then(|| {
+                let p = &req.params;
+                let n_ctx = app.handle.info().map_or(0, |i| i.n_ctx_slot);
+                json!({
+                    "prompt": fe.tokenizer.decode(&tokens),
+                    "generation_settings": {
+                        "n_ctx": n_ctx,
+                        "model": app.cfg.model_id,
+                        "n_predict": p.n_predict.map_or(-1, |n| n as i64),
+                        "seed": p.sampler.seed,
+                        "temperature": p.sampler.temperature,
+                        "top_k": p.sampler.top_k,
+                        "top_p": p.sampler.top_p,
+                        "min_p": p.sampler.min_p,
+                        "repeat_last_n": p.sampler.repeat_last_n,
+                        "repeat_penalty": p.sampler.repeat_penalty,
+                        "presence_penalty": p.sampler.presence_penalty,
+                        "frequency_penalty": p.sampler.frequency_penalty,
+                        "ignore_eos": p.ignore_eos,
+                        "stream": p.stream,
+                        "stop": p.stop,
+                        "n_probs": p.logprobs.unwrap_or(0),
+                    },
+                })
+            }),
         };
         Ok(Prepared {
             params: req.params,
@@ -449,7 +489,7 @@ async fn completions_inner(
         })
     })
     .await?;
-    submit(&app, &fe, prepared, Endpoint::Completion).await
+    submit(&app, &fe, prepared, endpoint).await
 }
 
 async fn submit(

@@ -384,6 +384,11 @@ impl Tokenizer {
         self.bos
     }
 
+    /// Whether [`Tokenizer::encode`] puts BOS first (the vocabulary asks for it; Qwen does not).
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos
+    }
+
     /// End-of-turn token: the declared one, else the first of llama.cpp's end-of-turn texts.
     pub fn eot(&self) -> Option<u32> {
         self.eot

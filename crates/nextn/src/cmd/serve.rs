@@ -105,20 +105,37 @@ pub struct Args {
     /// requests that do not set it)
     #[arg(long = "reasoning-budget", env = "LLAMA_ARG_THINK_BUDGET", default_value_t = -1, allow_negative_numbers = true)]
     pub reasoning_budget: i64,
+    /// Origins browsers may call from (CORS): `*`, `localhost` (a localhost Origin is echoed),
+    /// or a comma-separated list
+    #[arg(
+        long = "cors-origins",
+        visible_alias = "cors-origin",
+        default_value = "*",
+        env = "LLAMA_ARG_CORS_ORIGINS"
+    )]
+    pub cors_origins: String,
+    /// Allow credentials in CORS requests (the default; with `*` the Origin is echoed)
+    #[arg(long = "cors-credentials", conflicts_with = "no_cors_credentials")]
+    pub cors_credentials: bool,
+    /// Do not allow credentials in CORS requests
+    #[arg(long = "no-cors-credentials")]
+    pub no_cors_credentials: bool,
 }
 
 /// The command line's sampling settings as request fields.
 fn request_defaults(args: &Args) -> Result<serde_json::Map<String, serde_json::Value>> {
     let s = args.sampling.config()?;
+    // f32 settings as the decimal the user wrote (0.8, not 0.800000011920929).
+    let f = |x: f32| json!(x.to_string().parse::<f64>().unwrap_or(f64::from(x)));
     let mut d = serde_json::Map::new();
-    d.insert("temperature".into(), json!(s.temperature));
+    d.insert("temperature".into(), f(s.temperature));
     d.insert("top_k".into(), json!(s.top_k));
-    d.insert("top_p".into(), json!(s.top_p));
-    d.insert("min_p".into(), json!(s.min_p));
-    d.insert("repeat_penalty".into(), json!(s.repeat_penalty));
+    d.insert("top_p".into(), f(s.top_p));
+    d.insert("min_p".into(), f(s.min_p));
+    d.insert("repeat_penalty".into(), f(s.repeat_penalty));
     d.insert("repeat_last_n".into(), json!(s.repeat_last_n));
-    d.insert("presence_penalty".into(), json!(s.presence_penalty));
-    d.insert("frequency_penalty".into(), json!(s.frequency_penalty));
+    d.insert("presence_penalty".into(), f(s.presence_penalty));
+    d.insert("frequency_penalty".into(), f(s.frequency_penalty));
     // A fixed --seed makes every request that sends none reproducible; without it each request
     // draws its own.
     if args.sampling.seed >= 0 {
@@ -157,19 +174,13 @@ fn parse_policy(s: &str) -> Result<DraftPolicy> {
     }
 }
 
-fn model_names(path: &Path, alias: &Option<String>) -> (String, Vec<String>) {
-    let file = path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = path
-        .file_stem()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let id = alias.clone().unwrap_or_else(|| file.clone());
-    let mut names = vec![file, stem, path.display().to_string()];
-    names.retain(|n| !n.is_empty() && *n != id);
-    (id, names)
+/// The model id `/v1/models` reports: `--alias`, else the file name.
+fn model_id(path: &Path, alias: &Option<String>) -> String {
+    alias.clone().unwrap_or_else(|| {
+        path.file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    })
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -182,7 +193,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let policy = parse_policy(&args.max_drafting_slots)?;
     let spec_config = args.spec.config()?;
     let path = common::resolve_model_path(args.model.model.as_ref())?;
-    let (model_id, model_aliases) = model_names(&path, &args.alias);
+    let model_id = model_id(&path, &args.alias);
     let reasoning = if args.reasoning_format == "none" {
         ReasoningFormat::None
     } else {
@@ -193,7 +204,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         port: args.port,
         api_keys: args.api_key.clone(),
         model_id,
-        model_aliases,
         reasoning,
         max_body_bytes: args.max_body_size,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
@@ -201,6 +211,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         debug_log: args.model.verbose,
         slot_save_path: args.slot_save_path.clone(),
         request_defaults: request_defaults(&args)?,
+        model_path: path.display().to_string(),
+        cors_origins: args.cors_origins.clone(),
+        cors_credentials: !args.no_cors_credentials,
         template_kwargs: match args.reasoning_budget {
             -1 => serde_json::Map::new(),
             0 => serde_json::Map::from_iter([("enable_thinking".to_string(), false.into())]),

@@ -1,0 +1,304 @@
+//! llama-server's own endpoints besides the OpenAI ones, in its request and response shapes:
+//! `/tokenize`, `/detokenize`, `/apply-template`, `/props`, and CORS for browser front-ends.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::request::{parse_chat, parse_json};
+use crate::routes::{frontend, json_response, AppState};
+
+fn answer(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => json_response(StatusCode::OK, v),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
+    let body = body.map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?;
+    parse_json(&body)
+}
+
+fn flag(o: &Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match o.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("'{name}' must be a boolean"),
+        )),
+    }
+}
+
+/// `POST /tokenize {"content", "add_special", "parse_special", "with_pieces"}` →
+/// `{"tokens": [id, ...]}`, or with pieces `{"tokens": [{"id", "piece"}, ...]}` where a piece
+/// that is not whole UTF-8 is given as its bytes.
+pub(crate) async fn tokenize(
+    State(app): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer((|| {
+        let fe = frontend(&app)?;
+        let o = body_json(body)?;
+        let add_special = flag(&o, "add_special", false)?;
+        let parse_special = flag(&o, "parse_special", true)?;
+        let with_pieces = flag(&o, "with_pieces", false)?;
+        let content = match o.get("content") {
+            None => return Ok(json!({"tokens": []})),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid_field(
+                    "content",
+                    "'content' must be a string",
+                ))
+            }
+        };
+        let tok = &fe.tokenizer;
+        let mut ids = tok.encode(&content, parse_special);
+        if tok.adds_bos() && !add_special && !ids.is_empty() && Some(ids[0]) == tok.bos() {
+            ids.remove(0);
+        }
+        if !with_pieces {
+            return Ok(json!({"tokens": ids}));
+        }
+        let tokens: Vec<Value> = ids
+            .iter()
+            .map(|&id| {
+                let bytes = tok.token_bytes(id);
+                let piece = match std::str::from_utf8(bytes) {
+                    Ok(s) => json!(s),
+                    Err(_) => json!(bytes),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect();
+        Ok(json!({"tokens": tokens}))
+    })())
+}
+
+/// `POST /detokenize {"tokens": [id, ...]}` → `{"content": "..."}`.
+pub(crate) async fn detokenize(
+    State(app): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer((|| {
+        let fe = frontend(&app)?;
+        let o = body_json(body)?;
+        let bad = || ApiError::invalid_field("tokens", "'tokens' must be an array of token ids");
+        let ids: Vec<u32> = match o.get("tokens") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(bad)
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(bad()),
+        };
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= fe.n_vocab) {
+            return Err(ApiError::invalid_field(
+                "tokens",
+                format!(
+                    "token id {id} is out of range: the vocabulary has {} tokens",
+                    fe.n_vocab
+                ),
+            ));
+        }
+        Ok(json!({"content": fe.tokenizer.decode(&ids)}))
+    })())
+}
+
+/// `POST /apply-template` with a chat request body → `{"prompt": "..."}`: the text the chat
+/// endpoint would run (tools and `chat_template_kwargs` included).
+pub(crate) async fn apply_template(
+    State(app): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer((|| {
+        let fe = frontend(&app)?;
+        let o = body_json(body)?;
+        let req = parse_chat(&o)?;
+        let mut kwargs = req.template_kwargs.clone();
+        for (k, v) in &app.cfg.template_kwargs {
+            kwargs.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        if !req.tools.is_empty() && !kwargs.contains_key("tools") {
+            kwargs.insert("tools".into(), req.tools_for_template.clone());
+        }
+        let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
+        let prompt = if continue_last {
+            fe.template.render_prefill(&req.messages, &kwargs)
+        } else {
+            fe.template.render(&req.messages, true, &kwargs)
+        }
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok(json!({"prompt": prompt}))
+    })())
+}
+
+/// `GET /props`: the generation defaults, slots, chat template and special tokens, as
+/// llama-server describes itself, plus the speculative settings under `speculative`.
+pub(crate) async fn props(State(app): State<AppState>) -> Response {
+    answer((|| {
+        let fe = frontend(&app)?;
+        let info = app
+            .handle
+            .info()
+            .ok_or_else(|| ApiError::unavailable("Loading model"))?;
+        let d = &app.cfg.request_defaults;
+        let get = |k: &str, default: Value| d.get(k).cloned().unwrap_or(default);
+        let tok = &fe.tokenizer;
+        let piece = |id: Option<u32>| id.map(|i| tok.decode(&[i])).unwrap_or_default();
+        Ok(json!({
+            "default_generation_settings": {
+                "n_ctx": info.n_ctx_slot,
+                "params": {
+                    "n_predict": get("n_predict", json!(-1)),
+                    "seed": get("seed", json!(-1)),
+                    "temperature": get("temperature", json!(0.8)),
+                    "top_k": get("top_k", json!(40)),
+                    "top_p": get("top_p", json!(0.95)),
+                    "min_p": get("min_p", json!(0.05)),
+                    "repeat_last_n": get("repeat_last_n", json!(64)),
+                    "repeat_penalty": get("repeat_penalty", json!(1.0)),
+                    "presence_penalty": get("presence_penalty", json!(0.0)),
+                    "frequency_penalty": get("frequency_penalty", json!(0.0)),
+                    "logit_bias": get("logit_bias", json!([])),
+                    "ignore_eos": false,
+                    "stream": false,
+                    "n_probs": 0,
+                    "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+                    "speculative.n_max": info.n_draft_max,
+                },
+            },
+            "total_slots": info.n_slots,
+            "model_alias": app.cfg.model_id,
+            "model_path": app.cfg.model_path,
+            "modalities": {"vision": false, "audio": false},
+            "endpoint_slots": true,
+            "endpoint_props": false,
+            "endpoint_metrics": true,
+            "chat_template": fe.template.source(),
+            "bos_token": piece(tok.bos()),
+            "eos_token": piece(tok.eos()),
+            "build_info": concat!("nextn ", env!("CARGO_PKG_VERSION")),
+            "is_sleeping": false,
+            "speculative": {
+                "type": if info.speculative { "nextn" } else { "none" },
+                "n_max": info.n_draft_max,
+                "calibration": info.calibration,
+            },
+        }))
+    })())
+}
+
+/// CORS as llama-server does it: `--cors-origins *` (the default) with credentials echoes the
+/// request's `Origin`; `localhost` echoes it only for a localhost origin; otherwise the
+/// configured list is sent. A preflight `OPTIONS` is answered here, before authentication
+/// (browsers send no key with it).
+pub(crate) async fn cors(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let allow = allowed_origin(
+        &app.cfg.cors_origins,
+        app.cfg.cors_credentials,
+        origin.as_deref(),
+    );
+    let preflight = req.method() == Method::OPTIONS;
+    let mut res = if preflight {
+        StatusCode::OK.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = res.headers_mut();
+    if let Some(v) = allow.and_then(|a| HeaderValue::from_str(&a).ok()) {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+        if origin.is_some() {
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+    }
+    if preflight {
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static(if app.cfg.cors_credentials {
+                "true"
+            } else {
+                "false"
+            }),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static("*"),
+        );
+    }
+    res
+}
+
+fn allowed_origin(configured: &str, credentials: bool, origin: Option<&str>) -> Option<String> {
+    match configured {
+        "*" if credentials => origin.map(str::to_string).or_else(|| Some("*".into())),
+        "localhost" => origin.filter(|o| is_localhost(o)).map(str::to_string),
+        other => Some(other.to_string()),
+    }
+}
+
+fn is_localhost(origin: &str) -> bool {
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .unwrap_or(origin);
+    let host = match rest.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => rest.split([':', '/']).next().unwrap_or(""),
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cors_origins_follow_llama_server() {
+        assert_eq!(
+            allowed_origin("*", true, Some("http://a.example")),
+            Some("http://a.example".into())
+        );
+        assert_eq!(allowed_origin("*", true, None), Some("*".into()));
+        assert_eq!(
+            allowed_origin("*", false, Some("http://a.example")),
+            Some("*".into())
+        );
+        assert_eq!(
+            allowed_origin("localhost", true, Some("http://localhost:5173")),
+            Some("http://localhost:5173".into())
+        );
+        assert_eq!(
+            allowed_origin("localhost", true, Some("http://[::1]:80")),
+            Some("http://[::1]:80".into())
+        );
+        assert_eq!(
+            allowed_origin("localhost", true, Some("http://evil.example")),
+            None
+        );
+        assert_eq!(
+            allowed_origin("https://chat.example", true, Some("http://x")),
+            Some("https://chat.example".into())
+        );
+    }
+}
