@@ -717,3 +717,39 @@ fn llama_env_variables_and_cpu_only_flags() {
     assert!(in_memory.status.success(), "{}", stderr(&in_memory));
     assert_eq!(stdout(&in_memory), stdout(&plain));
 }
+
+/// The README's first command: a varied continuation (no line repeated over and over), the same
+/// with and without drafting.
+#[test]
+fn readme_first_command_reads_like_code() {
+    let model = bundled();
+    let args = |spec: &str| {
+        run(&[
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "import os\nimport sys\n\n\ndef main():\n",
+            "-n",
+            "64",
+            "--temp",
+            "0",
+            "--repeat-penalty",
+            "1.3",
+            "--spec-type",
+            spec,
+        ])
+    };
+    let (mtp, plain) = (args("nextn"), args("none"));
+    assert!(mtp.status.success(), "{}", stderr(&mtp));
+    assert_eq!(stdout(&mtp), stdout(&plain));
+    let text = stdout(&mtp);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 5, "{text}");
+    let most = lines
+        .iter()
+        .map(|l| lines.iter().filter(|m| *m == l).count())
+        .max()
+        .unwrap_or(0);
+    assert!(most <= 2, "a line repeats {most} times:\n{text}");
+}
