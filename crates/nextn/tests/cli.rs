@@ -753,3 +753,65 @@ fn readme_first_command_reads_like_code() {
         .unwrap_or(0);
     assert!(most <= 2, "a line repeats {most} times:\n{text}");
 }
+
+/// `run -cnv` without a prompt is a chat on stdin: one answer per line, the second turn resumes
+/// from the first's state, and the answers are those of the same conversation without drafting.
+#[test]
+fn conversation_mode_keeps_the_state_between_turns() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let model = bundled();
+    let talk = |spec: &str| {
+        let mut child = bin()
+            .args([
+                "run",
+                "-m",
+                model.to_str().unwrap(),
+                "-cnv",
+                "--temp",
+                "0",
+                "-n",
+                "12",
+                "--spec-type",
+                spec,
+                "-sys",
+                "You write Python.",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"Write a function that adds two numbers.\n\nNow make it multiply.\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let (mtp, plain) = (talk("nextn"), talk("none"));
+    assert!(mtp.status.success(), "{}", stderr(&mtp));
+    assert_eq!(stdout(&mtp), stdout(&plain));
+    let err = stderr(&mtp);
+    let turns: Vec<&str> = err.lines().filter(|l| l.starts_with("[prompt ")).collect();
+    assert_eq!(turns.len(), 2, "{err}");
+    assert!(
+        turns[0].contains(", 0 of them from the previous turns"),
+        "{err}"
+    );
+    assert!(
+        !turns[1].contains(", 0 of them"),
+        "the second turn resumed nothing: {err}"
+    );
+    let o = run(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-cnv",
+        "--grammar",
+        "root ::= \"a\"",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("conversation mode"), "{}", stderr(&o));
+}

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod common;
+pub mod conversation;
 pub mod inspect;
 pub mod logits;
 pub mod run;

@@ -41,7 +41,8 @@ pub struct Args {
     /// Prompt rows per prefill pass
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// Treat the prompt as a user message and render it with the chat template (-cnv)
+    /// Treat the prompt as a user message and render it with the chat template; without -p, an
+    /// interactive chat on the terminal (-cnv)
     #[arg(long, visible_alias = "conversation")]
     pub chat: bool,
     /// Plain text continuation (-no-cnv; the default)
@@ -73,9 +74,9 @@ pub struct Args {
 
 /// Streams text to stdout as it comes, or (for one JSON object at the end) hands it back with
 /// the end of the request.
-struct Stdout {
-    streaming: bool,
-    events: mpsc::Sender<Event>,
+pub(super) struct Stdout {
+    pub streaming: bool,
+    pub events: mpsc::Sender<Event>,
 }
 
 impl EventSink for Stdout {
@@ -101,7 +102,14 @@ impl EventSink for Stdout {
 pub fn run(args: Args) -> Result<ExitCode> {
     let sampler = args.sampling.config()?;
     let spec = args.spec.config()?;
-    let text = if args.tokens.is_empty() {
+    let conversation =
+        args.chat && args.prompt.is_none() && args.file.is_none() && args.tokens.is_empty();
+    if conversation {
+        if args.grammar.source()?.is_some() || args.prompt_cache.is_some() || args.json {
+            bail!("conversation mode (-cnv without -p) takes no --grammar, -j, --prompt-cache or --json: give -p for one answer");
+        }
+    }
+    let text = if args.tokens.is_empty() && !conversation {
         common::prompt_text(&args.prompt, &args.file)?
     } else {
         String::new()
@@ -127,16 +135,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         None
     };
-    let prompt = if args.chat {
-        let mut kwargs = serde_json::Map::new();
-        if let Some(k) = &args.chat_template_kwargs {
-            let v: serde_json::Value =
-                serde_json::from_str(k).context("--chat-template-kwargs is not valid JSON")?;
-            match v {
-                serde_json::Value::Object(m) => kwargs = m,
-                _ => bail!("--chat-template-kwargs must be a JSON object"),
-            }
+    let mut kwargs = serde_json::Map::new();
+    if let Some(k) = &args.chat_template_kwargs {
+        let v: serde_json::Value =
+            serde_json::from_str(k).context("--chat-template-kwargs is not valid JSON")?;
+        match v {
+            serde_json::Value::Object(m) => kwargs = m,
+            _ => bail!("--chat-template-kwargs must be a JSON object"),
         }
+    }
+    if conversation {
+        let engine = loaded.engine(head.as_ref());
+        return super::conversation::chat(&args, &loaded, engine, sampler, spec, &kwargs);
+    }
+    let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system_prompt {
             messages.push(ChatMessage::new("system", s));
