@@ -104,10 +104,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let spec = args.spec.config()?;
     let conversation =
         args.chat && args.prompt.is_none() && args.file.is_none() && args.tokens.is_empty();
-    if conversation {
-        if args.grammar.source()?.is_some() || args.prompt_cache.is_some() || args.json {
-            bail!("conversation mode (-cnv without -p) takes no --grammar, -j, --prompt-cache or --json: give -p for one answer");
-        }
+    if conversation
+        && (args.grammar.source()?.is_some() || args.prompt_cache.is_some() || args.json)
+    {
+        bail!("conversation mode (-cnv without -p) takes no --grammar, -j, --prompt-cache or --json: give -p for one answer");
     }
     let text = if args.tokens.is_empty() && !conversation {
         common::prompt_text(&args.prompt, &args.file)?
