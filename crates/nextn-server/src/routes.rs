@@ -30,6 +30,7 @@ pub(crate) type AppState = Arc<App>;
 pub(crate) fn router(app: AppState) -> Router {
     let limit = app.cfg.max_body_bytes;
     Router::new()
+        .route("/", get(chat_page))
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
@@ -75,7 +76,8 @@ fn key_matches(keys: &[String], given: &str) -> bool {
 
 async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if app.cfg.api_keys.is_empty() || path == "/health" || path == "/v1/health" {
+    // The chat page holds no data: it asks for the key and sends it with every API call.
+    if app.cfg.api_keys.is_empty() || matches!(path, "/" | "/health" | "/v1/health") {
         return next.run(req).await;
     }
     let given = req
@@ -92,6 +94,19 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
         Some(k) if key_matches(&app.cfg.api_keys, k) => next.run(req).await,
         _ => ApiError::unauthorized().into_response(),
     }
+}
+
+/// The chat page: one self-contained file, embedded in the binary.
+async fn chat_page() -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("page/chat.html"),
+    )
+        .into_response()
 }
 
 async fn not_found(req: Request) -> Response {

@@ -1,0 +1,102 @@
+//! The chat page at `/` in a real headless Chromium (Debian's `chromium`, driven by
+//! `tools/browser/chat_page_check.mjs` through playwright-core): it loads, sends a prompt, shows
+//! the streamed answer and its statistics (speed, draft acceptance), and the screenshot is saved
+//! under target/ for the log.
+
+mod serve_common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serve_common::Server;
+
+/// Why the browser check cannot run here, if it cannot.
+fn missing_browser() -> Option<String> {
+    if Command::new("node").arg("--version").output().is_err() {
+        return Some("node is not installed".into());
+    }
+    if !Path::new("/usr/bin/chromium").exists() && std::env::var_os("CHROMIUM").is_none() {
+        return Some("chromium is not installed (.ci/run installs Debian's package)".into());
+    }
+    let module = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/browser/node_modules/playwright-core");
+    if !module.exists() {
+        return Some(
+            "playwright-core is not installed in tools/browser (.ci/run runs npm ci there)".into(),
+        );
+    }
+    None
+}
+
+#[test]
+fn the_chat_page_streams_an_answer_with_its_statistics() {
+    if let Some(why) = missing_browser() {
+        assert!(!nextn_testdata::in_ci(), "required in CI (CI=true): {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let s = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "--temp",
+        "0",
+        "--repeat-penalty",
+        "1.3",
+        "-n",
+        "48",
+    ]);
+    let page = s.get("/");
+    assert_eq!(page.status, 200);
+    assert!(page
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page.png");
+    let _ = std::fs::remove_file(&shot);
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/browser/chat_page_check.mjs");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}/", s.port))
+        .arg(&shot)
+        .arg("Write a Python function that reverses a string.")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    // The page shows the model's answer as the API gives it.
+    let api = s.post(
+        "/v1/chat/completions",
+        &serde_json::json!({"messages": [{"role": "user", "content": "Write a Python function that reverses a string."}]}),
+    );
+    let api = api.json();
+    let api_text = api["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(shown["answer"].as_str().unwrap().trim(), api_text.trim());
+    let stats = shown["stats"].as_str().unwrap();
+    let n = api["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        stats.starts_with(&format!("{n} tokens, ")) && stats.contains("tok/s"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains("drafts accepted") || !stats.contains("drafts"),
+        "{stats}"
+    );
+    assert!(
+        shown["model"].as_str().unwrap().contains("MTP drafting"),
+        "{shown}"
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "screenshot of {} bytes",
+        png.len()
+    );
+    eprintln!("screenshot: {}", shot.display());
+}
