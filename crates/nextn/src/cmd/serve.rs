@@ -64,7 +64,11 @@ pub struct Args {
     #[arg(long = "max-body-size", default_value_t = 16 << 20)]
     pub max_body_size: usize,
     /// Seconds running requests may take to finish after SIGTERM before they are cancelled
-    #[arg(long = "shutdown-grace", default_value_t = 10.0)]
+    #[arg(
+        long = "shutdown-grace",
+        visible_alias = "drain-timeout",
+        default_value_t = 10.0
+    )]
     pub shutdown_grace: f64,
     /// Do not log each finished request
     #[arg(long = "log-disable")]
