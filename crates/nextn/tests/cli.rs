@@ -815,3 +815,54 @@ fn conversation_mode_keeps_the_state_between_turns() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("conversation mode"), "{}", stderr(&o));
 }
+
+/// `bench -r N -o md|csv|jsonl`: stdout is only the table of runs, with mean ± standard deviation
+/// over the repetitions; progress and the report go to stderr.
+#[test]
+fn bench_tables_with_repetitions() {
+    let model = bundled();
+    let bench = |format: &str| {
+        let o = run(&[
+            "bench",
+            "-m",
+            model.to_str().unwrap(),
+            "-n",
+            "8",
+            "--spec-draft-n-max",
+            "0,2",
+            "--reps",
+            "1",
+            "-r",
+            "2",
+            "-o",
+            format,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("[4/4] n_max 2"), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let md = bench("md");
+    let lines: Vec<&str> = md.lines().collect();
+    assert_eq!(lines.len(), 4, "{md}");
+    assert!(
+        lines[0].starts_with("| n_max | drafts | prefill t/s | decode t/s |"),
+        "{md}"
+    );
+    assert!(
+        lines[2].starts_with("| 0 | - |") && lines[3].starts_with("| 2 | coupled |"),
+        "{md}"
+    );
+    assert!(lines[3].contains(" ± "), "{md}");
+    let csv = bench("csv");
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    assert!(csv.starts_with("n_max,drafts,prefill_tok_s,prefill_tok_s_sd,decode_tok_s,"));
+    let jsonl = bench("jsonl");
+    let rows: Vec<serde_json::Value> = jsonl
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[1]["decode_tok_s"].as_f64() > Some(0.0));
+    assert!(rows[1]["decode_tok_s_sd"].is_number());
+    assert!(rows[1]["acceptance"].is_number() && rows[0]["acceptance"].is_null());
+}

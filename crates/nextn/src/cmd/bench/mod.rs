@@ -67,6 +67,14 @@ pub struct Args {
     /// Also write the results as JSON to this file
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Runs of each configuration; with more than one, tokens/s are given as mean ± standard
+    /// deviation (as llama-bench's -r)
+    #[arg(short = 'r', long = "repetitions", default_value_t = 1)]
+    pub repetitions: usize,
+    /// What stdout gets: the text report, or the table of runs as md, csv, json or jsonl (as
+    /// llama-bench's -o; the text report then goes to stderr)
+    #[arg(short = 'o', long = "output", default_value = "text", value_parser = ["text", "md", "csv", "json", "jsonl"])]
+    pub output: String,
     #[command(flatten)]
     pub floor: FloorArgs,
     #[command(flatten)]
@@ -510,6 +518,27 @@ fn project(
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    // With -o md|csv|json|jsonl stdout carries only that table; the report goes to stderr.
+    let human_to_stdout = args.output == "text";
+    macro_rules! say {
+        () => {
+            if human_to_stdout {
+                println!()
+            } else {
+                eprintln!()
+            }
+        };
+        ($($t:tt)*) => {
+            if human_to_stdout {
+                println!($($t)*)
+            } else {
+                eprintln!($($t)*)
+            }
+        };
+    }
+    if args.repetitions == 0 {
+        bail!("-r 0: at least one repetition is needed");
+    }
     let loaded = common::load(&args.model)?;
     let head = NextnHead::load(&loaded.model).ok();
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
@@ -563,7 +592,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let mut plain_outputs: Vec<Vec<u32>> = Vec::new();
     let mut spec_agree = (0usize, 0usize);
-    println!(
+    say!(
         "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
         "n_max", "drafts", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
     );
@@ -588,11 +617,47 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     let mut grammar_time = (0.0, 0u64, 0usize);
+    let n_runs = runs.len() * args.repetitions;
+    let mut run_no = 0;
+    let mut plain_reps: Vec<f64> = Vec::new();
+    let mut table = Vec::new();
     for kind in runs {
         let (policy, mode) = (kind.policy, kind.mode);
         let k = policy.n_max();
         let mut outputs = Vec::new();
-        let t = run_depth(&setup, head.as_ref(), kind, Some(&mut outputs))?;
+        // Each repetition on a fresh loop; the statistics add up over them.
+        let mut decode_reps = Vec::new();
+        let mut prefill_reps = Vec::new();
+        let mut t = RunTotals::default();
+        for rep in 0..args.repetitions {
+            run_no += 1;
+            let started = Instant::now();
+            let r = run_depth(
+                &setup,
+                head.as_ref(),
+                kind,
+                (rep == 0).then_some(&mut outputs),
+            )?;
+            let d = r.predicted_n as f64 * 1e3 / r.predicted_ms.max(1e-9);
+            let p = r.prompt_n as f64 * 1e3 / r.prompt_ms.max(1e-9);
+            eprintln!(
+                "[{run_no}/{n_runs}] n_max {} {}: {d:.1} tok/s decode, {p:.1} tok/s prefill ({:.1} s)",
+                policy.label(),
+                kind.mode_name(),
+                started.elapsed().as_secs_f64()
+            );
+            decode_reps.push(d);
+            prefill_reps.push(p);
+            t.prompt_n += r.prompt_n;
+            t.prompt_ms += r.prompt_ms;
+            t.predicted_n += r.predicted_n;
+            t.predicted_ms += r.predicted_ms;
+            t.stats.merge(&r.stats);
+            t.grammar_ms += r.grammar_ms;
+            t.grammar_masks += r.grammar_masks;
+        }
+        let (decode_mean, decode_sd) = mean_sd(&decode_reps);
+        let (prefill_mean, prefill_sd) = mean_sd(&prefill_reps);
         grammar_time.0 += t.grammar_ms;
         grammar_time.1 += t.grammar_masks;
         grammar_time.2 += t.predicted_n;
@@ -609,8 +674,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let decode = t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9);
         if k == 0 {
             plain_tps = Some(decode);
+            plain_reps = decode_reps.clone();
         }
         let speedup = plain_tps.map(|p| decode / p);
+        // Speedup per repetition against plain decoding's mean, for its spread.
+        let speedup_sd = plain_tps
+            .filter(|_| !plain_reps.is_empty())
+            .map(|p| mean_sd(&decode_reps.iter().map(|d| d / p).collect::<Vec<_>>()).1);
         let per_pos: Vec<f64> = t
             .stats
             .accepted_per_pos
@@ -619,12 +689,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
             .collect();
         let mode_name = kind.mode_name();
-        println!(
-            "{:>5} {:>16} | {:>10.1} | {:>10.1} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
+        let with_sd = |mean: f64, sd: f64| {
+            if args.repetitions > 1 {
+                format!("{mean:.1}±{sd:.1}")
+            } else {
+                format!("{mean:.1}")
+            }
+        };
+        say!(
+            "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
             policy.label(),
             mode_name,
-            prefill,
-            decode,
+            with_sd(prefill_mean, prefill_sd),
+            with_sd(decode_mean, decode_sd),
             speedup
                 .map(|s| format!("{s:.3}x"))
                 .unwrap_or_else(|| "-".into()),
@@ -642,6 +719,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
+        table.push(TableRow {
+            n_max: policy.label(),
+            drafts: mode_name.clone(),
+            prefill: (prefill_mean, prefill_sd),
+            decode: (decode_mean, decode_sd),
+            speedup: speedup.map(|s| (s, speedup_sd.unwrap_or(0.0))),
+            acceptance: (k > 0).then(|| t.stats.acceptance_rate()),
+            mean_len: t.stats.mean_accepted_len(),
+            per_position: per_pos.clone(),
+        });
         rows.push(json!({
             "n_max": k,
             "policy": policy.kind(),
@@ -654,6 +741,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "predicted_n": t.predicted_n,
             "predicted_ms": t.predicted_ms,
             "decode_tok_s": decode,
+            "decode_tok_s_mean": decode_mean,
+            "decode_tok_s_sd": decode_sd,
+            "prefill_tok_s_sd": prefill_sd,
+            "repetitions": args.repetitions,
             "speedup_vs_plain": speedup,
             "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
             "grammar_ms": t.grammar_ms,
@@ -662,7 +753,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         full_runs.push((kind, t.stats.clone(), decode));
     }
     if setup.grammar.is_some() && grammar_time.2 > 0 {
-        println!(
+        say!(
             "grammar masks: {:.3} ms per generated token ({} masks, {:.3} ms per mask)",
             grammar_time.0 / grammar_time.2 as f64,
             grammar_time.1,
@@ -677,15 +768,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         max_n.max(1) + 1,
         args.reps,
     )?;
-    println!();
-    println!(
+    say!();
+    say!(
         "cost model (median of {} reps, context {} tokens):",
         args.reps,
         prompts[0].tokens.len()
     );
-    println!("  plain decode step        {:8.3} ms", costs.decode_ms);
+    say!("  plain decode step        {:8.3} ms", costs.decode_ms);
     for (i, v) in costs.verify_ms.iter().enumerate() {
-        println!(
+        say!(
             "  verify {} row{}            {:8.3} ms  ({:.2}x decode)",
             i + 1,
             if i == 0 { " " } else { "s" },
@@ -694,7 +785,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     if head.is_some() {
-        println!(
+        say!(
             "  draft step (full vocab)  {:8.3} ms  ({:.2}x decode)",
             costs.draft_ms,
             costs.draft_ms / costs.decode_ms
@@ -702,7 +793,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut projections = Vec::new();
     if head.is_some() {
-        println!(
+        say!(
             "projected speedup at acceptance {:?}:",
             args.assume_acceptance
         );
@@ -716,7 +807,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             ) else {
                 break;
             };
-            println!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x");
+            say!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x");
             projections.push(json!({"n_max": n, "tokens_per_step": tokens, "speedup": speedup}));
         }
     }
@@ -760,8 +851,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
     let peak_rss = peak_rss_bytes();
     if let Some(b) = peak_rss {
-        println!();
-        println!(
+        say!();
+        say!(
             "peak RSS {:.1} MiB (model file {:.1} MiB, mapped; {:.1} MiB of it repacked for the kernels)",
             b as f64 / (1 << 20) as f64,
             loaded.file_bytes as f64 / (1 << 20) as f64,
@@ -789,21 +880,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             None
         };
-        println!();
-        println!(
+        say!();
+        say!(
             "check over {} prompts ({} teacher-forced rows):",
             prompts.len(),
             rows_n
         );
         match spec_agree_v {
-            Some(v) => println!("  SPEC_AGREE  {v:.4}  (MTP tokens equal to plain decoding's: greedy, or coupled sampling with the same seed)"),
-            None => println!("  SPEC_AGREE  -       (needs n_max 0 plus a depth > 0)"),
+            Some(v) => say!("  SPEC_AGREE  {v:.4}  (MTP tokens equal to plain decoding's: greedy, or coupled sampling with the same seed)"),
+            None => say!("  SPEC_AGREE  -       (needs n_max 0 plus a depth > 0)"),
         }
-        println!(
+        say!(
             "  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)",
             agree as f64 / rows_n.max(1) as f64
         );
-        println!(
+        say!(
             "  KL          {:.4}  (mean KL(target ‖ head), nats)",
             kl / rows_n.max(1) as f64
         );
@@ -840,5 +931,118 @@ pub fn run(args: Args) -> Result<ExitCode> {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    if !human_to_stdout {
+        print!("{}", write_table(&args.output, &table));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len().max(1) as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// One configuration's line of the -o table.
+struct TableRow {
+    n_max: String,
+    drafts: String,
+    prefill: (f64, f64),
+    decode: (f64, f64),
+    speedup: Option<(f64, f64)>,
+    acceptance: Option<f64>,
+    mean_len: f64,
+    per_position: Vec<f64>,
+}
+
+impl TableRow {
+    fn json(&self) -> Value {
+        json!({
+            "n_max": self.n_max,
+            "drafts": self.drafts,
+            "prefill_tok_s": self.prefill.0,
+            "prefill_tok_s_sd": self.prefill.1,
+            "decode_tok_s": self.decode.0,
+            "decode_tok_s_sd": self.decode.1,
+            "speedup": self.speedup.map(|s| s.0),
+            "speedup_sd": self.speedup.map(|s| s.1),
+            "acceptance": self.acceptance,
+            "mean_len": self.mean_len,
+            "acceptance_per_position": self.per_position,
+        })
+    }
+}
+
+/// The runs as a markdown table, CSV, a JSON array or JSON lines.
+fn write_table(format: &str, rows: &[TableRow]) -> String {
+    let pm = |(m, sd): (f64, f64)| format!("{m:.2} ± {sd:.2}");
+    let mut out = String::new();
+    match format {
+        "md" => {
+            out.push_str("| n_max | drafts | prefill t/s | decode t/s | speedup | acceptance | mean len | acceptance per position |\n");
+            out.push_str("|---:|---|---:|---:|---:|---:|---:|---|\n");
+            for r in rows {
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} | {:.3} | {} |\n",
+                    r.n_max,
+                    r.drafts,
+                    pm(r.prefill),
+                    pm(r.decode),
+                    r.speedup
+                        .map(|(m, sd)| format!("{m:.3} ± {sd:.3}"))
+                        .unwrap_or_else(|| "-".into()),
+                    r.acceptance
+                        .map(|a| format!("{a:.3}"))
+                        .unwrap_or_else(|| "-".into()),
+                    r.mean_len,
+                    r.per_position
+                        .iter()
+                        .map(|p| format!("{p:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ));
+            }
+        }
+        "csv" => {
+            out.push_str("n_max,drafts,prefill_tok_s,prefill_tok_s_sd,decode_tok_s,decode_tok_s_sd,speedup,speedup_sd,acceptance,mean_len,acceptance_per_position\n");
+            for r in rows {
+                out.push_str(&format!(
+                    "{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{:.4},\"{}\"\n",
+                    r.n_max,
+                    r.drafts,
+                    r.prefill.0,
+                    r.prefill.1,
+                    r.decode.0,
+                    r.decode.1,
+                    r.speedup.map(|s| format!("{:.4}", s.0)).unwrap_or_default(),
+                    r.speedup.map(|s| format!("{:.4}", s.1)).unwrap_or_default(),
+                    r.acceptance.map(|a| format!("{a:.4}")).unwrap_or_default(),
+                    r.mean_len,
+                    r.per_position
+                        .iter()
+                        .map(|p| format!("{p:.4}"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ));
+            }
+        }
+        "json" => {
+            let v: Vec<Value> = rows.iter().map(TableRow::json).collect();
+            out.push_str(&serde_json::to_string_pretty(&v).unwrap_or_default());
+            out.push('\n');
+        }
+        "jsonl" => {
+            for r in rows {
+                out.push_str(&r.json().to_string());
+                out.push('\n');
+            }
+        }
+        _ => {}
+    }
+    out
 }
