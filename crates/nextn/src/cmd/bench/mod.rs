@@ -5,6 +5,7 @@
 
 mod draft_vocab;
 mod floor;
+mod plot;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,6 +76,9 @@ pub struct Args {
     /// llama-bench's -o; the text report then goes to stderr)
     #[arg(short = 'o', long = "output", default_value = "text", value_parser = ["text", "md", "csv", "json", "jsonl"])]
     pub output: String,
+    /// Draw acceptance by draft position and decode tokens/s by depth into this PNG
+    #[arg(long = "plot", value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub floor: FloorArgs,
     #[command(flatten)]
@@ -930,6 +934,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         });
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        plot::plot(path, &table)?;
+        eprintln!("plot: {}", path.display());
     }
     if !human_to_stdout {
         print!("{}", write_table(&args.output, &table));
