@@ -866,3 +866,95 @@ fn bench_tables_with_repetitions() {
     assert!(rows[1]["decode_tok_s_sd"].is_number());
     assert!(rows[1]["acceptance"].is_number() && rows[0]["acceptance"].is_null());
 }
+
+/// `-hf ORG/NAME[:QUANT]` through a hub cache in the standard layout with HF_HUB_OFFLINE=1 (no
+/// network in tests), a repository missing from the cache, and an unreachable hub.
+#[test]
+fn hf_models_come_from_the_hub_cache() {
+    let home = tmp("hf-home");
+    let _ = std::fs::remove_dir_all(&home);
+    let repo = home.join("hub").join("models--org--tiny-mtp");
+    let snapshot = repo.join("snapshots").join("0123abcd");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), "0123abcd").unwrap();
+    std::fs::copy(bundled(), snapshot.join("tiny-qwen35-mtp-Q8_0.gguf")).unwrap();
+    std::fs::write(snapshot.join("README.md"), "a model card").unwrap();
+    let hf = |args: &[&str], offline: bool| {
+        let mut c = bin();
+        c.args(args).env("HF_HOME", &home).env_remove("HF_TOKEN");
+        if offline {
+            c.env("HF_HUB_OFFLINE", "1");
+        } else {
+            // A closed port on loopback: the hub cannot be reached.
+            c.env_remove("HF_HUB_OFFLINE")
+                .env("HF_ENDPOINT", "http://127.0.0.1:9");
+        }
+        c.output().unwrap()
+    };
+    let gen = [
+        "-p",
+        "def f():",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--spec-type",
+        "nextn",
+    ];
+    let from_hub = hf(
+        &[&["run", "-hf", "org/tiny-mtp:Q8_0"][..], &gen].concat(),
+        true,
+    );
+    assert!(from_hub.status.success(), "{}", stderr(&from_hub));
+    let local = run(&[&["run", "-m", bundled().to_str().unwrap()][..], &gen].concat());
+    assert_eq!(stdout(&from_hub), stdout(&local));
+    // -hff names the file; a quant the repository lacks is an error that lists what it has.
+    let by_file = hf(
+        &[
+            &[
+                "run",
+                "-hf",
+                "org/tiny-mtp",
+                "-hff",
+                "tiny-qwen35-mtp-Q8_0.gguf",
+            ][..],
+            &gen,
+        ]
+        .concat(),
+        true,
+    );
+    assert!(by_file.status.success(), "{}", stderr(&by_file));
+    let o = hf(&["run", "-hf", "org/tiny-mtp:Q2_K", "-p", "x"], true);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("no GGUF file for Q2_K")
+            && stderr(&o).contains("tiny-qwen35-mtp-Q8_0.gguf"),
+        "{}",
+        stderr(&o)
+    );
+    let o = hf(&["run", "-hf", "org/absent", "-p", "x"], true);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("HF_HUB_OFFLINE is set and org/absent is not in the cache"),
+        "{}",
+        stderr(&o)
+    );
+    let o = hf(&["serve", "-hf", "org/absent", "--port", "0"], false);
+    assert!(
+        !o.status.success(),
+        "serve -hf must not exit 0 when it cannot get the model"
+    );
+    assert!(
+        stderr(&o).contains("cannot list org/absent on the Hugging Face hub (http://127.0.0.1:9)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["run", "-hf", "not-a-repo", "-p", "x"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("expected a repository as ORG/NAME"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -58,6 +58,23 @@ pub struct ModelArgs {
     /// Print load details to stderr
     #[arg(long)]
     pub verbose: bool,
+    /// Model from the Hugging Face hub: ORG/NAME[:QUANT] (-hf; QUANT defaults to Q4_K_M), kept in
+    /// the hub's standard cache
+    #[arg(
+        long = "hf-repo",
+        value_name = "ORG/NAME[:QUANT]",
+        env = "LLAMA_ARG_HF_REPO",
+        conflicts_with = "model"
+    )]
+    pub hf_repo: Option<String>,
+    /// The file of the -hf repository to use instead of choosing by QUANT (-hff)
+    #[arg(
+        long = "hf-file",
+        value_name = "FILE",
+        env = "LLAMA_ARG_HF_FILE",
+        requires = "hf_repo"
+    )]
+    pub hf_file: Option<String>,
     /// Read the model into memory instead of mapping it
     #[arg(long = "no-mmap", env = "LLAMA_ARG_NO_MMAP", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub no_mmap: bool,
@@ -335,8 +352,17 @@ fn chat_template(args: &ModelArgs, file: &GgufFile) -> Result<ChatTemplate> {
     })
 }
 
+/// The model file: `-m`, `-hf` (fetched into the hub cache when needed), `NEXTN_MODEL`, or the
+/// bundled model.
+pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    match &args.hf_repo {
+        Some(repo) => super::hf::resolve(repo, args.hf_file.as_deref()),
+        None => resolve_model_path(args.model.as_ref()),
+    }
+}
+
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
-    let path = resolve_model_path(args.model.as_ref())?;
+    let path = model_path(args)?;
     let k_type = KvType::parse(&args.cache_type_k).with_context(|| {
         format!(
             "--cache-type-k {}: supported types are f16 and f32",

@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod common;
 pub mod conversation;
+pub mod hf;
 pub mod inspect;
 pub mod logits;
 pub mod run;

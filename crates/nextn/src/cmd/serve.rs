@@ -196,7 +196,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let policy = parse_policy(&args.max_drafting_slots)?;
     let spec_config = args.spec.config()?;
-    let path = common::resolve_model_path(args.model.model.as_ref())?;
+    let path = common::model_path(&args.model)?;
     let model_id = model_id(&path, &args.alias);
     let reasoning = if args.reasoning_format == "none" {
         ReasoningFormat::None
@@ -241,6 +241,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     let mut model_args = args.model.clone();
     model_args.model = Some(path);
+    model_args.hf_repo = None;
+    model_args.hf_file = None;
     let n_slots = args.parallel;
     let spec_args = args.spec.clone();
     let n_batch = args.batch_size.max(1);
