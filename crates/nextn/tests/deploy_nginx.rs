@@ -182,3 +182,51 @@ fn replicas_behind_nginx_keep_conversations_and_survive_a_lost_replica() {
     }
     assert!(served(&b) >= conversations.len() as f64);
 }
+
+/// The drain a replica goes through when it is taken out: SIGTERM with 8 streams running lets all
+/// of them finish (each ends with `[DONE]`), refuses new connections, and exits 0.
+#[test]
+fn sigterm_drains_eight_streams_and_exits_zero() {
+    let mut s = Server::start(&["-np", "8", "--drain-timeout", "60"]);
+    let body = json!({
+        "messages": [{"role": "user", "content": "def parse(line):"}],
+        "max_tokens": 400, "ignore_eos": true, "temperature": 0, "stream": true
+    });
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let (status, mut r) = s.open_stream("/v1/chat/completions", &body);
+        assert_eq!(status, 200);
+        assert!(r.next_event().is_some());
+        streams.push(r);
+    }
+    let port = s.port;
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|mut r| {
+            std::thread::spawn(move || {
+                let mut last = None;
+                let mut text = 0;
+                while let Some(ev) = r.next_event() {
+                    if ev.contains("\"content\"") {
+                        text += 1;
+                    }
+                    last = Some(ev);
+                }
+                (last, text)
+            })
+        })
+        .collect();
+    // All eight are still generating when the signal comes.
+    assert_eq!(s.metric("llamacpp:requests_processing"), 8.0);
+    let exit = s.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "exit status {exit}; log:\n{}", s.log_text());
+    for r in readers {
+        let (last, text) = r.join().unwrap();
+        assert_eq!(last.as_deref(), Some("[DONE]"), "a stream was cut");
+        assert!(text > 0);
+    }
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the drained server still accepts connections"
+    );
+}
