@@ -197,7 +197,13 @@ def main():
     ap.add_argument("--prompts", default=DEFAULT_PROMPTS)
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="draw aggregate tok/s against concurrency per mode into this PNG (needs matplotlib)")
     args = ap.parse_args()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (checked before the bench runs for minutes)
+        except ImportError:
+            sys.exit("--plot needs matplotlib: python3 -m pip install matplotlib")
 
     levels = [int(x) for x in args.levels.split(",")]
     prompts = load_prompts(args.prompts)
@@ -275,6 +281,30 @@ def main():
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({f"{n}@{c}": cells[(n, c)] for (n, c) in cells}, f, indent=1)
+    if args.plot:
+        plot(args.plot, names, levels, med)
+
+
+def plot(path, names, levels, med):
+    """Aggregate and per-request tokens/s against concurrency, one line per mode (medians)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (agg, per) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for n in names:
+        agg.plot(levels, [med(n, c, "aggregate_tps") for c in levels], marker="o", label=n)
+        per.plot(levels, [med(n, c, "per_request_tps") for c in levels], marker="o", label=n)
+    for ax, title in ((agg, "aggregate tokens/s"), (per, "tokens/s per request")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+    agg.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
