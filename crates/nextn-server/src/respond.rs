@@ -59,7 +59,8 @@ pub(crate) struct Shaping {
     pub legacy_functions: bool,
     /// Log probabilities were asked for (chat shape or completions shape by endpoint).
     pub logprobs: bool,
-    /// Native `/completion`: send the generated token ids (`return_tokens`).
+    /// Send the generated token ids (`return_tokens`): `tokens` in the choice (the last chunk's
+    /// when streaming), or in the native `/completion` object.
     pub return_tokens: bool,
     /// Native `/completion`: the processed `prompt` and the `generation_settings` its last
     /// object carries.
@@ -426,6 +427,10 @@ pub(crate) async fn collect(
                 .into_response());
         }
     };
+    let mut choice = choice;
+    if reply.shaping.return_tokens {
+        choice["tokens"] = json!(completion.tokens);
+    }
     let mut body = reply.envelope(false, json!([choice]));
     body["usage"] = usage(&completion);
     body["timings"] = timings(&completion);
@@ -565,6 +570,10 @@ impl SseState {
                         json!({"index": 0, "text": "", "logprobs": logprobs, "finish_reason": finish})
                     }
                 };
+                let mut choice = choice;
+                if self.reply.shaping.return_tokens {
+                    choice["tokens"] = json!(c.tokens);
+                }
                 let mut last = self.reply.envelope(true, json!([choice]));
                 last["timings"] = timings(&c);
                 last["id_slot"] = json!(c.slot);

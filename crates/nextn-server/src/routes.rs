@@ -239,6 +239,18 @@ fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
     }
 }
 
+/// `return_tokens` (llama-server): also send the generated token ids.
+fn return_tokens(o: &Map<String, Value>) -> Result<bool, ApiError> {
+    match o.get("return_tokens") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid_field(
+            "return_tokens",
+            "'return_tokens' must be a boolean",
+        )),
+    }
+}
+
 /// The text/JSON parts of a request that run off the async threads.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
@@ -390,7 +402,7 @@ async fn chat_inner(
             }),
             legacy_functions: req.legacy_functions,
             logprobs: req.params.logprobs.is_some(),
-            return_tokens: false,
+            return_tokens: return_tokens(&o)?,
             native: None,
         };
         Ok(Prepared {
@@ -459,16 +471,7 @@ async fn completions_inner(
             tools: None,
             legacy_functions: false,
             logprobs: req.params.logprobs.is_some(),
-            return_tokens: match o.get("return_tokens") {
-                None => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid_field(
-                        "return_tokens",
-                        "'return_tokens' must be a boolean",
-                    ))
-                }
-            },
+            return_tokens: return_tokens(&o)?,
             native: (endpoint == Endpoint::Native).then(|| {
                 let p = &req.params;
                 let n_ctx = app.handle.info().map_or(0, |i| i.n_ctx_slot);

@@ -168,6 +168,46 @@ fn llama_server_endpoints_answer_in_its_shapes() {
         .collect();
     assert_eq!(text, whole);
 
+    // return_tokens: the ids, also on the OpenAI endpoints (in the choice; when streaming, in
+    // the last chunk's); a value that is not a boolean is a 400 naming it.
+    let oai = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "def fib(n):", "return_tokens": true}),
+        )
+        .json();
+    assert_eq!(oai["choices"][0]["tokens"], c["tokens"]);
+    let chat = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "return_tokens": true}),
+        )
+        .json();
+    assert_eq!(
+        chat["choices"][0]["tokens"].as_array().map(Vec::len),
+        chat["usage"]["completion_tokens"]
+            .as_u64()
+            .map(|n| n as usize)
+    );
+    let (_, chunks, _) = s.stream(
+        "/v1/completions",
+        &json!({"prompt": "def fib(n):", "return_tokens": true, "stream": true}),
+    );
+    let last_choice = chunks
+        .iter()
+        .rev()
+        .find(|c| c["choices"][0]["finish_reason"].is_string())
+        .unwrap();
+    assert_eq!(last_choice["choices"][0]["tokens"], c["tokens"]);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "return_tokens": "yes"}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("return_tokens"))
+    );
+
     // Any model name is answered.
     let r = s.post(
         "/v1/chat/completions",
