@@ -13,16 +13,7 @@ use nextn_gguf::Fnv1a;
 use nextn_model::KvType;
 
 fn models() -> Vec<Loaded> {
-    let mut out = vec![common::bundled(2)];
-    if let Some(golden) = nextn_testdata::shared("golden") {
-        for f in [
-            "q35-dense-a/q35-dense-a-Q4_K_M.gguf",
-            "q35moe-a/q35moe-a-Q8_0.gguf",
-        ] {
-            out.push(common::load(&golden.join(f), 2));
-        }
-    }
-    out
+    common::bundled_and_fixtures(2)
 }
 
 fn tokens(l: &Loaded, n: usize, seed: u32) -> Vec<u32> {

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::request::{parse_chat, parse_json};
-use crate::routes::{frontend, json_response, AppState};
+use crate::request::{flag, parse_chat, parse_json};
+use crate::routes::{frontend, json_response, render_chat, AppState};
 
 fn answer(r: Result<Value, ApiError>) -> Response {
     match r {
@@ -23,17 +23,6 @@ fn answer(r: Result<Value, ApiError>) -> Response {
 fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
     let body = body.map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?;
     parse_json(&body)
-}
-
-fn flag(o: &Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
-    match o.get(name) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid_field(
-            name,
-            format!("'{name}' must be a boolean"),
-        )),
-    }
 }
 
 /// `POST /tokenize {"content", "add_special", "parse_special", "with_pieces"}` →
@@ -126,20 +115,7 @@ pub(crate) async fn apply_template(
         let fe = frontend(&app)?;
         let o = body_json(body)?;
         let req = parse_chat(&o)?;
-        let mut kwargs = req.template_kwargs.clone();
-        for (k, v) in &app.cfg.template_kwargs {
-            kwargs.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        if !req.tools.is_empty() && !kwargs.contains_key("tools") {
-            kwargs.insert("tools".into(), req.tools_for_template.clone());
-        }
-        let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
-        let prompt = if continue_last {
-            fe.template.render_prefill(&req.messages, &kwargs)
-        } else {
-            fe.template.render(&req.messages, true, &kwargs)
-        }
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let prompt = render_chat(&app, &fe, &req)?;
         Ok(json!({"prompt": prompt}))
     })())
 }

@@ -553,6 +553,18 @@ fn parse_grammar(o: &Map<String, Value>) -> Result<Option<GrammarSource>, ApiErr
     Ok(found.pop().map(|(_, g)| g))
 }
 
+/// A boolean field; absent or `null` is `default`.
+pub(crate) fn flag(o: &Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match o.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid_field(
+            name,
+            format!("'{name}' must be a boolean"),
+        )),
+    }
+}
+
 /// `logit_bias`: an object of token id (or text) to bias, or llama.cpp's `[[key, bias], ...]`;
 /// a bias of `false` bans the token. Biases are clamped to [-100, 100] as OpenAI does.
 fn parse_logit_bias(o: &Map<String, Value>) -> Result<Vec<(BiasKey, f32)>, ApiError> {

@@ -11,6 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource};
 use nextn_engine::scheduler::{Phase, SubmitError};
 use serde_json::{json, Map, Value};
@@ -18,7 +19,8 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::reasoning::{prompt_opens_thinking, ReasoningSplitter};
 use crate::request::{
-    parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, GenParams, Prompt,
+    flag, parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, ChatRequest,
+    GenParams, Prompt,
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
@@ -239,16 +241,28 @@ fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
     }
 }
 
-/// `return_tokens` (llama-server): also send the generated token ids.
-fn return_tokens(o: &Map<String, Value>) -> Result<bool, ApiError> {
-    match o.get("return_tokens") {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid_field(
-            "return_tokens",
-            "'return_tokens' must be a boolean",
-        )),
+fn uses_tools(req: &ChatRequest) -> bool {
+    !req.tools.is_empty() && req.tool_choice != ToolChoice::None
+}
+
+/// The text a chat request runs: its messages through the template, with its template
+/// variables, the server's defaults for those it leaves out, and its tools; a final assistant
+/// message is continued.
+pub(crate) fn render_chat(app: &App, fe: &Frontend, req: &ChatRequest) -> Result<String, ApiError> {
+    let mut kwargs = req.template_kwargs.clone();
+    for (k, v) in &app.cfg.template_kwargs {
+        kwargs.entry(k.clone()).or_insert_with(|| v.clone());
     }
+    if uses_tools(req) && !kwargs.contains_key("tools") {
+        kwargs.insert("tools".into(), req.tools_for_template.clone());
+    }
+    let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
+    let rendered = if continue_last {
+        fe.template.render_prefill(&req.messages, &kwargs)
+    } else {
+        fe.template.render(&req.messages, true, &kwargs)
+    };
+    rendered.map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// The text/JSON parts of a request that run off the async threads.
@@ -336,31 +350,10 @@ async fn chat_inner(
         let mut req = parse_chat(&o)?;
         // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
-        let use_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
-        let mut kwargs = req.template_kwargs.clone();
-        for (k, v) in &app.cfg.template_kwargs {
-            kwargs.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        if use_tools && !kwargs.contains_key("tools") {
-            kwargs.insert("tools".into(), req.tools_for_template.clone());
-        }
-        let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
-        let rendered = if continue_last {
-            fe.template.render_prefill(&req.messages, &kwargs)
-        } else {
-            fe.template.render(&req.messages, true, &kwargs)
-        };
-        let text = rendered.map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let use_tools = uses_tools(&req);
+        let text = render_chat(&app, &fe, &req)?;
         let tokens = fe.tokenizer.encode(&text, true);
-        // The next turn of the conversation diverges at the final assistant header (templates
-        // re-render earlier answers without their reasoning): keep the state just before it.
-        let cache_points: Vec<usize> = fe
-            .tokenizer
-            .token_id("<|im_start|>")
-            .and_then(|id| tokens.iter().rposition(|&t| t == id))
-            .filter(|&p| p > 0)
-            .into_iter()
-            .collect();
+        let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
         let in_reasoning = prompt_opens_thinking(&text);
         let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
         let grammar = match (&req.tool_choice, &req.params.grammar) {
@@ -402,7 +395,7 @@ async fn chat_inner(
             }),
             legacy_functions: req.legacy_functions,
             logprobs: req.params.logprobs.is_some(),
-            return_tokens: return_tokens(&o)?,
+            return_tokens: flag(&o, "return_tokens", false)?,
             native: None,
         };
         Ok(Prepared {
@@ -471,7 +464,7 @@ async fn completions_inner(
             tools: None,
             legacy_functions: false,
             logprobs: req.params.logprobs.is_some(),
-            return_tokens: return_tokens(&o)?,
+            return_tokens: flag(&o, "return_tokens", false)?,
             native: (endpoint == Endpoint::Native).then(|| {
                 let p = &req.params;
                 let n_ctx = app.handle.info().map_or(0, |i| i.n_ctx_slot);

@@ -250,5 +250,13 @@ impl ChatTemplate {
     }
 }
 
+/// Where the next turn of a ChatML conversation diverges from this prompt: the final
+/// `<|im_start|>` (the assistant header; templates re-render earlier answers, without their
+/// reasoning, from there on). The state just before it is worth keeping for that turn.
+pub fn final_header(tokenizer: &crate::tokenizer::Tokenizer, tokens: &[u32]) -> Option<usize> {
+    let id = tokenizer.token_id("<|im_start|>")?;
+    tokens.iter().rposition(|&t| t == id).filter(|&p| p > 0)
+}
+
 #[cfg(test)]
 mod tests;

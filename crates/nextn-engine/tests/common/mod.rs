@@ -55,6 +55,20 @@ pub fn bundled(threads: usize) -> Loaded {
     load(&nextn_testdata::bundled_model(), threads)
 }
 
+/// The bundled model, and with ../shared the dense Q4_K_M and MoE Q8_0 fixtures.
+pub fn bundled_and_fixtures(threads: usize) -> Vec<Loaded> {
+    let mut out = vec![bundled(threads)];
+    if let Some(golden) = nextn_testdata::shared("golden") {
+        for f in [
+            "q35-dense-a/q35-dense-a-Q4_K_M.gguf",
+            "q35moe-a/q35moe-a-Q8_0.gguf",
+        ] {
+            out.push(load(&golden.join(f), threads));
+        }
+    }
+    out
+}
+
 /// How one request runs.
 #[derive(Clone, Debug)]
 pub struct Setup {

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 
 use anyhow::{bail, Result};
-use nextn_engine::chat::ChatMessage;
+use nextn_engine::chat::{final_header, ChatMessage};
 use nextn_engine::sampler::SamplerConfig;
 use nextn_engine::scheduler::{
     DraftPolicy, EngineRef, Event, PrefixCacheConfig, Request, Scheduler, SchedulerConfig,
@@ -57,7 +57,6 @@ pub fn chat(
     if let Some(s) = &args.system_prompt {
         messages.push(ChatMessage::new("system", s));
     }
-    let im_start = loaded.tokenizer.token_id("<|im_start|>");
     let mut lines = std::io::stdin().lock().lines();
     loop {
         if interactive {
@@ -78,11 +77,7 @@ pub fn chat(
         messages.push(ChatMessage::new("user", user));
         let prompt = loaded.template.render(&messages, true, kwargs)?;
         let tokens = loaded.tokenizer.encode(&prompt, true);
-        // The next turn re-renders this answer (without its reasoning): keep the state before
-        // the assistant header, where it diverges.
-        let cache_points: Vec<usize> = im_start
-            .and_then(|id| tokens.iter().rposition(|&t| t == id))
-            .filter(|&p| p > 0)
+        let cache_points: Vec<usize> = final_header(&loaded.tokenizer, &tokens)
             .into_iter()
             .collect();
         let (events, received) = mpsc::channel();
