@@ -163,6 +163,14 @@ mod tests {
         assert!(r.model.cpu_only.flash_attn.is_none());
     }
 
+    /// clap's own consistency checks of every subcommand's arguments (names, conflicts,
+    /// requirements), which only debug builds run on their own.
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
     #[test]
     fn misspelled_values_are_refused() {
         for line in ["serve -fa maybe", "run -ngl", "serve --cache-ram lots"] {
