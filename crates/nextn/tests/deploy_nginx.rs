@@ -190,7 +190,7 @@ fn sigterm_drains_eight_streams_and_exits_zero() {
     let mut s = Server::start(&["-np", "8", "--drain-timeout", "60"]);
     let body = json!({
         "messages": [{"role": "user", "content": "def parse(line):"}],
-        "max_tokens": 400, "ignore_eos": true, "temperature": 0, "stream": true
+        "max_tokens": 1500, "ignore_eos": true, "temperature": 0, "stream": true
     });
     let mut streams = Vec::new();
     for _ in 0..8 {
