@@ -187,10 +187,27 @@ fn replicas_behind_nginx_keep_conversations_and_survive_a_lost_replica() {
 /// of them finish (each ends with `[DONE]`), refuses new connections, and exits 0.
 #[test]
 fn sigterm_drains_eight_streams_and_exits_zero() {
-    let mut s = Server::start(&["-np", "8", "--drain-timeout", "60"]);
+    // Room for long answers in every slot: the tiny bundled model generates thousands of tokens a
+    // second on a fast machine.
+    let mut s = Server::start(&["-np", "8", "-c", "131072", "--drain-timeout", "60"]);
+    // How fast eight answers go side by side here, so that the streams below run for about eight
+    // seconds whatever the machine: long enough that none ends before the signal, short enough
+    // that the drain ends well inside its timeout.
+    let probe = json!({
+        "messages": [{"role": "user", "content": "def parse(line):"}],
+        "max_tokens": 128, "ignore_eos": true, "temperature": 0
+    });
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| assert_eq!(s.post("/v1/chat/completions", &probe).status, 200));
+        }
+    });
+    let per_stream = 128.0 / t0.elapsed().as_secs_f64();
+    let max_tokens = ((per_stream * 8.0) as u64).clamp(256, 16_000);
     let body = json!({
         "messages": [{"role": "user", "content": "def parse(line):"}],
-        "max_tokens": 1500, "ignore_eos": true, "temperature": 0, "stream": true
+        "max_tokens": max_tokens, "ignore_eos": true, "temperature": 0, "stream": true
     });
     let mut streams = Vec::new();
     for _ in 0..8 {
