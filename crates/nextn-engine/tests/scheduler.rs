@@ -88,6 +88,7 @@ fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Reque
         logprobs: None,
         cache_prompt: false,
         cache_points: Vec::new(),
+        forced_acceptance: None,
         sink: Box::new(sink),
     };
     (r, Pending { rx, closed })

@@ -559,6 +559,7 @@ async fn submit(
         logprobs: params.logprobs,
         cache_prompt: params.cache_prompt,
         cache_points: prepared_cache_points,
+        forced_acceptance: None,
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(submit_error)?;

@@ -958,3 +958,66 @@ fn hf_models_come_from_the_hub_cache() {
         stderr(&o)
     );
 }
+
+/// `bench --force-acceptance`: the real loop at a chosen acceptance keeps each draft position
+/// in its requested share of steps, its output is plain decoding's token for token (at
+/// temperature 0 and with a seed), the measured speedup sits next to the projection at the same
+/// rates, and rates that cannot be marginal are refused.
+#[test]
+fn bench_forced_acceptance_keeps_the_requested_rates_and_the_plain_output() {
+    let dir = tmp("bench-forced");
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = bundled();
+    let rates = [0.95, 0.86, 0.75];
+    for temp in ["0", "0.7"] {
+        let json_path = dir.join(format!("forced-{temp}.json"));
+        let o = run(&[
+            "bench",
+            "-m",
+            m.to_str().unwrap(),
+            "-n",
+            "160",
+            "--spec-draft-n-max",
+            "3",
+            "--temp",
+            temp,
+            "--force-acceptance",
+            "0.95,0.86,0.75",
+            "--reps",
+            "1",
+            "--check",
+            "--json",
+            json_path.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stdout(&o).contains("projected; measured"), "{}", stdout(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+        assert_eq!(v["check"]["spec_agree"], 1.0, "temp {temp}");
+        let runs = v["runs"].as_array().unwrap();
+        assert_eq!(runs[0]["n_max"], 0, "the plain run goes first");
+        let spec = &runs[1]["spec"];
+        let (kept, drafted) = (&spec["accepted_per_pos"], &spec["drafted_per_pos"]);
+        for (i, &r) in rates.iter().enumerate() {
+            let (k, d) = (kept[i].as_f64().unwrap(), drafted[i].as_f64().unwrap());
+            assert!(d >= 300.0, "position {i}: only {d} steps");
+            // Binomial spread at ~330 steps is under 0.025; the draws are seeded.
+            assert!(
+                (k / d - r).abs() < 0.06,
+                "temp {temp}, position {i}: kept {k} of {d}, asked {r}"
+            );
+        }
+        let p = &v["projections"][2];
+        assert!(p["measured_speedup"].as_f64().unwrap() > 0.0);
+        assert!(p["speedup"].as_f64().unwrap() > 0.0);
+    }
+    let o = run(&[
+        "bench",
+        "-m",
+        m.to_str().unwrap(),
+        "--force-acceptance",
+        "0.8,0.9",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("cannot grow"), "{}", stderr(&o));
+}

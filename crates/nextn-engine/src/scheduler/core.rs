@@ -246,6 +246,17 @@ impl<'e> Core<'e> {
             Ok(s) => s,
             Err(e) => return fail(request, e.to_string()),
         };
+        if request.forced_acceptance.is_some() {
+            let sampled_drafts = self.spec.as_ref().is_some_and(|s| {
+                s.draft_sampling == DraftSampling::Sample && !sampler.config().is_greedy()
+            });
+            if request.grammar.is_some() || sampled_drafts {
+                return fail(
+                    request,
+                    "forced acceptance needs coupled drafts and no grammar: it rewrites the drafts towards the plain output".into(),
+                );
+            }
+        }
         for &t in &request.prompt {
             sampler.accept(t);
         }

@@ -37,6 +37,7 @@ use nextn_quant::kernels::ThreadPool;
 use crate::grammar::Constraint;
 use crate::output::{FinishReason, Timings};
 use crate::sampler::{SamplerConfig, TokenLogprob};
+use crate::spec::forced::ForcedAcceptance;
 pub use crate::spec::{DraftSampling, SpecConfig, SpecStats, StepTrace};
 use crate::tokenizer::Tokenizer;
 
@@ -125,6 +126,9 @@ pub struct Request {
     /// Send each output token's log probability and those of its `n` most likely alternatives
     /// ([`Event::Logprobs`]).
     pub logprobs: Option<usize>,
+    /// Run the speculative loop at a chosen acceptance (measurement only; see
+    /// [`crate::spec::forced`]). Needs coupled drafts and no grammar.
+    pub forced_acceptance: Option<ForcedAcceptance>,
     pub sink: Box<dyn EventSink>,
 }
 

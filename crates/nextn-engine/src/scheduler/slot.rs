@@ -10,6 +10,7 @@ use crate::grammar::Constraint;
 use crate::output::TextOut;
 use crate::sampler::Sampler;
 use crate::spec::draft::HeadState;
+use crate::spec::forced::ForcedAcceptance;
 use crate::spec::{DraftSampling, SpecStats};
 use crate::tokenizer::Tokenizer;
 
@@ -49,6 +50,7 @@ pub struct Slot<'t> {
     pub cache_prompt: bool,
     /// Prompt positions to keep a snapshot at, ascending.
     pub cache_points: Vec<usize>,
+    pub forced_acceptance: Option<ForcedAcceptance>,
     /// Prompt tokens resumed from the prefix cache.
     pub cache_n: usize,
     pub t_start: Instant,
@@ -81,6 +83,7 @@ impl<'t> Slot<'t> {
             logprobs,
             cache_prompt,
             mut cache_points,
+            forced_acceptance,
             sink,
             ..
         } = request;
@@ -104,6 +107,7 @@ impl<'t> Slot<'t> {
             logprobs,
             cache_prompt,
             cache_points,
+            forced_acceptance,
             cache_n,
             t_start: Instant::now(),
             t_first_token: None,

@@ -362,9 +362,17 @@ impl<'e> Core<'e> {
         for p in passes {
             self.cost.head.observe(p.rows, p.logit_rows, p.ms);
         }
-        for ((i, d), m) in members.into_iter().zip(made) {
+        let n_vocab = self.engine.model.n_vocab;
+        for ((i, d), mut m) in members.into_iter().zip(made) {
             match (d, self.slots[i].as_mut()) {
-                (Some(d), _) => drafts[d] = m,
+                (Some(d), slot) => {
+                    if let Some((f, slot)) =
+                        slot.and_then(|s| Some((s.forced_acceptance.as_ref()?, &*s)))
+                    {
+                        f.apply(slot.n_sampled, &mut m.tokens, n_vocab);
+                    }
+                    drafts[d] = m
+                }
                 // A prefilling slot's head work counts as drafting time too.
                 (None, Some(slot)) => slot.stats.draft_ms += m.ms,
                 (None, None) => {}

@@ -66,6 +66,7 @@ fn request(prompt: &[u32], n: usize) -> (Request, mpsc::Receiver<Event>) {
         logprobs: None,
         cache_prompt: false,
         cache_points: Vec::new(),
+        forced_acceptance: None,
         sink: Box::new(TestSink(tx)),
     };
     (r, rx)

@@ -14,6 +14,7 @@
 
 pub mod accept;
 pub mod draft;
+pub mod forced;
 
 /// `--spec-draft-sampling`: how drafts are chosen and verified at temperature > 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

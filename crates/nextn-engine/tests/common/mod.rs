@@ -222,6 +222,7 @@ pub fn run_jobs_with(
             logprobs: job.logprobs,
             cache_prompt,
             cache_points: job.cache_points,
+            forced_acceptance: None,
             sink: Box::new(Collect(tx)),
         });
         ends.push(rx);

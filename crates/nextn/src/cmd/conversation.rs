@@ -92,6 +92,7 @@ pub fn chat(
             logprobs: None,
             cache_prompt: true,
             cache_points,
+            forced_acceptance: None,
             sink: Box::new(Stdout {
                 streaming: true,
                 events,

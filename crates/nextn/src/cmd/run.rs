@@ -205,6 +205,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             Vec::new()
         },
+        forced_acceptance: None,
         sink: Box::new(Stdout {
             streaming: !args.json,
             events,

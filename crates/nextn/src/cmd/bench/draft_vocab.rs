@@ -3,12 +3,13 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use nextn_engine::spec::SpecStats;
-use nextn_model::{LogitRows, NextnHead};
+use nextn_model::NextnHead;
 use serde_json::{json, Value};
 
-use super::{head_cache_at, median, project, time_draft_step, Policy, RunKind};
+use super::depth::prefill;
+use super::{median, project, time_draft_step, Policy, RunKind};
 use crate::cmd::common::Loaded;
 
 /// Median times at the context of `prompt`: one draft step of `head` (one row, logits of the
@@ -21,19 +22,18 @@ pub fn draft_step_ms(
     reps: usize,
 ) -> Result<(f64, f64, f64)> {
     let pool = &loaded.pool;
-    let model = &loaded.model;
-    let e = model.config.n_embd;
-    let mut st = loaded.new_sequence();
-    let out = model.forward(prompt, &mut st, LogitRows::None, pool)?;
-    let mut cache = head_cache_at(loaded, head, prompt, &out.hidden)?;
-    let h_last = &out.hidden[(prompt.len() - 1) * e..];
+    let mut at = prefill(loaded, Some(head), prompt)?;
+    let Some(cache) = at.head_cache.as_mut() else {
+        bail!("no head cache was made");
+    };
+    let h_last = &at.h_last;
     let (mut step, mut lm, mut kept) = (Vec::new(), Vec::new(), Vec::new());
     let mut kept_out = vec![0.0f32; head.draft_vocab_size()];
     for _ in 0..reps.max(1) {
         step.push(time_draft_step(
             loaded,
             head,
-            &mut cache,
+            cache,
             prompt[0],
             h_last,
             prompt.len(),
@@ -100,6 +100,7 @@ pub fn costs(
 pub fn acceptance(
     trimmed: &NextnHead,
     full: &[(RunKind, SpecStats, f64)],
+    plain_tps: Option<f64>,
     mut run: impl FnMut(&NextnHead, RunKind) -> Result<(SpecStats, f64)>,
 ) -> Result<Value> {
     let n = trimmed.draft_vocab_size();
@@ -116,21 +117,25 @@ pub fn acceptance(
         "acceptance cost of the trimmed draft head (vocab {n} of {}):",
         trimmed.n_vocab()
     );
+    let vs_plain =
+        |tps: f64| plain_tps.map_or(String::new(), |p| format!(" ({:.3}x plain)", tps / p));
     let mut rows = Vec::new();
     for (kind, full_stats, full_tps) in full.iter().filter(|r| r.0.policy != Policy::Plain) {
         let (s, tps) = run(trimmed, *kind)?;
         let policy = kind.policy;
         let (k, mode) = (policy.label(), kind.mode_name());
         println!(
-            "  n_max {k} {mode:>7} full head:    acceptance {:.3}, len {:.3}, {full_tps:8.1} tok/s, per position {}",
+            "  n_max {k} {mode:>7} full head:    acceptance {:.3}, len {:.3}, {full_tps:8.1} tok/s{}, per position {}",
             full_stats.acceptance_rate(),
             full_stats.mean_accepted_len(),
+            vs_plain(*full_tps),
             per_pos(full_stats)
         );
         println!(
-            "  n_max {k} {mode:>7} trimmed head: acceptance {:.3}, len {:.3}, {tps:8.1} tok/s, per position {}",
+            "  n_max {k} {mode:>7} trimmed head: acceptance {:.3}, len {:.3}, {tps:8.1} tok/s{}, per position {}",
             s.acceptance_rate(),
             s.mean_accepted_len(),
+            vs_plain(tps),
             per_pos(&s)
         );
         rows.push(json!({
@@ -143,6 +148,8 @@ pub fn acceptance(
             "trimmed_mean_len": s.mean_accepted_len(),
             "full_decode_tok_s": full_tps,
             "trimmed_decode_tok_s": tps,
+            "full_speedup": plain_tps.map(|p| full_tps / p),
+            "trimmed_speedup": plain_tps.map(|p| tps / p),
         }));
     }
     Ok(json!(rows))

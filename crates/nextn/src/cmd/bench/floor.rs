@@ -13,7 +13,8 @@ use nextn_model::traffic::{self, PassBytes, PassShape};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::{head_cache_at, median, time_draft_step};
+use super::depth::{prefill, synthetic_prompt, PREFILL_BATCH};
+use super::{median, time_draft_step};
 use crate::cmd::common::Loaded;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -41,9 +42,6 @@ pub struct FloorArgs {
     #[arg(long = "floor-ttft", default_value_t = 4096)]
     pub ttft: usize,
 }
-
-/// Rows per prefill pass, as plain generation uses.
-const PREFILL_BATCH: usize = 512;
 
 /// Wrapping sum of 64-bit words with eight independent accumulators, so the loop is limited by
 /// loads, not by an add chain.
@@ -158,12 +156,6 @@ fn moe_counts(loaded: &Loaded) -> Option<(u64, u64)> {
     (loaded.model.config.n_expert > 0).then(|| traffic::expert_reads(&loaded.model.layers))
 }
 
-/// `len` prompt tokens: the given prompt repeated (real text, so MoE routing looks like real
-/// routing).
-fn synthetic_prompt(prompt: &[u32], len: usize) -> Vec<u32> {
-    prompt.iter().cycle().take(len).copied().collect()
-}
-
 /// Time and account decode, verify passes of 1..=max_rows rows and a draft step at the context
 /// of `prompt`, each repeated `reps` times from the same state (median kept).
 fn measure_passes(
@@ -175,9 +167,8 @@ fn measure_passes(
 ) -> Result<Vec<PassFloor>> {
     let (model, pool) = (&loaded.model, &loaded.pool);
     let reps = reps.max(1);
-    let mut st = loaded.new_sequence();
-    let out = model.forward(prompt, &mut st, LogitRows::Last, pool)?;
-    let e = model.config.n_embd;
+    let mut at = prefill(loaded, head, prompt)?;
+    let st = &mut at.state;
     let probe = synthetic_prompt(prompt, max_rows);
     let shape = |n_past, n_rows, logit_rows| PassShape {
         n_past,
@@ -208,8 +199,8 @@ fn measure_passes(
         for _ in 0..reps {
             traffic::reset_expert_usage(model);
             let t = Instant::now();
-            model.forward_verify(&probe[..r], &mut st, pool)?;
-            model.commit(&mut st, 0)?;
+            model.forward_verify(&probe[..r], st, pool)?;
+            model.commit(st, 0)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
         passes.push(PassFloor {
@@ -220,16 +211,15 @@ fn measure_passes(
         });
     }
 
-    if let Some(head) = head {
-        let mut cache = head_cache_at(loaded, head, prompt, &out.hidden)?;
-        let h_last = &out.hidden[(prompt.len() - 1) * e..];
+    if let (Some(head), Some(cache)) = (head, at.head_cache.as_mut()) {
+        let h_last = &at.h_last;
         let mut times = Vec::new();
         for _ in 0..reps {
             traffic::reset_head_expert_usage(head);
             times.push(time_draft_step(
                 loaded,
                 head,
-                &mut cache,
+                cache,
                 probe[0],
                 h_last,
                 prompt.len(),

@@ -3,6 +3,7 @@
 //! server uses, plus the cost model behind the speed (decode step, verify of r rows, draft step)
 //! and the speedup those costs project at a given per-position acceptance.
 
+mod depth;
 mod draft_vocab;
 mod floor;
 mod plot;
@@ -16,6 +17,7 @@ use anyhow::{bail, Context, Result};
 use nextn_engine::grammar::{GrammarCompiler, GrammarSource};
 use nextn_engine::sampler::{argmax, SamplerConfig};
 use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
+use nextn_engine::spec::forced::ForcedAcceptance;
 use nextn_engine::spec::{DraftSampling, SpecConfig, SpecStats};
 use nextn_model::{LayerCache, LogitRows, NextnHead};
 use serde_json::{json, Value};
@@ -51,6 +53,13 @@ pub struct Args {
         default_value = "0.95,0.86,0.75"
     )]
     pub assume_acceptance: Vec<f64>,
+    /// Run the speculative loop at this per-position acceptance (marginal rates, non-increasing;
+    /// e.g. a real model's published numbers): the head drafts and the target verifies as always,
+    /// but each step keeps draft i with the given rate, the kept drafts being the tokens the plain
+    /// run produced, so the output stays plain decoding's and every cost of the loop is real.
+    /// The speedup is then measured, next to the cost model's projection at the same rates
+    #[arg(long = "force-acceptance", value_delimiter = ',', value_name = "RATES")]
+    pub force_acceptance: Vec<f64>,
     /// Repetitions of each cost-model measurement (the median is reported)
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
@@ -79,6 +88,11 @@ pub struct Args {
     /// Draw acceptance by draft position and decode tokens/s by depth into this PNG
     #[arg(long = "plot", value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+    /// Instead of the generation runs, time the passes of the loop (decode, verify of up to
+    /// --floor-verify-rows rows, draft step) after a prefill of N tokens, for each N given (as
+    /// llama-bench's -d)
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', value_name = "N")]
+    pub depth: Vec<usize>,
     #[command(flatten)]
     pub floor: FloorArgs,
     #[command(flatten)]
@@ -182,6 +196,8 @@ struct Setup<'a> {
     sampling: SamplerConfig,
     grammar: Option<GrammarSource>,
     compiler: std::cell::RefCell<Option<GrammarCompiler>>,
+    /// `--force-acceptance` rates and seed.
+    forced: Option<(Vec<f64>, u64)>,
 }
 
 fn sampler_config(temp: f32, seed: u64) -> SamplerConfig {
@@ -275,6 +291,7 @@ fn run_depth(
     head: Option<&NextnHead>,
     kind: RunKind,
     outputs: Option<&mut Vec<Vec<u32>>>,
+    plain_outputs: &[Vec<u32>],
 ) -> Result<RunTotals> {
     let loaded = setup.loaded;
     let head = head.filter(|_| kind.policy != Policy::Plain);
@@ -303,7 +320,16 @@ fn run_depth(
         },
     );
     let (tx, rx) = mpsc::channel();
-    for p in setup.prompts {
+    for (i, p) in setup.prompts.iter().enumerate() {
+        let forced_acceptance = match (&setup.forced, head, plain_outputs.get(i)) {
+            (Some((rates, seed)), Some(_), Some(plain)) => {
+                // Each prompt its own draws: the same output positions recur in every prompt.
+                let seed = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                Some(ForcedAcceptance::new(rates, seed, plain.clone())?)
+            }
+            (Some(_), Some(_), None) => bail!("forced acceptance needs the plain run first"),
+            _ => None,
+        };
         let grammar = match &setup.grammar {
             Some(g) => Some(common::constraint(
                 &mut setup.compiler.borrow_mut(),
@@ -324,6 +350,7 @@ fn run_depth(
             logprobs: None,
             cache_prompt: false,
             cache_points: Vec::new(),
+            forced_acceptance,
             sink: Box::new(Collect(tx.clone())),
         });
     }
@@ -394,94 +421,6 @@ fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     lp.iter().zip(&lq).map(|(&a, &b)| a.exp() * (a - b)).sum()
 }
 
-struct Costs {
-    decode_ms: f64,
-    verify_ms: Vec<f64>,
-    draft_ms: f64,
-}
-
-/// Time one decode step, verify passes of 1..=max_rows rows, and one full-vocabulary draft step, at
-/// the context of the first prompt.
-fn measure_costs(
-    loaded: &Loaded,
-    head: Option<&NextnHead>,
-    prompt: &[u32],
-    max_rows: usize,
-    reps: usize,
-) -> Result<Costs> {
-    let pool = &loaded.pool;
-    let model = &loaded.model;
-    let reps = reps.max(1);
-    let mut st = loaded.new_sequence();
-    let out = model.forward(prompt, &mut st, LogitRows::Last, pool)?;
-    let e = model.config.n_embd;
-    let h_last = out.hidden[(prompt.len() - 1) * e..].to_vec();
-    let probe: Vec<u32> = prompt.iter().cycle().take(max_rows).copied().collect();
-    let mut verify_ms = Vec::new();
-    for r in 1..=max_rows {
-        let mut times = Vec::new();
-        for _ in 0..reps {
-            let t = Instant::now();
-            model.forward_verify(&probe[..r], &mut st, pool)?;
-            model.commit(&mut st, 0)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        verify_ms.push(median(times));
-    }
-    let mut times = Vec::new();
-    let mut dec = st.clone();
-    for i in 0..reps {
-        let t = Instant::now();
-        model.forward(
-            &probe[i % probe.len()..i % probe.len() + 1],
-            &mut dec,
-            LogitRows::Last,
-            pool,
-        )?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let decode_ms = median(times);
-    let draft_ms = match head {
-        Some(head) => {
-            let mut cache = head_cache_at(loaded, head, prompt, &out.hidden)?;
-            let times = (0..reps)
-                .map(|_| time_draft_step(loaded, head, &mut cache, probe[0], &h_last, prompt.len()))
-                .collect::<Result<Vec<f64>>>()?;
-            median(times)
-        }
-        None => f64::NAN,
-    };
-    Ok(Costs {
-        decode_ms,
-        verify_ms,
-        draft_ms,
-    })
-}
-
-/// The head's cache over `prompt`, each position fed the target's hidden state `hidden` of the
-/// row before (as the generation loop enters it), so that draft steps can be timed at the
-/// prompt's context.
-fn head_cache_at(
-    loaded: &Loaded,
-    head: &NextnHead,
-    prompt: &[u32],
-    hidden: &[f32],
-) -> Result<LayerCache> {
-    let e = loaded.model.config.n_embd;
-    let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
-    let mut teacher = vec![0.0f32; e];
-    teacher.extend_from_slice(&hidden[..(prompt.len() - 1) * e]);
-    head.forward(
-        prompt,
-        &teacher,
-        0,
-        &mut cache,
-        LogitRows::None,
-        &loaded.pool,
-    )?;
-    Ok(cache)
-}
-
 /// Milliseconds of one draft step at position `pos` (token `token`, the target's hidden state
 /// `h_last` of the position before); the cache is left as it was.
 fn time_draft_step(
@@ -546,7 +485,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let loaded = common::load(&args.model)?;
     let head = NextnHead::load(&loaded.model).ok();
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
-    let policies = Policy::parse_list(&args.n_max)?;
+    let mut policies = Policy::parse_list(&args.n_max)?;
+    let forced = if args.force_acceptance.is_empty() {
+        None
+    } else {
+        if args.grammar.source()?.is_some() {
+            bail!("--force-acceptance cannot be combined with a grammar: it rewrites the drafts towards the plain output, which the grammar's masks do not follow");
+        }
+        ForcedAcceptance::new(&args.force_acceptance, args.seed, Vec::new())
+            .map_err(|e| anyhow::anyhow!("--force-acceptance: {e}"))?;
+        // The plain run goes first: its output is what the drafts are forced towards.
+        policies.retain(|&p| p != Policy::Plain);
+        policies.insert(0, Policy::Plain);
+        Some((args.force_acceptance.clone(), args.seed))
+    };
     let want_spec = policies.iter().any(|&p| p != Policy::Plain);
     if want_spec && head.is_none() {
         bail!(
@@ -563,6 +515,43 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         _ => None,
     };
+    if !args.depth.is_empty() {
+        eprintln!(
+            "bench at depth: {} threads, {} kernels, KV {}/{}, median of {} reps",
+            loaded.pool.n_threads(),
+            nextn_quant::kernels::kernel_isa(),
+            loaded.k_type.name(),
+            loaded.v_type.name(),
+            args.reps
+        );
+        let say = |line: String| {
+            if human_to_stdout {
+                println!("{line}")
+            } else {
+                eprintln!("{line}")
+            }
+        };
+        let rows = depth::run(
+            &loaded,
+            head.as_ref(),
+            &prompts[0].tokens,
+            &args.depth,
+            args.floor.verify_rows.max(2),
+            args.reps,
+            &say,
+        )?;
+        if !human_to_stdout {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        if let Some(path) = &args.json {
+            std::fs::write(
+                path,
+                serde_json::to_string_pretty(&json!({ "depths": rows }))?,
+            )
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut full_runs = Vec::new();
     let max_n = policies.iter().map(|p| p.n_max()).max().unwrap_or(0);
     eprintln!(
@@ -583,8 +572,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         sampling: sampler_config(args.temp, args.seed),
         grammar: args.grammar.source()?,
         compiler: std::cell::RefCell::new(None),
+        forced: forced.clone(),
     };
-    let modes: Vec<DraftSampling> = if args.temp > 0.0 {
+    // Forced acceptance steers coupled drafts only.
+    let modes: Vec<DraftSampling> = if args.temp > 0.0 && forced.is_none() {
         vec![DraftSampling::Coupled, DraftSampling::Sample]
     } else {
         vec![DraftSampling::Coupled]
@@ -641,6 +632,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 head.as_ref(),
                 kind,
                 (rep == 0).then_some(&mut outputs),
+                &plain_outputs,
             )?;
             let d = r.predicted_n as f64 * 1e3 / r.predicted_ms.max(1e-9);
             let p = r.prompt_n as f64 * 1e3 / r.prompt_ms.max(1e-9);
@@ -765,9 +757,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
 
-    let costs = measure_costs(
+    let mut at = depth::prefill(&loaded, head.as_ref(), &prompts[0].tokens)?;
+    let costs = depth::time_passes(
         &loaded,
         head.as_ref(),
+        &mut at,
         &prompts[0].tokens,
         max_n.max(1) + 1,
         args.reps,
@@ -796,23 +790,42 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let mut projections = Vec::new();
+    // Forced runs are projected at the rates they were forced to, for a like-for-like comparison.
+    let assumed = forced
+        .as_ref()
+        .map_or(args.assume_acceptance.clone(), |(r, _)| r.clone());
     if head.is_some() {
-        say!(
-            "projected speedup at acceptance {:?}:",
-            args.assume_acceptance
-        );
+        say!("projected speedup at acceptance {assumed:?}:");
         for n in 1..=max_n.max(1) {
             let Some((tokens, speedup)) = project(
                 costs.decode_ms,
                 &costs.verify_ms,
                 costs.draft_ms,
-                &args.assume_acceptance,
+                &assumed,
                 n,
             ) else {
                 break;
             };
-            say!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x");
-            projections.push(json!({"n_max": n, "tokens_per_step": tokens, "speedup": speedup}));
+            // The forced run at this depth, measured in the same process.
+            let measured = forced.as_ref().and(plain_tps).and_then(|plain| {
+                full_runs
+                    .iter()
+                    .find(|(k, _, _)| k.policy == Policy::Fixed(n))
+                    .map(|(_, stats, d)| (d / plain, stats.mean_accepted_len()))
+            });
+            match measured {
+                Some((m, len)) => say!(
+                    "  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x projected; measured {m:.3}x at {len:.2} tokens/step"
+                ),
+                None => say!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x"),
+            }
+            projections.push(json!({
+                "n_max": n,
+                "tokens_per_step": tokens,
+                "speedup": speedup,
+                "measured_speedup": measured.map(|m| m.0),
+                "measured_tokens_per_step": measured.map(|m| m.1),
+            }));
         }
     }
 
@@ -826,11 +839,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             costs.decode_ms,
             &costs.verify_ms,
             costs.draft_ms,
-            &args.assume_acceptance,
+            &assumed,
             max_n,
         )?;
-        let accept = draft_vocab::acceptance(trimmed, &full_runs, |h, kind| {
-            let t = run_depth(&setup, Some(h), kind, None)?;
+        let accept = draft_vocab::acceptance(trimmed, &full_runs, plain_tps, |h, kind| {
+            let t = run_depth(&setup, Some(h), kind, None, &plain_outputs)?;
             Ok((
                 t.stats,
                 t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9),
@@ -927,7 +940,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 "verify_ms": costs.verify_ms,
                 "draft_ms": if costs.draft_ms.is_nan() { Value::Null } else { json!(costs.draft_ms) },
             },
-            "assume_acceptance": args.assume_acceptance,
+            "assume_acceptance": assumed,
+            "forced_acceptance": forced.as_ref().map(|(r, _)| r.clone()),
             "projections": projections,
             "floor": floor_report,
             "draft_vocab": draft_vocab_report,

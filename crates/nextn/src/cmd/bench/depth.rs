@@ -1,0 +1,191 @@
+//! `nextn bench -d N[,N...]` (llama-bench's `--n-depth`): the passes of the speculative loop at a
+//! context of N tokens — plain decode, verify of r rows and the draft step — after a real
+//! prefill of N tokens, so that the cost of attention over a long cache shows as it does to an
+//! agent deep into a conversation.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use nextn_model::{LayerCache, LogitRows, NextnHead, SequenceState};
+use serde_json::{json, Value};
+
+use super::{median, time_draft_step};
+use crate::cmd::common::Loaded;
+
+/// Rows per prefill pass, as plain generation uses.
+pub const PREFILL_BATCH: usize = 512;
+
+/// `len` prompt tokens: the given prompt repeated (real text, so MoE routing looks like real
+/// routing).
+pub fn synthetic_prompt(prompt: &[u32], len: usize) -> Vec<u32> {
+    prompt.iter().cycle().take(len).copied().collect()
+}
+
+/// A sequence prefilled with some tokens in generation-sized passes, and the head's cache over
+/// the same positions, each fed the target's hidden state of the position before (as the
+/// generation loop feeds it), so that every pass can be timed at that context.
+pub struct Prefilled {
+    pub state: SequenceState,
+    pub head_cache: Option<LayerCache>,
+    /// The target's final hidden state of the last position (the next draft step's input).
+    pub h_last: Vec<f32>,
+    /// Milliseconds the target's prefill took.
+    pub prefill_ms: f64,
+}
+
+pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Result<Prefilled> {
+    let (model, pool) = (&loaded.model, &loaded.pool);
+    let e = model.config.n_embd;
+    if tokens.is_empty() {
+        bail!("a context of 0 tokens cannot be prefilled");
+    }
+    let mut state = loaded.new_sequence();
+    state.check_room(tokens.len() + 8)?;
+    let mut head_cache = head.map(|h| h.new_cache(loaded.k_type, loaded.v_type));
+    let mut h_prev = vec![0.0f32; e];
+    let mut prefill_ms = 0.0;
+    for (c, chunk) in tokens.chunks(PREFILL_BATCH).enumerate() {
+        let start = c * PREFILL_BATCH;
+        let t = Instant::now();
+        let out = model.forward(chunk, &mut state, LogitRows::None, pool)?;
+        prefill_ms += t.elapsed().as_secs_f64() * 1e3;
+        if let (Some(head), Some(cache)) = (head, head_cache.as_mut()) {
+            // Row i of the head takes the hidden state of position start + i − 1.
+            let mut teacher = h_prev.clone();
+            teacher.extend_from_slice(&out.hidden[..(chunk.len() - 1) * e]);
+            head.forward(chunk, &teacher, start, cache, LogitRows::None, pool)?;
+        }
+        h_prev = out.hidden[(chunk.len() - 1) * e..chunk.len() * e].to_vec();
+    }
+    Ok(Prefilled {
+        state,
+        head_cache,
+        h_last: h_prev,
+        prefill_ms,
+    })
+}
+
+/// Median milliseconds of the passes at one context.
+pub struct Costs {
+    pub decode_ms: f64,
+    /// Verify of 1, 2, ... rows.
+    pub verify_ms: Vec<f64>,
+    pub draft_ms: f64,
+}
+
+/// Time one decode step, verify passes of 1..=max_rows rows and one draft step from the state
+/// `at` (left as it was), each `reps` times (the median kept).
+pub fn time_passes(
+    loaded: &Loaded,
+    head: Option<&NextnHead>,
+    at: &mut Prefilled,
+    probe: &[u32],
+    max_rows: usize,
+    reps: usize,
+) -> Result<Costs> {
+    let (model, pool) = (&loaded.model, &loaded.pool);
+    let reps = reps.max(1);
+    let probe = synthetic_prompt(probe, max_rows.max(1));
+    let mut verify_ms = Vec::new();
+    for r in 1..=max_rows {
+        let mut times = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            model.forward_verify(&probe[..r], &mut at.state, pool)?;
+            model.commit(&mut at.state, 0)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        verify_ms.push(median(times));
+    }
+    // Decode steps one after the other on a copy (the context grows by `reps` tokens), so the
+    // cache grows as it does in generation rather than reallocating in every timed step.
+    let mut times = Vec::new();
+    let mut dec = at.state.clone();
+    for i in 0..reps {
+        let t = Instant::now();
+        model.forward(
+            &probe[i % probe.len()..][..1],
+            &mut dec,
+            LogitRows::Last,
+            pool,
+        )?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let decode_ms = median(times);
+    let n_past = at.state.n_past;
+    let draft_ms = match (head, at.head_cache.as_mut()) {
+        (Some(head), Some(cache)) => {
+            let times = (0..reps)
+                .map(|_| time_draft_step(loaded, head, cache, probe[0], &at.h_last, n_past))
+                .collect::<Result<Vec<f64>>>()?;
+            median(times)
+        }
+        _ => f64::NAN,
+    };
+    Ok(Costs {
+        decode_ms,
+        verify_ms,
+        draft_ms,
+    })
+}
+
+/// The table of passes at every depth: prefill throughput to reach it, decode, verify of r rows
+/// (and its ratio to decode) and the draft step. Returns one JSON object per depth.
+pub fn run(
+    loaded: &Loaded,
+    head: Option<&NextnHead>,
+    prompt: &[u32],
+    depths: &[usize],
+    max_rows: usize,
+    reps: usize,
+    say: &dyn Fn(String),
+) -> Result<Vec<Value>> {
+    let verify_heads: String = (2..=max_rows)
+        .map(|r| format!(" | {:>15}", format!("verify {r} rows")))
+        .collect();
+    say(format!(
+        "{:>7} | {:>10} | {:>9} | {:>9}{verify_heads} | {:>15}",
+        "depth", "prefill/s", "decode ms", "decode/s", "draft step"
+    ));
+    let mut out = Vec::new();
+    for &depth in depths {
+        if depth + max_rows + 8 > loaded.n_ctx {
+            bail!(
+                "depth {depth}: the context holds {} tokens; give a larger -c",
+                loaded.n_ctx
+            );
+        }
+        let t0 = Instant::now();
+        eprintln!("depth {depth}: prefilling ...");
+        let mut at = prefill(loaded, head, &synthetic_prompt(prompt, depth.max(1)))?;
+        eprintln!(
+            "depth {depth}: prefilled in {:.1} s; timing passes",
+            t0.elapsed().as_secs_f64()
+        );
+        let c = time_passes(loaded, head, &mut at, prompt, max_rows, reps)?;
+        let prefill_tps = depth.max(1) as f64 * 1e3 / at.prefill_ms;
+        let verify_cells: String = c.verify_ms[1..]
+            .iter()
+            .map(|v| format!(" | {:>15}", format!("{v:.2} ({:.2}x)", v / c.decode_ms)))
+            .collect();
+        let draft = if c.draft_ms.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{:.2} ({:.2}x)", c.draft_ms, c.draft_ms / c.decode_ms)
+        };
+        say(format!(
+            "{depth:>7} | {prefill_tps:>10.1} | {:>9.2} | {:>9.1}{verify_cells} | {draft:>15}",
+            c.decode_ms,
+            1e3 / c.decode_ms
+        ));
+        out.push(json!({
+            "depth": depth,
+            "prefill_tokens_per_s": prefill_tps,
+            "decode_ms": c.decode_ms,
+            "decode_tokens_per_s": 1e3 / c.decode_ms,
+            "verify_ms": c.verify_ms,
+            "draft_ms": (!c.draft_ms.is_nan()).then_some(c.draft_ms),
+        }));
+    }
+    Ok(out)
+}
