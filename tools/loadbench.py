@@ -127,9 +127,10 @@ def metrics(host, port):
     return out
 
 
-def run_cell(host, port, prompts, concurrency, requests, tokens):
+def run_cell(host, port, prompts, concurrency, requests, tokens, references=None):
     """C threads sending `requests` completions in all (at least one each), each thread back to
-    back. Returns a result dict."""
+    back. With `references` (prompt -> the plain output's token ids) each request sends its
+    plain output, for a server run with --force-acceptance. Returns a result dict."""
     per_client = max(1, -(-requests // concurrency))
     results = []
     errors = []
@@ -140,6 +141,9 @@ def run_cell(host, port, prompts, concurrency, requests, tokens):
         for r in range(per_client):
             prompt = prompts[(k * per_client + r) % len(prompts)]
             body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+            if references is not None:
+                body["forced_acceptance_reference"] = references[prompt]
+                body["seed"] = k * per_client + r
             t = time.time()
             try:
                 out = post(host, port, "/v1/completions", body)
@@ -195,6 +199,9 @@ def main():
     ap.add_argument("--modes", default="plain,mtp,throttle,auto", help="comma list of plain, mtp, throttle, auto, each optionally with a draft depth (mtp1, auto4)")
     ap.add_argument("--nice", type=int, default=0, help="run the servers under `nice -n N` (negative: ahead of other work on a shared machine)")
     ap.add_argument("--prompts", default=DEFAULT_PROMPTS)
+    ap.add_argument("--force-acceptance", default=None, metavar="RATES",
+                    help="run the MTP modes at these per-position acceptance rates (e.g. 0.95,0.86,0.75): the servers get "
+                         "--force-acceptance and every request sends the plain output of its prompt, recorded first")
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="draw aggregate tok/s against concurrency per mode into this PNG (needs matplotlib)")
@@ -213,9 +220,10 @@ def main():
         if not m:
             sys.exit(f"unknown mode {mode!r}: use plain, mtp, throttle or auto, optionally with a depth (mtp2)")
         kind, depth = m.group(1), m.group(2) or str(args.n_max)
+        forced = ["--force-acceptance", args.force_acceptance] if args.force_acceptance else []
         if kind == "plain":
             return ["--spec-type", "none"]
-        spec = ["--spec-type", "nextn", "--spec-draft-n-max", depth]
+        spec = ["--spec-type", "nextn", "--spec-draft-n-max", depth] + forced
         drafting = {"mtp": str(args.slots), "throttle": str(args.throttle), "auto": "auto"}[kind]
         return spec + ["--spec-max-drafting-slots", drafting]
 
@@ -236,11 +244,22 @@ def main():
             targets = [(s.name, "127.0.0.1", s.port) for s in servers]
         for name, host, port in targets:
             post(host, port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "temperature": 0})
+        references = None
+        if args.force_acceptance:
+            # Greedy output is the same whatever a server drafts: record it once, from the first.
+            _, host, port = targets[0]
+            references = {}
+            for p in prompts:
+                out = post(host, port, "/v1/completions",
+                           {"prompt": p, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "return_tokens": True})
+                references[p] = out["choices"][0]["tokens"]
         cells = {}
         for rnd in range(args.rounds):
             for c in levels:
                 for name, host, port in targets:
-                    r = run_cell(host, port, prompts, c, args.requests, args.tokens)
+                    # Plain decoding drafts nothing to steer: its requests go as they are.
+                    refs = None if name.startswith("plain") else references
+                    r = run_cell(host, port, prompts, c, args.requests, args.tokens, refs)
                     cells.setdefault((name, c), []).append(r)
                     print(f"round {rnd + 1} c={c:<2} {name:<9} aggregate {r['aggregate_tps']:7.1f} tok/s, per request {r['per_request_tps']:6.1f} tok/s, "
                           f"drafted {r['drafted']:.0f} accepted {r['accepted']:.0f}", file=sys.stderr)

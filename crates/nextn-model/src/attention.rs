@@ -2,6 +2,7 @@
 //! projection, q/k RMSNorm, partial rotary embedding, grouped-query causal softmax attention over
 //! the layer's KV cache, and a sigmoid output gate.
 
+use std::ops::Range;
 use std::sync::Mutex;
 
 use nextn_quant::kernels::ThreadPool;
@@ -11,6 +12,7 @@ use crate::config::{Qwen35Config, RopeScaling};
 use crate::model::Segment;
 use crate::ops::{self, RopeTable};
 use crate::weights::{Linear, WeightLoader};
+use crate::wide;
 use crate::ModelError;
 
 pub struct GatedAttention {
@@ -163,17 +165,18 @@ impl GatedAttention {
             if rows.is_empty() {
                 return;
             }
-            let visible = start_pos + rows.end;
-            let (mut keys, mut vals) = (Vec::new(), Vec::new());
-            kv_ref.read_head(false, g, hd, visible, &mut keys);
-            kv_ref.read_head(true, g, hd, visible, &mut vals);
             let mut out = outputs[task].lock().unwrap_or_else(|e| e.into_inner());
             out.resize(rows.len() * group * hd, 0.0);
+            // Keys and values come tile by tile, widened to f32 from the cache's type as they
+            // are read, so a long context is read once per block of queries at its stored size.
+            let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
+                kv_ref.read_head(values, g, hd, positions, dst)
+            };
             // Rows go in blocks so that each tile of keys and values is read from cache by all
             // the block's queries; every query still sees its positions in ascending order.
             let first = rows.start;
             let rows: Vec<usize> = rows.collect();
-            let mut scores = Vec::new();
+            let mut scratch = Scratch::default();
             for block in rows.chunks(QUERY_BLOCK_ROWS) {
                 let queries: Vec<(usize, &[f32])> = block
                     .iter()
@@ -185,7 +188,7 @@ impl GatedAttention {
                     .collect();
                 let o_first = (block[0] - first) * group * hd;
                 let o = &mut out[o_first..o_first + queries.len() * hd];
-                attend_tiled(&queries, &keys, &vals, hd, &mut scores, o);
+                attend_tiled(&queries, &read, hd, &mut scratch, o);
             }
         });
         for (task, out) in outputs.into_iter().enumerate() {
@@ -209,29 +212,43 @@ const QUERY_BLOCK_ROWS: usize = 8;
 /// Cached positions per tile: 64 positions × 256 dims × 4 bytes = 64 KiB of keys or values.
 const KEY_TILE: usize = 64;
 
+/// Reads positions of one kv head's keys (`false`) or values (`true`) as f32, `[pos][head_dim]`.
+type TileReader<'a> = dyn Fn(bool, Range<usize>, &mut [f32]) + Sync + 'a;
+
+/// Buffers of one attention task, reused across its blocks of queries.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    tile: Vec<f32>,
+}
+
 crate::wide::avx2_and_baseline! {
 baseline = attend_tiled_baseline;
 /// Softmax attention of several query heads, each `(len, q)` over the first `len` cached
-/// positions, into `o` (`queries.len() × hd`). Key and value tiles are shared by all queries.
-/// For each query the arithmetic is that of a lone query: scores `q·k_p · scale` in position
-/// order, one softmax over its `len` scores, then `o += s_p·v_p` for p ascending.
+/// positions, into `o` (`queries.len() × hd`). Key and value tiles are read once for all
+/// queries. For each query the arithmetic is that of a lone query: scores `q·k_p · scale` in
+/// position order, one softmax over its `len` scores ([`softmax_scores`]), then `o += s_p·v_p`
+/// for p ascending.
 fn attend_tiled(
     queries: &[(usize, &[f32])],
-    keys: &[f32],
-    vals: &[f32],
+    read: &TileReader<'_>,
     hd: usize,
-    scores: &mut Vec<f32>,
+    scratch: &mut Scratch,
     o: &mut [f32],
 ) {
     let scale = 1.0 / (hd as f32).sqrt();
     let max_len = queries.iter().map(|&(len, _)| len).max().unwrap_or(0);
+    let Scratch { scores, tile: buf } = scratch;
     scores.clear();
     scores.resize(queries.len() * max_len, 0.0);
+    buf.resize(KEY_TILE * hd, 0.0);
     for tile in (0..max_len).step_by(KEY_TILE) {
+        let tile_end = (tile + KEY_TILE).min(max_len);
+        read(false, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
+        let key = |p: usize| &buf[(p - tile) * hd..(p - tile + 1) * hd];
         for (j, &(len, qh)) in queries.iter().enumerate() {
             let s = &mut scores[j * max_len..][..len];
-            let end = (tile + KEY_TILE).min(len);
-            let key = |p: usize| &keys[p * hd..(p + 1) * hd];
+            let end = tile_end.min(len);
             let mut p = tile;
             // Four keys per pass over the query: a quarter of the query loads.
             while p + 4 <= end {
@@ -247,25 +264,73 @@ fn attend_tiled(
         }
     }
     for (j, &(len, _)) in queries.iter().enumerate() {
-        ops::softmax(&mut scores[j * max_len..][..len]);
+        softmax_scores(&mut scores[j * max_len..][..len]);
     }
     o.fill(0.0);
     for tile in (0..max_len).step_by(KEY_TILE) {
+        let tile_end = (tile + KEY_TILE).min(max_len);
+        read(true, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
         for (j, &(len, _)) in queries.iter().enumerate() {
-            let end = (tile + KEY_TILE).min(len);
+            let end = tile_end.min(len);
             if end > tile {
                 let s = &scores[j * max_len + tile..j * max_len + end];
-                add_weighted_values(s, &vals[tile * hd..end * hd], &mut o[j * hd..(j + 1) * hd]);
+                add_weighted_values(s, &buf[..(end - tile) * hd], &mut o[j * hd..(j + 1) * hd]);
             }
         }
     }
 }
 }
 
+/// In-place softmax of one query's scores: the maximum over eight fixed lanes, `e^(x − max)` by
+/// [`wide::exp_nonpositive`], the sum of each chunk of eight in a fixed pairwise order added up
+/// in f64, then one multiply by its inverse. Every step is element-wise or in fixed lanes, so the
+/// compiler vectorises it and the result does not depend on which copy runs.
+#[inline(always)]
+fn softmax_scores(x: &mut [f32]) {
+    let wide = x.len() / 8 * 8;
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for c in x[..wide].chunks_exact(8) {
+        for l in 0..8 {
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    let mut max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for &v in &x[wide..] {
+        max = max.max(v);
+    }
+    let mut sum = 0.0f64;
+    for c in x[..wide].chunks_exact_mut(8) {
+        for v in c.iter_mut() {
+            *v = wide::exp_nonpositive(*v - max);
+        }
+        let part = ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7]));
+        sum += part as f64;
+    }
+    for v in &mut x[wide..] {
+        *v = wide::exp_nonpositive(*v - max);
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// `ops::dot(q, k[r])` for four keys at once, each with exactly `ops::dot`'s operations
-/// (eight lane sums over chunks of eight, the same pairwise reduction, then the tail).
+/// (eight lane sums over chunks of eight, the same pairwise reduction, then the tail): with
+/// AVX2 one 8-lane register per key (a multiply, then an add: the lanes' arithmetic of the
+/// scalar loop), otherwise [`dot_x4_scalar`].
 #[inline(always)]
 fn dot_x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if wide::has_avx2() {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { dot_x4_avx2(q, k) };
+    }
+    dot_x4_scalar(q, k)
+}
+
+/// The scalar reference of [`dot_x4`].
+#[inline(always)]
+fn dot_x4_scalar(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     let n = q.len();
     let chunks = n / 8;
     let mut acc = [[0.0f32; 8]; 4];
@@ -278,14 +343,66 @@ fn dot_x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
             }
         }
     }
+    reduce_x4(&acc, q, k, chunks * 8)
+}
+
+/// Each key's lane sums in `ops::dot`'s pairwise order, plus the tail from `tail` on.
+#[inline(always)]
+fn reduce_x4(acc: &[[f32; 8]; 4], q: &[f32], k: [&[f32]; 4], tail: usize) -> [f32; 4] {
     core::array::from_fn(|r| {
         let a = &acc[r];
         let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-        for i in chunks * 8..n {
+        for i in tail..q.len() {
             s += q[i] * k[r][i];
         }
         s
     })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot_x4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::{
+        _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let n = q.len();
+    assert!(k.iter().all(|kr| kr.len() >= n));
+    let chunks = n / 8;
+    let mut acc = [[0.0f32; 8]; 4];
+    // SAFETY: every load is of 8 floats at c·8 < chunks·8 <= n, within q and each key.
+    unsafe {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
+        for c in 0..chunks {
+            let at = c * 8;
+            let qv = _mm256_loadu_ps(q.as_ptr().add(at));
+            a0 = _mm256_add_ps(
+                a0,
+                _mm256_mul_ps(qv, _mm256_loadu_ps(k[0].as_ptr().add(at))),
+            );
+            a1 = _mm256_add_ps(
+                a1,
+                _mm256_mul_ps(qv, _mm256_loadu_ps(k[1].as_ptr().add(at))),
+            );
+            a2 = _mm256_add_ps(
+                a2,
+                _mm256_mul_ps(qv, _mm256_loadu_ps(k[2].as_ptr().add(at))),
+            );
+            a3 = _mm256_add_ps(
+                a3,
+                _mm256_mul_ps(qv, _mm256_loadu_ps(k[3].as_ptr().add(at))),
+            );
+        }
+        for (dst, v) in acc.iter_mut().zip([a0, a1, a2, a3]) {
+            _mm256_storeu_ps(dst.as_mut_ptr(), v);
+        }
+    }
+    reduce_x4(&acc, q, k, chunks * 8)
 }
 
 /// `o += Σ_p s[p]·v_p` over consecutive value rows `v` (`s.len()` rows of `o.len()`), each
@@ -338,9 +455,13 @@ mod tests {
             let queries: Vec<(usize, &[f32])> =
                 lens.iter().zip(&qs).map(|(&l, q)| (l, &q[..])).collect();
             let (mut o_a, mut o_b) = (vec![0.0; 5 * hd], vec![0.0; 5 * hd]);
-            let (mut sc_a, mut sc_b) = (Vec::new(), Vec::new());
-            attend_tiled(&queries, &keys, &vals, hd, &mut sc_a, &mut o_a);
-            attend_tiled_baseline(&queries, &keys, &vals, hd, &mut sc_b, &mut o_b);
+            let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
+                let src = if values { &vals } else { &keys };
+                dst.copy_from_slice(&src[positions.start * hd..positions.end * hd]);
+            };
+            let (mut sc_a, mut sc_b) = (Scratch::default(), Scratch::default());
+            attend_tiled(&queries, &read, hd, &mut sc_a, &mut o_a);
+            attend_tiled_baseline(&queries, &read, hd, &mut sc_b, &mut o_b);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&o_a), bits(&o_b), "head dim {hd}");
             // And both are a lone query's plain loops, bit for bit.
@@ -348,7 +469,7 @@ mod tests {
                 let mut s: Vec<f32> = (0..len)
                     .map(|p| ops::dot(q, &keys[p * hd..(p + 1) * hd]) * (1.0 / (hd as f32).sqrt()))
                     .collect();
-                ops::softmax(&mut s);
+                softmax_scores(&mut s);
                 let mut o = vec![0.0f32; hd];
                 for (p, &sp) in s.iter().enumerate() {
                     for d in 0..hd {
@@ -360,6 +481,108 @@ mod tests {
                     bits(&o_a[j * hd..(j + 1) * hd]),
                     "query {j}, head dim {hd}"
                 );
+            }
+        }
+    }
+
+    /// The softmax of the scores is the exact one to within a few ulp, sums to one, and keeps
+    /// the largest score's weight for a query that sees one position.
+    #[test]
+    fn softmax_scores_matches_the_exact_softmax() {
+        for n in [1usize, 7, 8, 9, 64, 1000] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 1013) as f32 * 0.05 - 30.0)
+                .collect();
+            let mut fast = x.clone();
+            softmax_scores(&mut fast);
+            // The shifted score is an f32 difference in both; the exponential is what may differ.
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e = |v: f32| ((v - max) as f64).exp();
+            let total: f64 = x.iter().map(|&v| e(v)).sum();
+            for (&v, &f) in x.iter().zip(&fast) {
+                let exact = e(v) / total;
+                assert!(
+                    (f as f64 - exact).abs() <= 4e-7 * exact + 1e-30,
+                    "n {n}: {f} vs {exact}"
+                );
+            }
+        }
+        let mut one = vec![3.5f32];
+        softmax_scores(&mut one);
+        assert_eq!(one, [1.0]);
+    }
+
+    /// Quantized and half-float caches give attention over exactly the values they store:
+    /// reading a head's tile equals dequantizing the whole row with the reference code.
+    #[test]
+    fn tiles_of_every_kv_type_equal_the_reference_dequantization() {
+        use crate::cache::{KvLayer, KvType};
+        let (hd, heads, n_pos) = (64usize, 2usize, 70usize);
+        let width = hd * heads;
+        let rows: Vec<Vec<f32>> = (0..n_pos)
+            .map(|p| {
+                (0..width)
+                    .map(|i| ((p * 31 + i * 17) % 97) as f32 / 13.0 - 3.5)
+                    .collect()
+            })
+            .collect();
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+            let mut kv = KvLayer::new(ty, ty, width);
+            for r in &rows {
+                kv.push(r, r);
+            }
+            let reference = |p: usize| -> Vec<f32> {
+                use nextn_quant::formats::{legacy, BlockQ4_0, BlockQ8_0};
+                let r = &rows[p];
+                let mut out = vec![0.0f32; width];
+                match ty {
+                    KvType::F32 => out.copy_from_slice(r),
+                    KvType::F16 => {
+                        for (o, &x) in out.iter_mut().zip(r) {
+                            *o = half::f16::from_f32(x).to_f32();
+                        }
+                    }
+                    KvType::Q8_0 => {
+                        let mut b = vec![BlockQ8_0::default(); width / 32];
+                        legacy::quantize_row_q8_0(r, &mut b).unwrap();
+                        legacy::dequantize_row_q8_0(&b, &mut out).unwrap();
+                    }
+                    KvType::Q4_0 => {
+                        let mut b = vec![BlockQ4_0::default(); width / 32];
+                        legacy::quantize_row_q4_0(r, &mut b).unwrap();
+                        legacy::dequantize_row_q4_0(&b, &mut out).unwrap();
+                    }
+                }
+                out
+            };
+            for head in 0..heads {
+                let mut tile = vec![0.0f32; 9 * hd];
+                kv.read_head(true, head, hd, 61..70, &mut tile);
+                for (k, p) in (61..70).enumerate() {
+                    assert_eq!(
+                        tile[k * hd..(k + 1) * hd],
+                        reference(p)[head * hd..(head + 1) * hd],
+                        "{ty:?}, head {head}, position {p}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The AVX2 four-key dot product is the scalar one, bit for bit, for lengths with and
+    /// without a tail.
+    #[test]
+    fn dot_x4_copies_agree_bit_for_bit() {
+        for n in [8usize, 31, 64, 256, 100] {
+            let q: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let keys: Vec<Vec<f32>> = (0..4)
+                .map(|r| (0..n).map(|i| ((i + 7 * r) as f32 * 0.11).cos()).collect())
+                .collect();
+            let k = [&keys[0][..], &keys[1][..], &keys[2][..], &keys[3][..]];
+            let (a, b) = (dot_x4(&q, k), dot_x4_scalar(&q, k));
+            assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits), "length {n}");
+            for r in 0..4 {
+                assert_eq!(a[r].to_bits(), ops::dot(&q, k[r]).to_bits());
             }
         }
     }

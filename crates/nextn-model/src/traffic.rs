@@ -104,7 +104,8 @@ fn attention_bytes(a: &GatedAttention, shape: &PassShape) -> PassBytes {
         .sum::<u64>()
         + vec_bytes(&a.q_norm)
         + vec_bytes(&a.k_norm);
-    let per_pos = (a.n_head_kv * a.head_dim * (shape.k_type.bytes() + shape.v_type.bytes())) as u64;
+    let kv_width = a.n_head_kv * a.head_dim;
+    let per_pos = (shape.k_type.row_bytes(kv_width) + shape.v_type.row_bytes(kv_width)) as u64;
     // Every cached position is read once, the new rows are written and read back.
     let positions = (shape.n_past + 2 * shape.n_rows) as u64;
     PassBytes {

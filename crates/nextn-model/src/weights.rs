@@ -169,8 +169,24 @@ impl WeightLoader {
         let scales = self.optional_vector(&scale_name, &[n as u64])?;
         let per_expert = t.n_bytes as usize / n.max(1);
         let index = self.index_of(name)?;
-        Ok((0..n)
-            .map(|e| Linear {
+        // Each expert's matrix in the kernels' own block arrangement, as for the dense weights
+        // (a repack only rearranges bytes within blocks, so an expert's slice repacks alone).
+        let data = self.file.tensor_data(t);
+        let repacked: Vec<Option<Arc<Vec<u8>>>> = (0..n)
+            .map(|e| {
+                self.repack
+                    .then(|| repack(t.ty, &data[e * per_expert..(e + 1) * per_expert]))
+                    .flatten()
+                    .map(Arc::new)
+            })
+            .collect();
+        if repacked.iter().all(Option::is_some) && n > 0 {
+            self.file.release_tensor_pages(t);
+        }
+        Ok(repacked
+            .into_iter()
+            .enumerate()
+            .map(|(e, repacked)| Linear {
                 file: self.file.clone(),
                 tensor: index,
                 name: format!("{}[{e}]", t.name),
@@ -179,7 +195,7 @@ impl WeightLoader {
                 cols,
                 byte_offset: e * per_expert,
                 scale: scales.as_ref().map(|s| s[e]),
-                repacked: None,
+                repacked,
             })
             .collect())
     }
@@ -199,7 +215,11 @@ impl WeightLoader {
                     cols: l.cols,
                     byte_offset: l.byte_offset + first * row_bytes,
                     scale: l.scale,
-                    repacked: None,
+                    // A repacked row keeps its place (blocks are rearranged only within
+                    // themselves), so the rows' part of the repacked matrix is theirs.
+                    repacked: l.repacked.as_ref().map(|p| {
+                        Arc::new(p[first * row_bytes..(first + count) * row_bytes].to_vec())
+                    }),
                 }
             })
             .collect()

@@ -42,3 +42,117 @@ macro_rules! avx2_and_baseline {
 }
 
 pub(crate) use avx2_and_baseline;
+
+/// Whether the CPU converts half floats in hardware (F16C, with the AVX registers it uses).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_f16c() -> bool {
+    std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
+}
+
+/// `dst[i] = src[i]` as f32 for half-float bit patterns `src`. The conversion is exact, so the
+/// F16C path (eight at a time) and the scalar one give the same bits.
+#[inline]
+pub(crate) fn widen_f16(src: &[u16], dst: &mut [f32]) {
+    debug_assert_eq!(src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU has F16C and AVX (checked above).
+        unsafe { widen_f16_f16c(src, dst) };
+        return;
+    }
+    widen_f16_scalar(src, dst);
+}
+
+/// The scalar reference of [`widen_f16`].
+#[inline]
+pub(crate) fn widen_f16_scalar(src: &[u16], dst: &mut [f32]) {
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = nextn_quant::formats::f16_to_f32(h);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16_f16c(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = src.len().min(dst.len());
+    let wide = n / 8 * 8;
+    for i in (0..wide).step_by(8) {
+        // SAFETY: i + 8 <= n for both slices; unaligned loads and stores.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    widen_f16_scalar(&src[wide..n], &mut dst[wide..n]);
+}
+
+/// `e^x` for `x <= 0` (the shifted scores of a softmax), within 2 ulp of the exact value, and 0
+/// below −87 where the exact value is under 2⁻¹²⁵. Plain float and integer operations that the
+/// compiler vectorises (Cody–Waite reduction by ln 2, Cephes' degree-6 polynomial, the power of
+/// two put into the exponent bits), with no fused multiply-add, so every copy gives the same bits.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 · 2²³: adding it rounds to an integer held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = if x < -87.0 { -87.0 } else { x };
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let z = r * r;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = p * z + r + 1.0;
+    // n in −126..=0: 2ⁿ is a normal float.
+    let k = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let scale = f32::from_bits(((k + 127) << 23) as u32);
+    if x < -87.0 {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// F16C and the scalar conversion agree on every half-float bit pattern.
+    #[test]
+    fn widen_f16_agrees_with_the_scalar_conversion_on_every_value() {
+        let src: Vec<u16> = (0..=u16::MAX).collect();
+        let (mut a, mut b) = (vec![0.0f32; src.len()], vec![0.0f32; src.len()]);
+        widen_f16(&src, &mut a);
+        widen_f16_scalar(&src, &mut b);
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{i:#06x}: {x} vs {y}"
+            );
+        }
+    }
+
+    /// Within 2 ulp of the exact exponential over the whole range it is used on, 0 below it.
+    #[test]
+    fn exp_nonpositive_is_within_two_ulp() {
+        let mut worst = 0.0f64;
+        for i in 0..=2_000_000u32 {
+            let x = -87.0 * i as f32 / 2_000_000.0;
+            let exact = (x as f64).exp();
+            let got = exp_nonpositive(x) as f64;
+            let ulp = (exact as f32).to_bits();
+            let ulp = (f32::from_bits(ulp + 1) - f32::from_bits(ulp)) as f64;
+            worst = worst.max((got - exact).abs() / ulp);
+        }
+        assert!(worst <= 2.0, "worst error {worst} ulp");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-100.0), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+    }
+}

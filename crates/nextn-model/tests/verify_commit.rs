@@ -27,12 +27,26 @@ fn recurrent(s: &SequenceState) -> Vec<RecurrentState> {
 #[test]
 fn commit_of_any_prefix_equals_plain_decoding() {
     let model = bundled();
+    // Every KV cache type: quantized rows too are read the same way by decode, verify and
+    // prefill rows.
+    for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        commit_of_any_prefix_equals_plain_decoding_with(&model, kv);
+    }
+}
+
+fn commit_of_any_prefix_equals_plain_decoding_with(model: &Model, kv: KvType) {
     let pool = ThreadPool::new(2);
     let prompt: Vec<u32> = vec![618, 553, 198, 618, 672, 925, 544, 2356, 731];
     let rows: Vec<u32> = vec![258, 581, 672, 198, 17];
     let probe = [1000u32, 42];
+    // One prefill pass over the prompt and all the rows gives each row's decode logits.
+    let mut whole = model.new_sequence(128, kv, kv);
+    let all: Vec<u32> = prompt.iter().chain(&rows).copied().collect();
+    let prefilled = model
+        .forward(&all, &mut whole, LogitRows::All, &pool)
+        .unwrap();
     for keep in 0..=rows.len() {
-        let mut plain = model.new_sequence(128, KvType::F16, KvType::F16);
+        let mut plain = model.new_sequence(128, kv, kv);
         model
             .forward(&prompt, &mut plain, LogitRows::None, &pool)
             .unwrap();
@@ -50,7 +64,7 @@ fn commit_of_any_prefix_equals_plain_decoding() {
             .forward(&probe, &mut plain, LogitRows::All, &pool)
             .unwrap();
 
-        let mut spec = model.new_sequence(128, KvType::F16, KvType::F16);
+        let mut spec = model.new_sequence(128, kv, kv);
         model
             .forward(&prompt, &mut spec, LogitRows::None, &pool)
             .unwrap();
@@ -58,25 +72,29 @@ fn commit_of_any_prefix_equals_plain_decoding() {
         for (i, l) in plain_logits.iter().enumerate() {
             assert!(
                 verify.logits_row(i) == &l[..],
-                "verify row {i} differs from its one-row decode"
+                "{kv:?}: verify row {i} differs from its one-row decode"
+            );
+            assert!(
+                prefilled.logits_row(prompt.len() + i) == &l[..],
+                "{kv:?}: prefill row {i} differs from its one-row decode"
             );
         }
         model.commit(&mut spec, keep).unwrap();
         assert_eq!(spec.n_past, prompt.len() + keep);
         assert!(
             recurrent(&spec) == plain_snapshot,
-            "keep {keep}: recurrent states differ"
+            "{kv:?}, keep {keep}: recurrent states differ"
         );
         let after_spec = model
             .forward(&probe, &mut spec, LogitRows::All, &pool)
             .unwrap();
         assert!(
             after_spec.logits == after_plain.logits,
-            "keep {keep}: logits after commit differ from plain decoding"
+            "{kv:?}, keep {keep}: logits after commit differ from plain decoding"
         );
         assert!(
             after_spec.hidden == after_plain.hidden,
-            "keep {keep}: hidden states after commit differ"
+            "{kv:?}, keep {keep}: hidden states after commit differ"
         );
     }
 }

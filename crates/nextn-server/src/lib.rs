@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub cors_origins: String,
     /// Allow credentials; with `*` the request's origin is echoed (`--cors-credentials`).
     pub cors_credentials: bool,
+    /// `--force-acceptance`: per-position rates at which requests that send their plain output
+    /// (`forced_acceptance_reference`) run the speculative loop (measurement only).
+    pub forced_acceptance: Option<Vec<f64>>,
 }
 
 /// What the loader hands over once the model is read.

@@ -45,6 +45,9 @@ pub struct GenParams {
     pub reasoning: Option<ReasoningFormat>,
     /// `cache_prompt`: resume from and add to the prefix cache (default true).
     pub cache_prompt: bool,
+    /// `forced_acceptance_reference`: the plain output this request's drafts are steered
+    /// towards on a server started with `--force-acceptance` (measurement only).
+    pub forced_reference: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -67,6 +70,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Fields the server reads (or checks), for telling unknown ones apart.
 const KNOWN_FIELDS: &[&str] = &[
     "return_tokens",
+    "forced_acceptance_reference",
     "model",
     "messages",
     "prompt",
@@ -384,7 +388,25 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         grammar,
         reasoning,
         cache_prompt: boolean(o, "cache_prompt")?.unwrap_or(true),
+        forced_reference: token_ids(o, "forced_acceptance_reference")?,
     })
+}
+
+/// An array of token ids (non-negative integers below 2³²).
+fn token_ids(o: &Map<String, Value>, name: &str) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(v) = field(o, name) else {
+        return Ok(None);
+    };
+    let bad = || ApiError::invalid_field(name, format!("'{name}' must be an array of token ids"));
+    let a = v.as_array().ok_or_else(bad)?;
+    a.iter()
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(bad)
+        })
+        .collect::<Result<Vec<u32>, _>>()
+        .map(Some)
 }
 
 /// llama.cpp's other samplers: a value that turns one off is accepted (clients such as

@@ -14,6 +14,7 @@ use axum::Router;
 use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource};
 use nextn_engine::scheduler::{Phase, SubmitError};
+use nextn_engine::spec::forced::ForcedAcceptance;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -547,6 +548,19 @@ async fn submit(
         ));
         return Err(e);
     }
+    let forced_acceptance = match (&params.forced_reference, &app.cfg.forced_acceptance) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(ApiError::invalid_field(
+                "forced_acceptance_reference",
+                "'forced_acceptance_reference' needs a server started with --force-acceptance",
+            ))
+        }
+        (Some(reference), Some(rates)) => Some(
+            ForcedAcceptance::new(rates, params.sampler.seed, reference.clone())
+                .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        ),
+    };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = nextn_engine::scheduler::Request {
         prompt: tokens,
@@ -559,7 +573,7 @@ async fn submit(
         logprobs: params.logprobs,
         cache_prompt: params.cache_prompt,
         cache_points: prepared_cache_points,
-        forced_acceptance: None,
+        forced_acceptance,
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(submit_error)?;

@@ -145,3 +145,59 @@ fn sixteen_parallel_streams() {
     assert_eq!(metric(&m, "llamacpp:requests_processing"), 0.0);
     assert_eq!(metric(&m, "llamacpp:requests_deferred"), 0.0);
 }
+
+/// `serve --force-acceptance`: a request that sends its plain output runs the loop at the
+/// server's rates (each draft position kept in its share of steps, seeded per request) and still
+/// answers exactly the plain output; a server without the flag refuses the field.
+#[test]
+fn forced_acceptance_through_the_server() {
+    let s = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "--force-acceptance",
+        "0.9,0.6",
+        "--spec-draft-n-max",
+        "2",
+        "--spec-max-drafting-slots",
+        "2",
+        "-np",
+        "2",
+    ]);
+    let plain = json!({
+        "prompt": "def parse(line):", "max_tokens": 400, "temperature": 0,
+        "ignore_eos": true, "return_tokens": true
+    });
+    let r = s.post("/v1/completions", &plain);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let reference = r.json()["choices"][0]["tokens"].clone();
+    let text = r.json()["choices"][0]["text"].clone();
+    assert_eq!(reference.as_array().map(Vec::len), Some(400));
+
+    let before = s.metrics();
+    let mut forced = plain.clone();
+    forced["forced_acceptance_reference"] = reference.clone();
+    forced["seed"] = json!(11);
+    let r = s.post("/v1/completions", &forced);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["choices"][0]["tokens"], reference, "not the plain output");
+    assert_eq!(v["choices"][0]["text"], text);
+    let after = s.metrics();
+    let delta = |name: &str| metric(&after, name) - metric(&before, name);
+    let steps = delta("llamacpp:spec_decode_num_drafts_total");
+    assert!(steps >= 150.0, "only {steps} drafting steps");
+    for (pos, rate) in [(0, 0.9), (1, 0.6)] {
+        let kept = delta(&format!(
+            "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position=\"{pos}\"}}"
+        ));
+        assert!(
+            (kept / steps - rate).abs() < 0.08,
+            "position {pos}: {kept} of {steps} kept, asked {rate}"
+        );
+    }
+
+    let other = Server::start(&[]);
+    let r = other.post("/v1/completions", &forced);
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("--force-acceptance"), "{}", r.text());
+}

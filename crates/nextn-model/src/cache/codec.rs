@@ -4,6 +4,7 @@
 //! a truncated or crafted file is an error, never a panic or a huge allocation.
 
 use half::f16;
+use nextn_quant::formats::layout::{blocks_as_bytes, blocks_from_bytes, Block, QK32};
 
 use super::{KvBuf, KvRows, KvType, RecurrentSnapshot, RecurrentState};
 
@@ -177,6 +178,8 @@ impl KvType {
         match self {
             KvType::F32 => 0,
             KvType::F16 => 1,
+            KvType::Q4_0 => 2,
+            KvType::Q8_0 => 8,
         }
     }
 
@@ -184,26 +187,16 @@ impl KvType {
         match id {
             0 => Some(KvType::F32),
             1 => Some(KvType::F16),
+            2 => Some(KvType::Q4_0),
+            8 => Some(KvType::Q8_0),
             _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
         }
     }
 }
 
 impl KvBuf {
-    fn ty(&self) -> KvType {
-        match self {
-            KvBuf::F16(_) => KvType::F16,
-            KvBuf::F32(_) => KvType::F32,
-        }
-    }
-
+    /// Type id, element count (values; whole blocks for the quantized types), then the stored
+    /// bytes as they are in memory (little-endian, blocks in ggml's layout).
     fn encode(&self, w: &mut StateWriter) {
         w.u8(self.ty().ggml_id());
         match self {
@@ -214,6 +207,14 @@ impl KvBuf {
                 }
             }
             KvBuf::F32(v) => w.f32s(v),
+            KvBuf::Q8_0(v) => {
+                w.u64((v.len() * QK32) as u64);
+                w.bytes(blocks_as_bytes(v));
+            }
+            KvBuf::Q4_0(v) => {
+                w.u64((v.len() * QK32) as u64);
+                w.bytes(blocks_as_bytes(v));
+            }
         }
     }
 
@@ -234,15 +235,35 @@ impl KvBuf {
                         .collect(),
                 )
             }
+            KvType::Q8_0 => KvBuf::Q8_0(decode_blocks(r, what)?),
+            KvType::Q4_0 => KvBuf::Q4_0(decode_blocks(r, what)?),
         })
     }
 
+    /// Values held.
     fn len(&self) -> usize {
         match self {
             KvBuf::F16(v) => v.len(),
             KvBuf::F32(v) => v.len(),
+            KvBuf::Q8_0(v) => v.len() * QK32,
+            KvBuf::Q4_0(v) => v.len() * QK32,
         }
     }
+}
+
+/// Blocks of a quantized buffer: a value count that is a whole number of blocks, then their bytes.
+fn decode_blocks<B: Block>(
+    r: &mut StateReader<'_>,
+    what: &'static str,
+) -> Result<Vec<B>, StateCodecError> {
+    let n = r.u64(what)?;
+    if n % B::ELEMS as u64 != 0 {
+        return Err(StateCodecError::Invalid { what, value: n });
+    }
+    let raw = r.elements(n / B::ELEMS as u64, B::BYTES as u64, what)?;
+    blocks_from_bytes::<B>(raw)
+        .map(|b| b.to_vec())
+        .map_err(|_| StateCodecError::Invalid { what, value: n })
 }
 
 impl KvRows {
@@ -315,9 +336,15 @@ mod tests {
     use crate::cache::KvLayer;
 
     fn rows(k: KvType, v: KvType) -> KvRows {
-        let mut kv = KvLayer::new(k, v, 3);
+        rows_of_width(k, v, 3)
+    }
+
+    fn rows_of_width(k: KvType, v: KvType, width: usize) -> KvRows {
+        let mut kv = KvLayer::new(k, v, width);
         for p in 0..4 {
-            let row: Vec<f32> = (0..3).map(|i| (p * 3 + i) as f32 * 0.37 - 1.0).collect();
+            let row: Vec<f32> = (0..width)
+                .map(|i| (p * width + i) as f32 * 0.37 - 1.0)
+                .collect();
             kv.push(&row, &row);
         }
         kv.rows(1, 4)
@@ -336,17 +363,22 @@ mod tests {
             ],
         };
         let mut w = StateWriter::new();
-        let (a, b) = (
+        let (a, b, c) = (
             rows(KvType::F16, KvType::F32),
             rows(KvType::F32, KvType::F16),
+            rows_of_width(KvType::Q8_0, KvType::Q4_0, 64),
         );
+        assert_eq!(c.types(), (KvType::Q8_0, KvType::Q4_0));
+        assert_eq!(c.bytes(), 3 * 2 * (34 + 18));
         a.encode(&mut w);
         b.encode(&mut w);
+        c.encode(&mut w);
         snapshot.encode(&mut w);
         let bytes = w.into_bytes();
         let mut r = StateReader::new(&bytes);
         assert_eq!(KvRows::decode(&mut r).unwrap(), a);
         assert_eq!(KvRows::decode(&mut r).unwrap(), b);
+        assert_eq!(KvRows::decode(&mut r).unwrap(), c);
         assert_eq!(RecurrentSnapshot::decode(&mut r).unwrap(), snapshot);
         assert_eq!(r.remaining(), 0);
     }

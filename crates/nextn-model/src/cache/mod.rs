@@ -4,41 +4,94 @@
 
 mod codec;
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
+use nextn_quant::formats::layout::{Block, BlockQ4_0, BlockQ8_0, QK32};
+use nextn_quant::formats::legacy;
+
+use crate::wide;
 
 use crate::ModelError;
 
 pub use codec::{StateCodecError, StateReader, StateWriter};
 
-/// Element type of the attention KV cache (`-ctk` / `-ctv`).
+/// Element type of the attention KV cache (`-ctk` / `-ctv`). The quantized types use llama.cpp's
+/// block layouts, placed as llama.cpp places them: each head's `head_dim` values of a position
+/// in 32-element blocks, so a head dimension that is a multiple of 32 is required.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvType {
     F16,
     F32,
+    Q8_0,
+    Q4_0,
 }
 
 impl KvType {
+    /// The names `-ctk`/`-ctv` take.
+    pub const NAMES: &'static str = "f32, f16, q8_0, q4_0";
+
     pub fn parse(s: &str) -> Option<KvType> {
         match s.to_ascii_lowercase().as_str() {
             "f16" => Some(KvType::F16),
             "f32" => Some(KvType::F32),
+            "q8_0" => Some(KvType::Q8_0),
+            "q4_0" => Some(KvType::Q4_0),
             _ => None,
         }
     }
 
-    pub fn bytes(self) -> usize {
+    pub fn name(self) -> &'static str {
         match self {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
+    }
+
+    /// Values per block: 32 for the quantized types, 1 for the float ones.
+    pub fn block_len(self) -> usize {
+        match self {
+            KvType::F16 | KvType::F32 => 1,
+            KvType::Q8_0 | KvType::Q4_0 => QK32,
+        }
+    }
+
+    /// Bytes that `n` values take (`n` a multiple of [`KvType::block_len`]).
+    pub fn row_bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F16 => 2 * n,
+            KvType::F32 => 4 * n,
+            KvType::Q8_0 => n / QK32 * BlockQ8_0::BYTES,
+            KvType::Q4_0 => n / QK32 * BlockQ4_0::BYTES,
+        }
+    }
+
+    /// Whether heads of `head_dim` values can be stored in this type.
+    pub fn fits_head_dim(self, head_dim: usize) -> bool {
+        head_dim.is_multiple_of(self.block_len())
     }
 }
 
-/// One tensor of cached vectors, `width` values per position.
+/// One tensor of cached vectors, `width` values per position; for the quantized types
+/// `width / 32` blocks per position.
 #[derive(Clone, Debug)]
 enum KvBuf {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q4_0(Vec<BlockQ4_0>),
+}
+
+/// Apply the same expression to the vector of any variant.
+macro_rules! each_buf {
+    ($buf:expr, $v:ident => $e:expr) => {
+        match $buf {
+            KvBuf::F16($v) => $e,
+            KvBuf::F32($v) => $e,
+            KvBuf::Q8_0($v) => $e,
+            KvBuf::Q4_0($v) => $e,
+        }
+    };
 }
 
 impl KvBuf {
@@ -46,28 +99,58 @@ impl KvBuf {
         match ty {
             KvType::F16 => KvBuf::F16(Vec::new()),
             KvType::F32 => KvBuf::F32(Vec::new()),
+            KvType::Q8_0 => KvBuf::Q8_0(Vec::new()),
+            KvType::Q4_0 => KvBuf::Q4_0(Vec::new()),
         }
     }
 
+    fn ty(&self) -> KvType {
+        match self {
+            KvBuf::F16(_) => KvType::F16,
+            KvBuf::F32(_) => KvType::F32,
+            KvBuf::Q8_0(_) => KvType::Q8_0,
+            KvBuf::Q4_0(_) => KvType::Q4_0,
+        }
+    }
+
+    /// Append one position's values (a multiple of the block length).
     fn push(&mut self, row: &[f32]) {
         match self {
             KvBuf::F16(v) => v.extend(row.iter().map(|&x| f16::from_f32(x))),
             KvBuf::F32(v) => v.extend_from_slice(row),
+            KvBuf::Q8_0(v) => {
+                let at = v.len();
+                v.resize(at + row.len() / QK32, BlockQ8_0::default());
+                // The length is a whole number of blocks (checked when the cache is made).
+                let _ = legacy::quantize_row_q8_0(row, &mut v[at..]);
+            }
+            KvBuf::Q4_0(v) => {
+                let at = v.len();
+                v.resize(at + row.len() / QK32, BlockQ4_0::default());
+                let _ = legacy::quantize_row_q4_0(row, &mut v[at..]);
+            }
         }
     }
 
+    /// Stored units (values, or blocks for the quantized types) that `n` values take.
+    fn units(&self, n: usize) -> usize {
+        n / self.ty().block_len()
+    }
+
+    /// Keep the first `len` values.
     fn truncate(&mut self, len: usize) {
-        match self {
-            KvBuf::F16(v) => v.truncate(len),
-            KvBuf::F32(v) => v.truncate(len),
-        }
+        let len = self.units(len);
+        each_buf!(self, v => v.truncate(len))
     }
 
     /// Values `start..end` as a buffer of the same element type.
     fn slice(&self, start: usize, end: usize) -> KvBuf {
+        let (start, end) = (self.units(start), self.units(end));
         match self {
             KvBuf::F16(v) => KvBuf::F16(v[start..end].to_vec()),
             KvBuf::F32(v) => KvBuf::F32(v[start..end].to_vec()),
+            KvBuf::Q8_0(v) => KvBuf::Q8_0(v[start..end].to_vec()),
+            KvBuf::Q4_0(v) => KvBuf::Q4_0(v[start..end].to_vec()),
         }
     }
 
@@ -76,6 +159,8 @@ impl KvBuf {
         match (self, other) {
             (KvBuf::F16(v), KvBuf::F16(o)) => v.extend_from_slice(o),
             (KvBuf::F32(v), KvBuf::F32(o)) => v.extend_from_slice(o),
+            (KvBuf::Q8_0(v), KvBuf::Q8_0(o)) => v.extend_from_slice(o),
+            (KvBuf::Q4_0(v), KvBuf::Q4_0(o)) => v.extend_from_slice(o),
             _ => return false,
         }
         true
@@ -85,20 +170,75 @@ impl KvBuf {
         match self {
             KvBuf::F16(v) => v.len() * 2,
             KvBuf::F32(v) => v.len() * 4,
+            KvBuf::Q8_0(v) => v.len() * BlockQ8_0::BYTES,
+            KvBuf::Q4_0(v) => v.len() * BlockQ4_0::BYTES,
         }
     }
 
-    fn read(&self, start: usize, out: &mut [f32]) {
+    /// Values `first + p·stride .. + len` for p in `0..count`, as f32 into `out`
+    /// (`count × len`, position-major). Every conversion is exact (a half float widened, or a
+    /// block's code times its scale), so the result does not depend on which copy runs.
+    fn read_rows(&self, first: usize, stride: usize, count: usize, len: usize, out: &mut [f32]) {
+        let out = &mut out[..count * len];
         match self {
             KvBuf::F16(v) => {
-                let n = out.len();
-                for (o, x) in out.iter_mut().zip(&v[start..start + n]) {
-                    *o = x.to_f32();
+                let bits: &[u16] = v.as_slice().reinterpret_cast();
+                for (p, o) in out.chunks_exact_mut(len).enumerate() {
+                    let at = first + p * stride;
+                    wide::widen_f16(&bits[at..at + len], o);
                 }
             }
-            KvBuf::F32(v) => out.copy_from_slice(&v[start..start + out.len()]),
+            KvBuf::F32(v) => {
+                for (p, o) in out.chunks_exact_mut(len).enumerate() {
+                    let at = first + p * stride;
+                    o.copy_from_slice(&v[at..at + len]);
+                }
+            }
+            KvBuf::Q8_0(v) => {
+                let (b0, bs, nb) = (first / QK32, stride / QK32, len / QK32);
+                for (p, o) in out.chunks_exact_mut(len).enumerate() {
+                    let at = b0 + p * bs;
+                    dequantize_q8_0(&v[at..at + nb], o);
+                }
+            }
+            KvBuf::Q4_0(v) => {
+                let (b0, bs, nb) = (first / QK32, stride / QK32, len / QK32);
+                for (p, o) in out.chunks_exact_mut(len).enumerate() {
+                    let at = b0 + p * bs;
+                    dequantize_q4_0(&v[at..at + nb], o);
+                }
+            }
         }
     }
+}
+
+crate::wide::avx2_and_baseline! {
+baseline = dequantize_q8_0_baseline;
+/// `out = d · q` per Q8_0 block, as `nextn_quant`'s reference dequantizer computes it.
+fn dequantize_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK32)) {
+        let d = b.d();
+        for (x, &q) in o.iter_mut().zip(&b.qs) {
+            *x = q as f32 * d;
+        }
+    }
+}
+}
+
+crate::wide::avx2_and_baseline! {
+baseline = dequantize_q4_0_baseline;
+/// `out = d · (q − 8)` per Q4_0 block (low nibbles first), as the reference dequantizer.
+fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK32)) {
+        let d = b.d();
+        let (lo, hi) = o.split_at_mut(QK32 / 2);
+        for l in 0..QK32 / 2 {
+            let q = b.qs[l];
+            lo[l] = d * (((q & 0x0f) as i8 - 8) as f32);
+            hi[l] = d * (((q >> 4) as i8 - 8) as f32);
+        }
+    }
+}
 }
 
 /// Keys and values of one attention layer for positions `0..len`.
@@ -184,24 +324,24 @@ impl KvLayer {
         Ok(())
     }
 
-    /// Copy `len` positions of the key (or value) vectors of one kv head, starting at position 0,
-    /// into `out` as `[pos][head_dim]`.
+    /// The keys (or values) of kv head `head` at positions `positions`, as f32 into `out`
+    /// (`[pos][head_dim]`), whatever the stored type.
     pub fn read_head(
         &self,
         values: bool,
         head: usize,
         head_dim: usize,
-        len: usize,
-        out: &mut Vec<f32>,
+        positions: std::ops::Range<usize>,
+        out: &mut [f32],
     ) {
-        out.resize(len * head_dim, 0.0);
         let buf = if values { &self.v } else { &self.k };
-        for p in 0..len {
-            buf.read(
-                p * self.width + head * head_dim,
-                &mut out[p * head_dim..(p + 1) * head_dim],
-            );
-        }
+        buf.read_rows(
+            positions.start * self.width + head * head_dim,
+            self.width,
+            positions.len(),
+            head_dim,
+            out,
+        );
     }
 }
 
@@ -225,6 +365,8 @@ impl PartialEq for KvBuf {
                 .iter()
                 .map(|x| x.to_bits())
                 .eq(b.iter().map(|x| x.to_bits())),
+            (KvBuf::Q8_0(a), KvBuf::Q8_0(b)) => a == b,
+            (KvBuf::Q4_0(a), KvBuf::Q4_0(b)) => a == b,
             _ => false,
         }
     }
@@ -553,10 +695,12 @@ mod tests {
         }
         kv.truncate(3);
         assert_eq!(kv.len(), 3);
-        let mut out = Vec::new();
-        kv.read_head(false, 1, 2, 3, &mut out);
+        let mut out = vec![0.0; 6];
+        kv.read_head(false, 1, 2, 0..3, &mut out);
         assert_eq!(out, vec![2.0, 3.0, 12.0, 13.0, 22.0, 23.0]);
-        kv.read_head(true, 0, 2, 3, &mut out);
+        kv.read_head(true, 0, 2, 0..3, &mut out);
         assert_eq!(out, vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+        kv.read_head(true, 1, 2, 1..3, &mut out[..4]);
+        assert_eq!(out[..4], [12.0, 13.0, 22.0, 23.0]);
     }
 }

@@ -39,7 +39,7 @@ pub struct ModelArgs {
     /// Context length (default: the model's trained length, capped to what fits in memory)
     #[arg(short = 'c', long = "ctx-size", env = "LLAMA_ARG_CTX_SIZE")]
     pub ctx_size: Option<usize>,
-    /// KV cache type for K: f16 or f32
+    /// KV cache type for K: f32, f16, q8_0 or q4_0 (llama.cpp's block layouts)
     #[arg(
         long = "cache-type-k",
         visible_alias = "ctk",
@@ -47,7 +47,7 @@ pub struct ModelArgs {
         env = "LLAMA_ARG_CACHE_TYPE_K"
     )]
     pub cache_type_k: String,
-    /// KV cache type for V: f16 or f32
+    /// KV cache type for V: f32, f16, q8_0 or q4_0 (llama.cpp's block layouts)
     #[arg(
         long = "cache-type-v",
         visible_alias = "ctv",
@@ -365,14 +365,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = model_path(args)?;
     let k_type = KvType::parse(&args.cache_type_k).with_context(|| {
         format!(
-            "--cache-type-k {}: supported types are f16 and f32",
-            args.cache_type_k
+            "--cache-type-k {}: supported types are {}",
+            args.cache_type_k,
+            KvType::NAMES
         )
     })?;
     let v_type = KvType::parse(&args.cache_type_v).with_context(|| {
         format!(
-            "--cache-type-v {}: supported types are f16 and f32",
-            args.cache_type_v
+            "--cache-type-v {}: supported types are {}",
+            args.cache_type_v,
+            KvType::NAMES
         )
     })?;
     args.cpu_only.report();
@@ -423,13 +425,24 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let pool = ThreadPool::new(threads);
 
     let cfg = &model.config;
+    for (flag, ty) in [("--cache-type-k", k_type), ("--cache-type-v", v_type)] {
+        if !ty.fits_head_dim(cfg.head_dim) {
+            bail!(
+                "{flag} {}: the type stores each head in blocks of {} values, and this model's attention head dimension {} is not a multiple of that",
+                ty.name(),
+                ty.block_len(),
+                cfg.head_dim
+            );
+        }
+    }
     let kv_per_token: u64 = cfg
         .layer_kinds
         .iter()
         .enumerate()
         .filter(|(_, k)| **k == LayerKind::FullAttention)
         .map(|(il, _)| {
-            (cfg.n_head_kv[il] * cfg.head_dim) as u64 * (k_type.bytes() + v_type.bytes()) as u64
+            let width = cfg.n_head_kv[il] * cfg.head_dim;
+            (k_type.row_bytes(width) + v_type.row_bytes(width)) as u64
         })
         .sum::<u64>()
         .max(1);
@@ -451,7 +464,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     };
     // One line on what was loaded and what the context will cost.
     eprintln!(
-        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {:?}/{:?} {:.1} MiB at full context, {} threads",
+        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {}/{} {:.1} MiB at full context, {} threads",
         path.display(),
         t0.elapsed().as_secs_f64() * 1e3,
         cfg.arch.name(),
@@ -460,8 +473,8 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         cfg.n_embd,
         model.n_vocab,
         if cfg.n_nextn > 0 { " + NextN head" } else { "" },
-        k_type,
-        v_type,
+        k_type.name(),
+        v_type.name(),
         (kv_per_token * n_ctx as u64) as f64 / (1 << 20) as f64,
         threads,
     );

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
+use nextn_engine::spec::forced::ForcedAcceptance;
 use nextn_model::config::LayerKind;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 use serde_json::json;
@@ -124,6 +125,12 @@ pub struct Args {
     /// Do not allow credentials in CORS requests
     #[arg(long = "no-cors-credentials")]
     pub no_cors_credentials: bool,
+    /// Measurement only: a request that sends its plain output as `forced_acceptance_reference`
+    /// runs the speculative loop at these per-position acceptance rates (as `bench
+    /// --force-acceptance`), so that the drafting policy can be load-tested at a real model's
+    /// acceptance
+    #[arg(long = "force-acceptance", value_delimiter = ',', value_name = "RATES")]
+    pub force_acceptance: Vec<f64>,
 }
 
 /// The command line's sampling settings as request fields.
@@ -218,6 +225,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model_path: path.display().to_string(),
         cors_origins: args.cors_origins.clone(),
         cors_credentials: !args.no_cors_credentials,
+        forced_acceptance: if args.force_acceptance.is_empty() {
+            None
+        } else {
+            if !args.spec.enabled() {
+                bail!("--force-acceptance steers speculative decoding: it needs --spec-type nextn");
+            }
+            ForcedAcceptance::new(&args.force_acceptance, 0, Vec::new())
+                .map_err(|e| anyhow::anyhow!("--force-acceptance: {e}"))?;
+            Some(args.force_acceptance.clone())
+        },
         template_kwargs: match args.reasoning_budget {
             -1 => serde_json::Map::new(),
             0 => serde_json::Map::from_iter([("enable_thinking".to_string(), false.into())]),
@@ -263,7 +280,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .enumerate()
             .filter(|(_, k)| **k == LayerKind::FullAttention)
             .map(|(il, _)| {
-                cfg.n_head_kv[il] * cfg.head_dim * (loaded.k_type.bytes() + loaded.v_type.bytes())
+                let width = cfg.n_head_kv[il] * cfg.head_dim;
+                loaded.k_type.row_bytes(width) + loaded.v_type.row_bytes(width)
             })
             .sum();
         // -c is shared among the slots (llama-server without --kv-unified); without it, each slot
