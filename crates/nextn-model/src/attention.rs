@@ -151,8 +151,8 @@ impl GatedAttention {
 
         // Causal attention: row i sees positions 0..=start_pos+i. Each (row, head) is computed
         // alone, so its result depends neither on the batch it came in nor on the task split.
-        // Tasks are (KV group, block of rows): a group's heads share one f32 copy of its keys
-        // and values, and a prefill's rows spread over the pool even when groups are few.
+        // Tasks are (KV group, block of rows): a group's heads share each tile of its keys and
+        // values, and a prefill's rows spread over the pool even when groups are few.
         let group = self.n_head / self.n_head_kv;
         let row_blocks = pool.n_threads().div_ceil(self.n_head_kv).min(n).max(1);
         let rows_per_block = n.div_ceil(row_blocks);
@@ -246,21 +246,45 @@ fn attend_tiled(
         let tile_end = (tile + KEY_TILE).min(max_len);
         read(false, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
         let key = |p: usize| &buf[(p - tile) * hd..(p - tile + 1) * hd];
-        for (j, &(len, qh)) in queries.iter().enumerate() {
-            let s = &mut scores[j * max_len..][..len];
+        // Two queries of the same length (heads of one row) go together: each key chunk is
+        // loaded once for both. Each query's arithmetic is the same either way.
+        let mut j = 0;
+        while j < queries.len() {
+            let (len, qa) = queries[j];
+            let partner = queries
+                .get(j + 1)
+                .filter(|&&(l, _)| l == len)
+                .map(|&(_, qb)| qb);
             let end = tile_end.min(len);
+            let (row_a, row_b) = (j * max_len, (j + 1) * max_len);
             let mut p = tile;
             // Four keys per pass over the query: a quarter of the query loads.
             while p + 4 <= end {
-                let d = dot_x4(qh, [key(p), key(p + 1), key(p + 2), key(p + 3)]);
-                for (r, dr) in d.into_iter().enumerate() {
-                    s[p + r] = dr * scale;
+                let k = [key(p), key(p + 1), key(p + 2), key(p + 3)];
+                match partner {
+                    Some(qb) => {
+                        let [da, db] = dot_2x4([qa, qb], k);
+                        for r in 0..4 {
+                            scores[row_a + p + r] = da[r] * scale;
+                            scores[row_b + p + r] = db[r] * scale;
+                        }
+                    }
+                    None => {
+                        let d = dot_x4(qa, k);
+                        for r in 0..4 {
+                            scores[row_a + p + r] = d[r] * scale;
+                        }
+                    }
                 }
                 p += 4;
             }
-            for (p, sp) in s.iter_mut().enumerate().take(end).skip(p) {
-                *sp = ops::dot(qh, key(p)) * scale;
+            for p in p..end {
+                scores[row_a + p] = ops::dot(qa, key(p)) * scale;
+                if let Some(qb) = partner {
+                    scores[row_b + p] = ops::dot(qb, key(p)) * scale;
+                }
             }
+            j += if partner.is_some() { 2 } else { 1 };
         }
     }
     for (j, &(len, _)) in queries.iter().enumerate() {
@@ -270,12 +294,22 @@ fn attend_tiled(
     for tile in (0..max_len).step_by(KEY_TILE) {
         let tile_end = (tile + KEY_TILE).min(max_len);
         read(true, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
-        for (j, &(len, _)) in queries.iter().enumerate() {
+        let mut j = 0;
+        while j < queries.len() {
+            let len = queries[j].0;
+            let paired = queries.get(j + 1).is_some_and(|&(l, _)| l == len);
             let end = tile_end.min(len);
             if end > tile {
-                let s = &scores[j * max_len + tile..j * max_len + end];
-                add_weighted_values(s, &buf[..(end - tile) * hd], &mut o[j * hd..(j + 1) * hd]);
+                let v = &buf[..(end - tile) * hd];
+                let sa = &scores[j * max_len + tile..j * max_len + end];
+                if paired {
+                    let sb = &scores[(j + 1) * max_len + tile..(j + 1) * max_len + end];
+                    add_weighted_values_x2(sa, sb, v, &mut o[j * hd..(j + 2) * hd]);
+                } else {
+                    add_weighted_values(sa, v, &mut o[j * hd..(j + 1) * hd]);
+                }
             }
+            j += if paired { 2 } else { 1 };
         }
     }
 }
@@ -405,6 +439,84 @@ unsafe fn dot_x4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     reduce_x4(&acc, q, k, chunks * 8)
 }
 
+/// [`dot_x4`] for two queries over the same four keys (each key chunk loaded once), each query's
+/// results the bits `dot_x4` gives it alone.
+#[inline(always)]
+fn dot_2x4(q: [&[f32]; 2], k: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    #[cfg(target_arch = "x86_64")]
+    if wide::has_avx2() {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { dot_2x4_avx2(q, k) };
+    }
+    [dot_x4_scalar(q[0], k), dot_x4_scalar(q[1], k)]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot_2x4_avx2(q: [&[f32]; 2], k: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let n = q[0].len();
+    assert!(q[1].len() == n && k.iter().all(|kr| kr.len() >= n));
+    let chunks = n / 8;
+    let mut acc = [[[0.0f32; 8]; 4]; 2];
+    // SAFETY: every load is of 8 floats at c·8 < chunks·8 <= n, within both queries and each key.
+    unsafe {
+        let mut a: [[__m256; 4]; 2] = [[_mm256_setzero_ps(); 4]; 2];
+        for c in 0..chunks {
+            let at = c * 8;
+            let qa = _mm256_loadu_ps(q[0].as_ptr().add(at));
+            let qb = _mm256_loadu_ps(q[1].as_ptr().add(at));
+            for r in 0..4 {
+                let kv = _mm256_loadu_ps(k[r].as_ptr().add(at));
+                a[0][r] = _mm256_add_ps(a[0][r], _mm256_mul_ps(qa, kv));
+                a[1][r] = _mm256_add_ps(a[1][r], _mm256_mul_ps(qb, kv));
+            }
+        }
+        for (dst, src) in acc.iter_mut().zip(&a) {
+            for (d, v) in dst.iter_mut().zip(src) {
+                _mm256_storeu_ps(d.as_mut_ptr(), *v);
+            }
+        }
+    }
+    [
+        reduce_x4(&acc[0], q[0], k, chunks * 8),
+        reduce_x4(&acc[1], q[1], k, chunks * 8),
+    ]
+}
+
+/// [`add_weighted_values`] for two queries over the same value rows (`o` holds both outputs,
+/// `2 × hd`): each value chunk is loaded once for both, and every element of each output adds
+/// its terms in ascending p exactly as the one-query loop does.
+#[inline(always)]
+fn add_weighted_values_x2(sa: &[f32], sb: &[f32], v: &[f32], o: &mut [f32]) {
+    let hd = o.len() / 2;
+    let (oa, ob) = o.split_at_mut(hd);
+    let wide = hd / 16 * 16;
+    for c in (0..wide).step_by(16) {
+        let (mut a, mut b) = ([0.0f32; 16], [0.0f32; 16]);
+        a.copy_from_slice(&oa[c..c + 16]);
+        b.copy_from_slice(&ob[c..c + 16]);
+        for (p, (&x, &y)) in sa.iter().zip(sb).enumerate() {
+            let vp = &v[p * hd + c..p * hd + c + 16];
+            for l in 0..16 {
+                a[l] += x * vp[l];
+                b[l] += y * vp[l];
+            }
+        }
+        oa[c..c + 16].copy_from_slice(&a);
+        ob[c..c + 16].copy_from_slice(&b);
+    }
+    for (p, (&x, &y)) in sa.iter().zip(sb).enumerate() {
+        for d in wide..hd {
+            oa[d] += x * v[p * hd + d];
+            ob[d] += y * v[p * hd + d];
+        }
+    }
+}
+
 /// `o += Σ_p s[p]·v_p` over consecutive value rows `v` (`s.len()` rows of `o.len()`), each
 /// element adding its terms in ascending p as a row-by-row loop would. Sixteen columns at a
 /// time stay in registers across all the rows, so `o` is read and written once per call
@@ -450,11 +562,22 @@ mod tests {
             let n_pos = 3 * KEY_TILE + 5;
             let keys: Vec<f32> = (0..n_pos * hd).map(|_| next()).collect();
             let vals: Vec<f32> = (0..n_pos * hd).map(|_| next()).collect();
-            let qs: Vec<Vec<f32>> = (0..5).map(|_| (0..hd).map(|_| next()).collect()).collect();
-            let lens = [1, KEY_TILE, KEY_TILE + 1, n_pos - 1, n_pos];
+            // Equal lengths next to each other are attended as pairs (heads of one row).
+            let lens = [
+                1,
+                KEY_TILE,
+                KEY_TILE,
+                KEY_TILE + 1,
+                n_pos - 1,
+                n_pos - 1,
+                n_pos,
+            ];
+            let qs: Vec<Vec<f32>> = (0..lens.len())
+                .map(|_| (0..hd).map(|_| next()).collect())
+                .collect();
             let queries: Vec<(usize, &[f32])> =
                 lens.iter().zip(&qs).map(|(&l, q)| (l, &q[..])).collect();
-            let (mut o_a, mut o_b) = (vec![0.0; 5 * hd], vec![0.0; 5 * hd]);
+            let (mut o_a, mut o_b) = (vec![0.0; lens.len() * hd], vec![0.0; lens.len() * hd]);
             let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
                 let src = if values { &vals } else { &keys };
                 dst.copy_from_slice(&src[positions.start * hd..positions.end * hd]);
@@ -584,6 +707,14 @@ mod tests {
             for r in 0..4 {
                 assert_eq!(a[r].to_bits(), ops::dot(&q, k[r]).to_bits());
             }
+            let q2: Vec<f32> = q.iter().map(|x| x * -1.5 + 0.25).collect();
+            let [p, p2] = dot_2x4([&q, &q2], k);
+            assert_eq!(p.map(f32::to_bits), b.map(f32::to_bits), "length {n}");
+            assert_eq!(
+                p2.map(f32::to_bits),
+                dot_x4_scalar(&q2, k).map(f32::to_bits),
+                "length {n}"
+            );
         }
     }
 }
