@@ -398,7 +398,7 @@ fn reduce_x4(acc: &[[f32; 8]; 4], q: &[f32], k: [&[f32]; 4], tail: usize) -> [f3
 #[inline]
 unsafe fn dot_x4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     use std::arch::x86_64::{
-        _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
     };
     let n = q.len();
     assert!(k.iter().all(|kr| kr.len() >= n));
@@ -406,34 +406,17 @@ unsafe fn dot_x4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     let mut acc = [[0.0f32; 8]; 4];
     // SAFETY: every load is of 8 floats at c·8 < chunks·8 <= n, within q and each key.
     unsafe {
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-        );
+        let mut a: [__m256; 4] = [_mm256_setzero_ps(); 4];
         for c in 0..chunks {
             let at = c * 8;
             let qv = _mm256_loadu_ps(q.as_ptr().add(at));
-            a0 = _mm256_add_ps(
-                a0,
-                _mm256_mul_ps(qv, _mm256_loadu_ps(k[0].as_ptr().add(at))),
-            );
-            a1 = _mm256_add_ps(
-                a1,
-                _mm256_mul_ps(qv, _mm256_loadu_ps(k[1].as_ptr().add(at))),
-            );
-            a2 = _mm256_add_ps(
-                a2,
-                _mm256_mul_ps(qv, _mm256_loadu_ps(k[2].as_ptr().add(at))),
-            );
-            a3 = _mm256_add_ps(
-                a3,
-                _mm256_mul_ps(qv, _mm256_loadu_ps(k[3].as_ptr().add(at))),
-            );
+            for r in 0..4 {
+                let kv = _mm256_loadu_ps(k[r].as_ptr().add(at));
+                a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(qv, kv));
+            }
         }
-        for (dst, v) in acc.iter_mut().zip([a0, a1, a2, a3]) {
-            _mm256_storeu_ps(dst.as_mut_ptr(), v);
+        for (dst, v) in acc.iter_mut().zip(&a) {
+            _mm256_storeu_ps(dst.as_mut_ptr(), *v);
         }
     }
     reduce_x4(&acc, q, k, chunks * 8)

@@ -366,10 +366,10 @@ impl<'e> Core<'e> {
         for ((i, d), mut m) in members.into_iter().zip(made) {
             match (d, self.slots[i].as_mut()) {
                 (Some(d), slot) => {
-                    if let Some((f, slot)) =
-                        slot.and_then(|s| Some((s.forced_acceptance.as_ref()?, &*s)))
-                    {
-                        f.apply(slot.n_sampled, &mut m.tokens, n_vocab);
+                    if let Some(s) = slot {
+                        if let Some(f) = &s.forced_acceptance {
+                            f.apply(s.n_sampled, &mut m.tokens, n_vocab);
+                        }
                     }
                     drafts[d] = m
                 }

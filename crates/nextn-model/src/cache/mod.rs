@@ -82,18 +82,6 @@ enum KvBuf {
     Q4_0(Vec<BlockQ4_0>),
 }
 
-/// Apply the same expression to the vector of any variant.
-macro_rules! each_buf {
-    ($buf:expr, $v:ident => $e:expr) => {
-        match $buf {
-            KvBuf::F16($v) => $e,
-            KvBuf::F32($v) => $e,
-            KvBuf::Q8_0($v) => $e,
-            KvBuf::Q4_0($v) => $e,
-        }
-    };
-}
-
 impl KvBuf {
     fn new(ty: KvType) -> Self {
         match ty {
@@ -140,7 +128,12 @@ impl KvBuf {
     /// Keep the first `len` values.
     fn truncate(&mut self, len: usize) {
         let len = self.units(len);
-        each_buf!(self, v => v.truncate(len))
+        match self {
+            KvBuf::F16(v) => v.truncate(len),
+            KvBuf::F32(v) => v.truncate(len),
+            KvBuf::Q8_0(v) => v.truncate(len),
+            KvBuf::Q4_0(v) => v.truncate(len),
+        }
     }
 
     /// Values `start..end` as a buffer of the same element type.
