@@ -23,7 +23,7 @@ pub use reader::{
 pub use split::{split_shard_path, SPLIT_COUNT_KEY, SPLIT_NO_KEY, SPLIT_TENSORS_COUNT_KEY};
 pub use types::GgmlType;
 pub use value::{type_id as value_type_id, value_type_name, MetadataArray, MetadataValue};
-pub use writer::{GgufWriter, SplitLimit};
+pub use writer::{GgufWriter, SplitLimit, TensorDataSource};
 
 use reader::ShardHeader;
 

@@ -25,8 +25,15 @@ struct WriterTensor<'a> {
     name: String,
     dims: Vec<u64>,
     ty: GgmlType,
+    /// The bytes, or empty for a deferred tensor whose bytes come from the writer's caller.
     data: Cow<'a, [u8]>,
+    /// Bytes of data (`data.len()` unless deferred).
+    len: u64,
+    deferred: bool,
 }
+
+/// Writes the bytes of the deferred tensor of the given name (exactly its size).
+pub type TensorDataSource<'s> = dyn FnMut(&str, &mut dyn Write) -> std::io::Result<()> + 's;
 
 /// The byte layout of a parsed single-file model, kept so that rewriting reproduces its
 /// offsets, padding and any gaps exactly, whatever the original writer put there.
@@ -92,6 +99,8 @@ impl<'a> GgufWriter<'a> {
                 dims: t.dims.clone(),
                 ty: t.ty,
                 data: Cow::Borrowed(f.tensor_data(t)),
+                len: t.n_bytes,
+                deferred: false,
             });
         }
         if single {
@@ -194,9 +203,50 @@ impl<'a> GgufWriter<'a> {
             name,
             dims,
             ty,
+            len: n_bytes,
             data,
+            deferred: false,
         });
         Ok(())
+    }
+
+    /// Appends a tensor whose bytes are produced while the file is written (by the source given
+    /// to [`GgufWriter::write_file_with`] or [`GgufWriter::write_split_with`]), so a file far
+    /// bigger than memory can be written tensor by tensor. Checks as [`GgufWriter::add_tensor`];
+    /// returns the tensor's size in bytes.
+    pub fn add_tensor_deferred(
+        &mut self,
+        name: impl Into<String>,
+        dims: Vec<u64>,
+        ty: GgmlType,
+    ) -> Result<u64, GgufError> {
+        let name = name.into();
+        if name.len() > MAX_TENSOR_NAME_LEN {
+            return Err(GgufError::TensorNameTooLong {
+                len: name.len(),
+                tensor: name,
+                max: MAX_TENSOR_NAME_LEN,
+                offset: 0,
+            });
+        }
+        if self.tensor_names.contains(&name) {
+            return Err(GgufError::DuplicateTensor {
+                tensor: name,
+                offset: 0,
+            });
+        }
+        let (_, n_bytes) = tensor_geometry(&name, &dims, ty, 0)?;
+        self.layout = None;
+        self.tensor_names.insert(name.clone());
+        self.tensors.push(WriterTensor {
+            name,
+            dims,
+            ty,
+            data: Cow::Borrowed(&[]),
+            len: n_bytes,
+            deferred: true,
+        });
+        Ok(n_bytes)
     }
 
     /// Removes the tensor called `name`; `false` if there is none.
@@ -226,6 +276,19 @@ impl<'a> GgufWriter<'a> {
     /// the alignment, zero padded (as llama.cpp and gguf-py do); a file without tensors ends
     /// right after its key-value pairs.
     pub fn write_to<W: Write + ?Sized>(&self, w: &mut W) -> Result<(), GgufError> {
+        self.write_to_with(w, &mut |name, _| {
+            Err(std::io::Error::other(format!(
+                "no data source for deferred tensor '{name}'"
+            )))
+        })
+    }
+
+    /// [`GgufWriter::write_to`], taking the bytes of deferred tensors from `source`.
+    pub fn write_to_with<W: Write + ?Sized>(
+        &self,
+        w: &mut W,
+        source: &mut TensorDataSource<'_>,
+    ) -> Result<(), GgufError> {
         if !matches!(self.version, 2 | 3) {
             return Err(GgufError::UnsupportedWriteVersion {
                 version: self.version,
@@ -273,8 +336,22 @@ impl<'a> GgufWriter<'a> {
             }
             None => {
                 for t in &self.tensors {
-                    w.write_all(&t.data).map_err(GgufError::Write)?;
-                    write_zeros(w, padding(t.data.len() as u64, alignment)?)?;
+                    if t.deferred {
+                        let mut counted = CountingWriter {
+                            inner: &mut *w,
+                            written: 0,
+                        };
+                        source(&t.name, &mut counted).map_err(GgufError::Write)?;
+                        if counted.written != t.len {
+                            return Err(GgufError::Write(std::io::Error::other(format!(
+                                "deferred tensor '{}' produced {} bytes, expected {}",
+                                t.name, counted.written, t.len
+                            ))));
+                        }
+                    } else {
+                        w.write_all(&t.data).map_err(GgufError::Write)?;
+                    }
+                    write_zeros(w, padding(t.len, alignment)?)?;
                 }
             }
         }
@@ -290,6 +367,19 @@ impl<'a> GgufWriter<'a> {
 
     /// Writes the file to `path` (created or truncated).
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
+        self.write_file_with(path, &mut |name, _| {
+            Err(std::io::Error::other(format!(
+                "no data source for deferred tensor '{name}'"
+            )))
+        })
+    }
+
+    /// [`GgufWriter::write_file`], taking the bytes of deferred tensors from `source`.
+    pub fn write_file_with(
+        &self,
+        path: impl AsRef<Path>,
+        source: &mut TensorDataSource<'_>,
+    ) -> Result<(), GgufError> {
         let path = path.as_ref();
         let io_err = |source| GgufError::Io {
             path: path.to_owned(),
@@ -297,7 +387,7 @@ impl<'a> GgufWriter<'a> {
         };
         let file = File::create(path).map_err(io_err)?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
-        self.write_to(&mut out).map_err(|e| match e {
+        self.write_to_with(&mut out, source).map_err(|e| match e {
             GgufError::Write(source) => io_err(source),
             other => other,
         })?;
@@ -314,6 +404,20 @@ impl<'a> GgufWriter<'a> {
         &self,
         stem: impl AsRef<Path>,
         limit: SplitLimit,
+    ) -> Result<Vec<PathBuf>, GgufError> {
+        self.write_split_with(stem, limit, &mut |name, _| {
+            Err(std::io::Error::other(format!(
+                "no data source for deferred tensor '{name}'"
+            )))
+        })
+    }
+
+    /// [`GgufWriter::write_split`], taking the bytes of deferred tensors from `source`.
+    pub fn write_split_with(
+        &self,
+        stem: impl AsRef<Path>,
+        limit: SplitLimit,
+        source: &mut TensorDataSource<'_>,
     ) -> Result<Vec<PathBuf>, GgufError> {
         let alignment = self.alignment()?;
         let groups = self.split_groups(limit, alignment)?;
@@ -359,10 +463,12 @@ impl<'a> GgufWriter<'a> {
                     dims: t.dims.clone(),
                     ty: t.ty,
                     data: Cow::Borrowed(&t.data),
+                    len: t.len,
+                    deferred: t.deferred,
                 });
             }
             let path = split_shard_path(stem.as_ref(), no as u64 + 1, count.into());
-            shard.write_file(&path)?;
+            shard.write_file_with(&path, source)?;
             paths.push(path);
         }
         Ok(paths)
@@ -393,7 +499,7 @@ impl<'a> GgufWriter<'a> {
             SplitLimit::MaxBytes(max) => {
                 let (mut start, mut bytes) = (0usize, 0u64);
                 for (i, t) in self.tensors.iter().enumerate() {
-                    let size = align_up(t.data.len() as u64, alignment).unwrap_or(u64::MAX);
+                    let size = align_up(t.len, alignment).unwrap_or(u64::MAX);
                     if i > start && bytes.saturating_add(size) > max {
                         groups.push(start..i);
                         (start, bytes) = (i, 0);
@@ -417,7 +523,7 @@ impl<'a> GgufWriter<'a> {
         for t in &self.tensors {
             offsets.push(next);
             next = next
-                .checked_add(t.data.len() as u64)
+                .checked_add(t.len)
                 .and_then(|e| align_up(e, alignment))
                 .ok_or_else(|| GgufError::TooLarge {
                     reason: format!("tensor {:?}: data section size overflows u64", t.name),
@@ -579,3 +685,21 @@ fn put_array(b: &mut Vec<u8>, a: &MetadataArray) {
 #[cfg(test)]
 #[path = "writer_tests.rs"]
 mod tests;
+
+/// Counts what passes through, to check that a deferred tensor got exactly its bytes.
+struct CountingWriter<'w, W: Write + ?Sized> {
+    inner: &'w mut W,
+    written: u64,
+}
+
+impl<W: Write + ?Sized> Write for CountingWriter<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}

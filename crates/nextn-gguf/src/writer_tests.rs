@@ -162,3 +162,45 @@ fn write_file_errors_name_the_path() {
         "{e}"
     );
 }
+
+/// A deferred tensor's bytes come from the source while the file is written, in file and in
+/// split form, and give the same file as adding the bytes up front; a source that writes the
+/// wrong number of bytes, or none at all, is an error.
+#[test]
+fn deferred_tensors_are_written_from_the_source() {
+    let data_of = |name: &str| -> Vec<u8> { vec![name.len() as u8; 32] };
+    let mut eager = GgufWriter::new();
+    let mut lazy = GgufWriter::new();
+    for name in ["a", "bb", "ccc"] {
+        eager
+            .add_tensor(name, vec![8], GgmlType::F32, data_of(name))
+            .unwrap();
+        assert_eq!(
+            lazy.add_tensor_deferred(name, vec![8], GgmlType::F32)
+                .unwrap(),
+            32
+        );
+    }
+    let mut out = Vec::new();
+    lazy.write_to_with(&mut out, &mut |name, w| w.write_all(&data_of(name)))
+        .unwrap();
+    assert_eq!(out, eager.to_bytes().unwrap());
+    assert!(
+        lazy.to_bytes().is_err(),
+        "no source for the deferred tensors"
+    );
+    let short = lazy.write_to_with(&mut Vec::new(), &mut |_, w| w.write_all(&[0; 4]));
+    assert!(short.unwrap_err().to_string().contains("produced 4 bytes"));
+
+    let dir = std::env::temp_dir().join(format!("nextn-gguf-deferred-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let paths = lazy
+        .write_split_with(dir.join("m"), SplitLimit::MaxTensors(2), &mut |name, w| {
+            w.write_all(&data_of(name))
+        })
+        .unwrap();
+    assert_eq!(paths.len(), 2);
+    let f = GgufFile::open(&paths[0]).unwrap();
+    assert_eq!(f.tensor_data_by_name("ccc").unwrap(), &data_of("ccc")[..]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

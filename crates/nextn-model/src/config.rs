@@ -73,6 +73,51 @@ pub struct Qwen35Config {
     pub n_ff_shexp: usize,
 }
 
+/// The smallest `context_length` accepted: room for a short prompt and a few generated tokens.
+pub const MIN_CONTEXT: usize = 16;
+
+/// Entries a vector sized by one metadata value may have: far beyond any real model (a few
+/// hundred layers), far below what would exhaust memory.
+pub const MAX_FILE_SIZED_ENTRIES: usize = 1 << 20;
+
+/// `n` copies of `fill`, where `n` was read from the file's metadata `key`: every allocation
+/// sized by a file value goes through here, so a hostile value is refused with an error naming
+/// the key instead of aborting the process on a failed allocation.
+pub fn file_sized_vec<T: Clone>(key: &str, n: usize, fill: T) -> Result<Vec<T>, ModelError> {
+    let refuse = |why: String| ModelError::BadValue {
+        key: key.to_string(),
+        why,
+    };
+    if n > MAX_FILE_SIZED_ENTRIES {
+        return Err(refuse(format!(
+            "{n} is beyond any model (at most {MAX_FILE_SIZED_ENTRIES})"
+        )));
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| refuse(format!("{n} entries cannot be allocated: {e}")))?;
+    v.resize(n, fill);
+    Ok(v)
+}
+
+/// Layers the file's tensors are named for: one more than the highest `N` of a `blk.N.*` tensor
+/// (0 when there is none).
+pub fn layers_in_tensors(f: &GgufFile) -> usize {
+    f.tensors()
+        .iter()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .map(|n| n + 1)
+        .max()
+        .unwrap_or(0)
+}
+
 impl Qwen35Config {
     pub fn key_dim(&self) -> usize {
         self.ssm_k_heads * self.ssm_head_dim
@@ -94,7 +139,19 @@ impl Qwen35Config {
         (self.n_nextn > 0).then_some(self.n_layer)
     }
 
+    /// The configuration of a model file, with `block_count` checked against the `blk.N` tensors
+    /// the file holds before anything is sized by it.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        Self::from_metadata_with(f, Some(layers_in_tensors(f)))
+    }
+
+    /// The configuration its metadata alone describes, for a file whose tensors are not written
+    /// yet (planning a synthetic model). Sizes stay bounded by [`file_sized_vec`].
+    pub fn from_metadata(f: &GgufFile) -> Result<Self, ModelError> {
+        Self::from_metadata_with(f, None)
+    }
+
+    fn from_metadata_with(f: &GgufFile, held_layers: Option<usize>) -> Result<Self, ModelError> {
         let arch_name = f
             .get_str("general.architecture")?
             .ok_or(ModelError::MissingKey("general.architecture".into()))?;
@@ -116,8 +173,27 @@ impl Qwen35Config {
         };
 
         let n_ctx_train = req_u32("context_length")?;
+        if n_ctx_train < MIN_CONTEXT {
+            return Err(ModelError::BadValue {
+                key: key("context_length"),
+                why: format!(
+                    "{n_ctx_train} positions; a model needs at least {MIN_CONTEXT} to hold a prompt and its answer"
+                ),
+            });
+        }
         let n_embd = req_u32("embedding_length")?;
         let n_layer_all = req_u32("block_count")?;
+        // Everything per layer is sized by block_count, so it must match the layers the file
+        // actually holds before anything is allocated from it.
+        if let Some(held) = held_layers.filter(|&held| held != n_layer_all) {
+            return Err(ModelError::BadValue {
+                key: key("block_count"),
+                why: format!(
+                    "{n_layer_all}, but the file's tensors are for {held} layers (blk.0 .. blk.{})",
+                    held.saturating_sub(1)
+                ),
+            });
+        }
         let n_nextn = opt_u32("nextn_predict_layers")?.unwrap_or(0);
         if n_layer_all == 0 || n_nextn >= n_layer_all {
             return Err(ModelError::BadValue {
@@ -131,7 +207,7 @@ impl Qwen35Config {
             let name = key(k);
             match f.get(&name) {
                 None => match default {
-                    Some(d) => Ok(vec![d; n_layer_all]),
+                    Some(d) => file_sized_vec(&name, n_layer_all, d),
                     None => Err(ModelError::MissingKey(name)),
                 },
                 Some(MetadataValue::Array(arr)) => {
@@ -154,8 +230,10 @@ impl Qwen35Config {
                     Ok(vals.into_iter().map(|v| v as usize).collect())
                 }
                 Some(_) => {
-                    let v = f.get_u32(&name)?.ok_or(ModelError::MissingKey(name))?;
-                    Ok(vec![v as usize; n_layer_all])
+                    let v = f
+                        .get_u32(&name)?
+                        .ok_or_else(|| ModelError::MissingKey(name.clone()))?;
+                    file_sized_vec(&name, n_layer_all, v as usize)
                 }
             }
         };
@@ -186,7 +264,20 @@ impl Qwen35Config {
                 .ok_or(ModelError::MissingKey(key(
                     "attention.layer_norm_rms_epsilon",
                 )))?;
+        let eps_key = key("attention.layer_norm_rms_epsilon");
+        if !(rms_eps.is_finite() && rms_eps > 0.0 && rms_eps < 1.0) {
+            return Err(ModelError::BadValue {
+                key: eps_key,
+                why: format!("{rms_eps} must be a finite number between 0 and 1 (exclusive)"),
+            });
+        }
         let n_rot = opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_rot == 0 || n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::BadValue {
+                key: key("rope.dimension_count"),
+                why: format!("{n_rot} must be even, positive and at most the head dim {head_dim}"),
+            });
+        }
         let sections_key = key("rope.dimension_sections");
         let sections = f
             .get_array(&sections_key)?
@@ -198,6 +289,18 @@ impl Qwen35Config {
                 why: format!("expected exactly 4 entries, found {}", sections.len()),
             });
         }
+        // IMROPE gives each of the n_rot/2 rotated pairs to one section (docs/MODEL.md): the
+        // sections must be non-negative and cover exactly those pairs.
+        let sum: i64 = sections.iter().sum();
+        if sections.iter().any(|&x| x < 0) || sum != (n_rot / 2) as i64 {
+            return Err(ModelError::BadValue {
+                key: sections_key,
+                why: format!(
+                    "{sections:?} must be non-negative and sum to rope.dimension_count / 2 = {}",
+                    n_rot / 2
+                ),
+            });
+        }
         let rope_sections = [
             sections[0] as i32,
             sections[1] as i32,
@@ -205,6 +308,12 @@ impl Qwen35Config {
             sections[3] as i32,
         ];
         let rope_freq_base = f.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
+        if !(rope_freq_base.is_finite() && rope_freq_base > 0.0) {
+            return Err(ModelError::BadValue {
+                key: key("rope.freq_base"),
+                why: format!("{rope_freq_base} must be a finite positive number"),
+            });
+        }
         let rope_scaling = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("linear") => {
                 let factor = match f.get_f32(&key("rope.scaling.factor"))? {
@@ -212,7 +321,13 @@ impl Qwen35Config {
                     None => f.get_f32(&key("rope.scale_linear"))?,
                 };
                 match factor {
-                    Some(x) if x > 0.0 && x != 1.0 => RopeScaling::Linear {
+                    Some(x) if !(x.is_finite() && x > 0.0) => {
+                        return Err(ModelError::BadValue {
+                            key: key("rope.scaling.factor"),
+                            why: format!("{x} must be a finite positive number"),
+                        })
+                    }
+                    Some(x) if x != 1.0 => RopeScaling::Linear {
                         freq_scale: 1.0 / x,
                     },
                     _ => RopeScaling::None,
@@ -329,12 +444,6 @@ impl Qwen35Config {
                     why: format!("layer {il}: {h} heads is not a multiple of {hkv} kv heads"),
                 });
             }
-        }
-        if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(ModelError::BadValue {
-                key: key("rope.dimension_count"),
-                why: format!("{n_rot} must be even and at most the head dim {head_dim}"),
-            });
         }
 
         Ok(Qwen35Config {

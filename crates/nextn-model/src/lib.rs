@@ -7,12 +7,15 @@ pub mod config;
 pub mod delta_net;
 pub mod draft_vocab;
 pub mod ffn;
+pub mod graft;
 pub mod inventory;
 pub mod model;
 pub mod nextn;
 pub mod ops;
+pub mod quantize;
 pub mod synth;
 pub mod traffic;
+pub mod validate;
 pub mod weights;
 mod wide;
 
@@ -43,6 +46,16 @@ pub enum ModelError {
     NoNextnHead(String),
     #[error("tensor '{0}' is missing")]
     MissingTensor(String),
+    #[error("tensor '{tensor}' is stored as {found}; expected {expected}")]
+    TensorType {
+        tensor: String,
+        found: String,
+        expected: &'static str,
+    },
+    #[error(transparent)]
+    Invalid(#[from] validate::InvalidModel),
+    #[error("this is an MTP-only file (a NextN head without the trunk): load it beside its model with -md")]
+    SidecarOnly,
     #[error("tensor '{tensor}' has shape {found:?}, expected {expected:?} (ggml ne order)")]
     TensorShape {
         tensor: String,

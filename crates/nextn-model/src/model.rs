@@ -181,7 +181,11 @@ impl Model {
         file: Arc<GgufFile>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model, ModelError> {
-        let config = Qwen35Config::from_gguf(&file)?;
+        let valid = crate::validate::validate(&file)?;
+        if valid.sidecar {
+            return Err(ModelError::SidecarOnly);
+        }
+        let config = valid.config;
         let w = WeightLoader::new(file.clone());
         let e = config.n_embd;
         let embd_info = file

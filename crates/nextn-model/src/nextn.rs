@@ -59,7 +59,7 @@ impl NextnHead {
     pub fn load_from(model: &Model, file: Arc<GgufFile>) -> Result<NextnHead, ModelError> {
         let cfg: &Qwen35Config = &model.config;
         if !std::ptr::eq(Arc::as_ptr(&file), Arc::as_ptr(&model.file)) {
-            let side = Qwen35Config::from_gguf(&file)?;
+            let side = crate::validate::validate(&file)?.config;
             if side.n_embd != cfg.n_embd || side.n_layer != cfg.n_layer || side.arch != cfg.arch {
                 return Err(ModelError::BadValue {
                     key: "general.architecture".into(),

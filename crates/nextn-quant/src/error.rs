@@ -16,6 +16,18 @@ pub enum QuantError {
         n: usize,
         block: usize,
     },
+    /// Importance weights that do not describe whole rows of whole blocks of the source:
+    /// there must be one weight per column, a whole number of blocks, and whole rows.
+    #[error(
+        "{ty}: {weights} importance weights (one per column) do not split {n} elements into \
+         whole rows of whole {block}-element blocks"
+    )]
+    ImportanceShape {
+        ty: GgmlType,
+        weights: usize,
+        n: usize,
+        block: usize,
+    },
     /// Buffers whose sizes do not fit together.
     #[error("{what}: expected {expected}, got {got}")]
     SizeMismatch {

@@ -1,6 +1,8 @@
 //! Bit-exact comparison with the reference vectors of `tools/gen_quant_vectors.py`
 //! (gguf-py's numpy dequantizers and quantizers; ggml's reference C quantizers for the
-//! K-quants), plus the size and support errors.
+//! K-quants), plus the size and support errors. The quantizers gguf-py lacks (IQ4_NL,
+//! IQ4_XS) are checked against ggml in `quantize_importance.rs` instead, on the vectors of
+//! `tests/vectors/ggml`.
 
 use nextn_quant::formats::{
     self, can_dequantize, can_quantize, check_supported, dequantize, quantize,
@@ -62,9 +64,18 @@ fn manifest_covers_every_supported_type() {
             );
         }
     }
+    let ggml_manifest = std::fs::read_to_string(vectors_dir().join("ggml/manifest.txt"))
+        .expect("tests/vectors/ggml/manifest.txt");
+    // ggml names types in lower case (`q4_K`, `iq4_xs`).
+    let in_ggml_vectors = |ty: GgmlType| {
+        ggml_manifest
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .any(|l| l.split_whitespace().next() == Some(ty.name().to_lowercase().as_str()))
+    };
     for ty in GgmlType::all().filter(|&ty| can_quantize(ty)) {
         assert!(
-            cases.iter().any(|c| c.op == "quantize" && c.ty == ty),
+            cases.iter().any(|c| c.op == "quantize" && c.ty == ty) || in_ggml_vectors(ty),
             "no quantize vectors for {ty}"
         );
     }
@@ -250,10 +261,10 @@ fn unsupported_types_are_refused_with_the_tensor_name() {
             op: "dequantize"
         }
     );
-    let err = quantize(GgmlType::IQ4_XS, &[0.0f32; 256], &mut [0u8; 136]).unwrap_err();
+    let err = quantize(GgmlType::IQ2_XXS, &[0.0f32; 256], &mut [0u8; 66]).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "quantize is not available for tensor type IQ4_XS"
+        "quantize is not available for tensor type IQ2_XXS"
     );
 }
 
@@ -267,11 +278,20 @@ fn supported_sets_are_as_documented() {
         assert!(can_dequantize(ty), "{ty}");
     }
     for ty in [
-        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4,
+        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL,
+        IQ4_XS, MXFP4,
     ] {
         assert!(can_quantize(ty), "{ty}");
     }
-    assert!(!can_quantize(IQ4_NL) && !can_quantize(IQ4_XS));
+    assert!(!can_quantize(IQ2_XXS) && !can_quantize(IQ3_S) && !can_quantize(Q8_1));
+    for ty in [
+        Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+    ] {
+        assert!(formats::uses_importance(ty), "{ty}");
+    }
+    for ty in [F32, F16, BF16, Q8_0, Q8_K, MXFP4] {
+        assert!(!formats::uses_importance(ty), "{ty}");
+    }
 }
 
 #[test]

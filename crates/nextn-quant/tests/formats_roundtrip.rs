@@ -152,3 +152,95 @@ fn typed_rows_match_the_byte_entry_points() {
     dequantize(GgmlType::Q4_K, &bytes, &mut b).unwrap();
     assert_eq!(a, b);
 }
+
+/// A deterministic Gaussian-ish row (sum of 4 uniforms), as `more_bits_give_smaller_errors`.
+fn gaussian_ish(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    (0..n)
+        .map(|_| (0..4).map(|_| uniform()).sum::<f32>())
+        .collect()
+}
+
+fn quantize_weighted_round_trip(ty: GgmlType, x: &[f32], w: Option<&[f32]>) -> Vec<f32> {
+    let bytes = ty.row_bytes(x.len() as u64).expect("whole blocks") as usize;
+    let mut q = vec![0u8; bytes];
+    formats::quantize_with_importance(ty, x, &mut q, w).unwrap_or_else(|e| panic!("{ty}: {e}"));
+    let mut y = vec![0.0f32; x.len()];
+    dequantize(ty, &q, &mut y).unwrap_or_else(|e| panic!("{ty}: {e}"));
+    y
+}
+
+#[test]
+fn importance_weights_lower_the_weighted_error() {
+    // What an importance matrix is for: columns that matter (large weight) are reproduced
+    // more faithfully, at the expense of the others. Over many rows, the error weighted by
+    // the importance must then be lower than without weights, for every type that uses them.
+    const ROW: usize = 1024;
+    let x = gaussian_ish(ROW * 16, 0x9e37_79b9_7f4a_7c15);
+    // One column in eight matters a thousand times more than the rest.
+    let w: Vec<f32> = (0..ROW)
+        .map(|i| if i % 8 == 3 { 1000.0 } else { 1.0 })
+        .collect();
+    let weighted_error = |y: &[f32]| -> f64 {
+        x.iter()
+            .zip(y)
+            .enumerate()
+            .map(|(i, (&a, &b))| w[i % ROW] as f64 * (a as f64 - b as f64).powi(2))
+            .sum()
+    };
+    for ty in GgmlType::all().filter(|&t| formats::uses_importance(t)) {
+        let plain = weighted_error(&quantize_weighted_round_trip(ty, &x, None));
+        let with = weighted_error(&quantize_weighted_round_trip(ty, &x, Some(&w)));
+        assert!(
+            with < plain,
+            "{ty}: weighted error {with} with importance, {plain} without"
+        );
+    }
+}
+
+#[test]
+fn weighted_quantizers_handle_degenerate_rows() {
+    let w: Vec<f32> = (0..512).map(|i| (i % 5) as f32).collect();
+    let mut bad = ggml_test_data(2.0, 512);
+    bad[3] = f32::NAN;
+    bad[300] = f32::INFINITY;
+    bad[301] = f32::NEG_INFINITY;
+    bad[400] = f32::MAX;
+    bad[401] = f32::MIN_POSITIVE / 4.0;
+    for ty in GgmlType::all().filter(|&t| formats::uses_importance(t)) {
+        // Zeros stay zeros, with any weights (zero weights included).
+        let y = quantize_weighted_round_trip(ty, &[0.0; 512], Some(&w));
+        assert!(y.iter().all(|&v| v == 0.0), "{ty}: {:?}", &y[..8]);
+        let y = quantize_weighted_round_trip(ty, &[0.0; 512], Some(&[0.0; 512]));
+        assert!(y.iter().all(|&v| v == 0.0), "{ty}");
+        // Non-finite values and all-zero weights give some bytes, without panicking.
+        let _ = quantize_weighted_round_trip(ty, &bad, Some(&w));
+        let _ = quantize_weighted_round_trip(ty, &ggml_test_data(0.5, 512), Some(&[0.0; 512]));
+    }
+}
+
+#[test]
+fn iq4_errors_sit_between_q3_k_and_q5_k() {
+    let x = gaussian_ish(4096, 0x2545_f491_4f6c_dd1d);
+    let rel = |ty| {
+        let y = round_trip(ty, &x);
+        let num: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+            .sum();
+        let den: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
+        (num / den).sqrt()
+    };
+    use GgmlType::*;
+    for ty in [IQ4_NL, IQ4_XS] {
+        let e = rel(ty);
+        assert!(rel(Q3_K) > e && e > rel(Q5_K), "{ty}: {e}");
+    }
+}

@@ -8,7 +8,11 @@
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 //! `GET /health` (503 while loading), `GET /metrics` (see [`prometheus`] for the names).
+//!
+//! Connections are accepted and limited in [`conn`]: header-read, idle keep-alive and
+//! write-stall timeouts, and a cap on open connections.
 
+pub mod conn;
 pub mod error;
 mod native;
 pub mod prometheus;
@@ -73,6 +77,30 @@ pub struct ServerConfig {
     /// `--force-acceptance`: per-position rates at which requests that send their plain output
     /// (`forced_acceptance_reference`) run the speculative loop (measurement only).
     pub forced_acceptance: Option<Vec<f64>>,
+    /// Timeouts and the connection cap.
+    pub limits: conn::Limits,
+}
+
+/// Why the server could not start or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the bound address: {0}")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("cannot start the inference thread: {0}")]
+    InferenceSpawn(#[source] std::io::Error),
+    /// The model did not load (the loader's message).
+    #[error("{0}")]
+    Load(String),
+    #[error("the inference thread ended abnormally")]
+    InferenceThread,
 }
 
 /// What the loader hands over once the model is read.
@@ -111,11 +139,16 @@ pub(crate) struct App {
     pub cfg: ServerConfig,
     pub handle: SchedulerHandle,
     pub frontend: OnceLock<Arc<Frontend>>,
+    pub connections: Arc<conn::ConnStats>,
 }
+
+/// After the shutdown grace period has cancelled what was still running, connections get this
+/// long to deliver the last events (the error and `[DONE]`) before they are closed regardless.
+const DELIVERY_AFTER_GRACE: Duration = Duration::from_secs(5);
 
 /// Bind, start loading the model on the inference thread, and serve until SIGTERM / SIGINT (or a
 /// failed load). Returns when every connection is closed and the inference thread has ended.
-pub fn run<L>(cfg: ServerConfig, load: L) -> Result<(), String>
+pub fn run<L>(cfg: ServerConfig, load: L) -> Result<(), ServeError>
 where
     L: FnOnce() -> Result<Loaded, String> + Send + 'static,
 {
@@ -124,21 +157,22 @@ where
         .thread_name("nextn-http")
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+        .map_err(ServeError::Runtime)?;
     runtime.block_on(serve(cfg, load))
 }
 
-async fn serve<L>(cfg: ServerConfig, load: L) -> Result<(), String>
+async fn serve<L>(cfg: ServerConfig, load: L) -> Result<(), ServeError>
 where
     L: FnOnce() -> Result<Loaded, String> + Send + 'static,
 {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local: SocketAddr = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        .map_err(|source| ServeError::Listen {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local: SocketAddr = listener.local_addr().map_err(ServeError::LocalAddr)?;
 
     let frontend_slot: Arc<OnceLock<Arc<Frontend>>> = Arc::new(OnceLock::new());
     let fs = frontend_slot.clone();
@@ -154,13 +188,16 @@ where
         }));
         Ok((loaded.engine, loaded.scheduler))
     })
-    .map_err(|e| format!("cannot start the inference thread: {e}"))?;
+    .map_err(ServeError::InferenceSpawn)?;
 
     let grace = cfg.shutdown_grace;
+    let limits = cfg.limits;
+    let connections = Arc::new(conn::ConnStats::default());
     let app = Arc::new(App {
         cfg,
         handle: handle.clone(),
         frontend: OnceLock::new(),
+        connections: connections.clone(),
     });
     let router = routes::router(app.clone());
     // The HTTP side sees the frontend as soon as the loader publishes it.
@@ -201,6 +238,13 @@ where
             }
         })
     };
+    eprintln!(
+        "connections: at most {} at once; request heads within {:.0} s, idle keep-alive {:.0} s, stalled writes {:.0} s",
+        limits.max_connections,
+        limits.header_read.as_secs_f64(),
+        limits.idle.as_secs_f64(),
+        limits.write_stall.as_secs_f64()
+    );
     eprintln!("listening on http://{local} (model loading; /health answers 503 until ready)");
 
     let load_result: Arc<std::sync::Mutex<Option<String>>> = Arc::new(std::sync::Mutex::new(None));
@@ -221,19 +265,17 @@ where
             }
         }
         handle.shutdown(grace);
+        tokio::time::Instant::now() + grace + DELIVERY_AFTER_GRACE
     };
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    conn::serve(listener, router, limits, connections, shutdown).await;
     app.handle.shutdown(Duration::ZERO);
     let joined = tokio::task::spawn_blocking(move || inference.join()).await;
     if let Some(e) = load_result.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(e);
+        return Err(ServeError::Load(e));
     }
-    served.map_err(|e| format!("the HTTP server failed: {e}"))?;
     match joined {
         Ok(Ok(())) => Ok(()),
-        _ => Err("the inference thread ended abnormally".into()),
+        _ => Err(ServeError::InferenceThread),
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::request::{flag, parse_chat, parse_json};
-use crate::routes::{frontend, json_response, render_chat, AppState};
+use crate::routes::{body_error, frontend, json_response, render_chat, AppState};
 
 fn answer(r: Result<Value, ApiError>) -> Response {
     match r {
@@ -21,8 +21,7 @@ fn answer(r: Result<Value, ApiError>) -> Response {
 }
 
 fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
-    let body = body.map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?;
-    parse_json(&body)
+    parse_json(&body.map_err(body_error)?)
 }
 
 /// `POST /tokenize {"content", "add_special", "parse_special", "with_pieces"}` →

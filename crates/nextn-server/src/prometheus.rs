@@ -5,6 +5,8 @@ use std::fmt::Write;
 
 use nextn_engine::scheduler::MetricsSnapshot;
 
+use crate::conn::{ConnStats, Expiry};
+
 enum Kind {
     Counter,
     Gauge,
@@ -269,6 +271,50 @@ pub fn render(m: &MetricsSnapshot, n_slots: usize, n_max: usize) -> String {
     out
 }
 
+/// The HTTP connection families: open connections, the cap, and those the server closed on a
+/// timeout, by `reason` (`header_read`, `idle`, `write`).
+pub fn render_connections(c: &ConnStats, max_connections: usize) -> String {
+    let mut out = String::new();
+    family(
+        &mut out,
+        "nextn:http_connections",
+        Kind::Gauge,
+        "Open HTTP connections.",
+        &[(String::new(), c.open() as f64)],
+    );
+    family(
+        &mut out,
+        "nextn:http_connections_max",
+        Kind::Gauge,
+        "Most HTTP connections served at once (--max-connections); more wait in the listen backlog.",
+        &[(String::new(), max_connections as f64)],
+    );
+    family(
+        &mut out,
+        "nextn:http_connections_accepted_total",
+        Kind::Counter,
+        "HTTP connections accepted.",
+        &[(String::new(), c.accepted_total() as f64)],
+    );
+    let expired: Vec<(String, f64)> = Expiry::ALL
+        .iter()
+        .map(|&e| {
+            (
+                format!("{{reason=\"{}\"}}", e.label()),
+                c.expired_total(e) as f64,
+            )
+        })
+        .collect();
+    family(
+        &mut out,
+        "nextn:http_connections_timed_out_total",
+        Kind::Counter,
+        "HTTP connections the server closed on a timeout: request head not read in time, idle keep-alive, client not reading.",
+        &expired,
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +343,20 @@ mod tests {
             "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"} 1",
             "# TYPE llamacpp:requests_processing gauge",
             "nextn:slots_total 4",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        let text = render_connections(&ConnStats::default(), 1024);
+        for line in [
+            "nextn:http_connections 0",
+            "nextn:http_connections_max 1024",
+            "# TYPE nextn:http_connections_accepted_total counter",
+            "nextn:http_connections_timed_out_total{reason=\"header_read\"} 0",
+            "nextn:http_connections_timed_out_total{reason=\"idle\"} 0",
+            "nextn:http_connections_timed_out_total{reason=\"write\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -589,18 +589,27 @@ impl SseState {
                 self.finished = true;
             }
             Some(Event::Failed { kind, message }) => {
-                self.frames.push_back(sse(&failure(kind, message).body()));
-                self.finished = true;
+                self.end_with_error(failure(kind, message));
             }
             Some(Event::Started { .. }) => {}
             None => {
-                self.frames.push_back(sse(&ApiError::internal(
+                self.end_with_error(ApiError::internal(
                     "the engine stopped before the request finished",
-                )
-                .body()));
-                self.finished = true;
+                ));
             }
         }
+    }
+
+    /// The error event ends the stream; OpenAI streams still close with `[DONE]`, which their
+    /// clients read as the end (the error, from a shutdown for instance, comes just before it).
+    /// llama-server's native `/completion` stream has no end marker, so it ends with the error.
+    fn end_with_error(&mut self, e: ApiError) {
+        self.frames.push_back(sse(&e.body()));
+        if self.reply.endpoint != Endpoint::Native {
+            self.frames
+                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        }
+        self.finished = true;
     }
 }
 

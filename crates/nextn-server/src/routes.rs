@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -50,6 +50,7 @@ pub(crate) fn router(app: AppState) -> Router {
         .route("/props", get(native::props))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
+        .route_layer(middleware::from_fn(json_bodies_only))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
@@ -97,6 +98,46 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
         Some(k) if key_matches(&app.cfg.api_keys, k) => next.run(req).await,
         _ => ApiError::unauthorized().into_response(),
     }
+}
+
+/// `application/json` or a structured `+json` type, with any parameters (`charset=utf-8`).
+fn is_json_media_type(value: &str) -> bool {
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Every POST endpoint reads a JSON body: a body labelled as something else is refused with 415
+/// instead of being parsed anyway. A missing Content-Type is accepted, as llama-server accepts it
+/// (its handlers parse the body whatever the header says), and an empty body has nothing to label.
+async fn json_bodies_only(req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let Some(value) = req.headers().get(header::CONTENT_TYPE) else {
+        return next.run(req).await;
+    };
+    let empty = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|n| n.as_bytes() == b"0");
+    if empty || value.to_str().is_ok_and(is_json_media_type) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "invalid_request_error",
+        format!(
+            "Content-Type '{}' is not supported: the body must be JSON sent as 'Content-Type: application/json' (with curl: -H 'Content-Type: application/json', or --json)",
+            String::from_utf8_lossy(value.as_bytes())
+        ),
+    )
+    .into_response()
 }
 
 /// The chat page: one self-contained file, embedded in the binary.
@@ -156,11 +197,12 @@ async fn health(State(app): State<AppState>) -> Response {
 
 async fn metrics(State(app): State<AppState>) -> Response {
     let info = app.handle.info();
-    let text = prometheus::render(
+    let mut text = prometheus::render(
         &app.handle.metrics(),
         info.as_ref().map_or(0, |i| i.n_slots),
         info.as_ref().map_or(0, |i| i.n_draft_max),
     );
+    text += &prometheus::render_connections(&app.connections, app.cfg.limits.max_connections);
     (
         StatusCode::OK,
         [(
@@ -199,7 +241,7 @@ async fn models(State(app): State<AppState>) -> Response {
     )
 }
 
-fn body_error(r: BytesRejection) -> ApiError {
+pub(crate) fn body_error(r: BytesRejection) -> ApiError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -594,6 +636,27 @@ async fn submit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_media_types() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON;charset=UTF-8",
+            "application/vnd.api+json",
+        ] {
+            assert!(is_json_media_type(ok), "{ok}");
+        }
+        for refused in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/json+plain",
+            "",
+        ] {
+            assert!(!is_json_media_type(refused), "{refused}");
+        }
+    }
 
     #[test]
     fn key_comparison() {

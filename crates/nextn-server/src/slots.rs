@@ -103,7 +103,7 @@ async fn action_inner(
             ))
         }
     }
-    let body = body.map_err(|e| ApiError::bad_request(format!("cannot read the body: {e}")))?;
+    let body = body.map_err(crate::routes::body_error)?;
     let filename = filename(&body)?;
     let path = dir.join(&filename);
     let started = Instant::now();

@@ -21,8 +21,8 @@ struct Cli {
 enum Command {
     /// Show a GGUF model: architecture, hyper-parameters, tensor types, tokenizer, NextN head.
     Inspect(cmd::inspect::Args),
-    /// Check that a file is a qwen35/qwen35moe model with a complete NextN head
-    /// (exit 0: usable; 1: valid GGUF but unusable for MTP; 2: not a valid GGUF).
+    /// Check that a file is a qwen35/qwen35moe model with a complete NextN head that loads and runs
+    /// (exit 0: usable; 1: valid GGUF but unusable, every problem listed; 2: not a valid GGUF).
     Verify(cmd::verify::Args),
     /// Generate text from a prompt.
     Run(cmd::run::Args),
@@ -32,6 +32,11 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Write a random-weight Qwen3.5/3.6 GGUF with real shapes and the real tokenizer (presets 0.8b, 27b, 35b-a3b, ...).
     Synth(cmd::synth::Args),
+    /// Re-quantize a model with llama-quantize's types, mixes and flags, the NextN block's type
+    /// under control (--keep-nextn-type, --tensor-type).
+    Quantize(cmd::quantize::Args),
+    /// One file from the trunk of a model and the NextN (MTP) block of another file of the same model.
+    Graft(cmd::graft::Args),
     /// OpenAI-compatible HTTP server with continuous batching and MTP drafting per slot.
     Serve(cmd::serve::Args),
     /// Count token frequencies of text files with a model's tokenizer: the ranking for --spec-draft-vocab.
@@ -53,6 +58,8 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Quantize(a) => cmd::quantize::run(a),
+        Command::Graft(a) => cmd::graft::run(a),
         Command::VocabStats(a) => cmd::vocab_stats::run(a),
     };
     match result {
@@ -161,6 +168,51 @@ mod tests {
         let r = run("run -p -fa -n 1");
         assert_eq!(r.prompt.as_deref(), Some("-fa"));
         assert!(r.model.cpu_only.flash_attn.is_none());
+    }
+
+    /// The connection limits: defaults, llama-server's `-to` for both the header-read and the
+    /// write timeout where those flags are not given, and values refused.
+    #[test]
+    fn connection_limits() {
+        use std::time::Duration;
+        let l = cmd::serve::limits(&serve("serve -m q.gguf")).unwrap();
+        assert_eq!(l.header_read, Duration::from_secs(10));
+        assert_eq!(l.idle, Duration::from_secs(75));
+        assert_eq!(l.write_stall, Duration::from_secs(60));
+        assert!(l.max_connections >= 1 && l.max_connections <= 1024);
+
+        let a = serve(
+            "serve -m q.gguf -to 30 --timeout-write 5 --timeout-idle 2.5 --max-connections 8",
+        );
+        assert_eq!(a.timeout, Some(30.0));
+        let l = cmd::serve::limits(&a).unwrap();
+        assert_eq!(l.header_read, Duration::from_secs(30));
+        assert_eq!(l.write_stall, Duration::from_secs(5));
+        assert_eq!(l.idle, Duration::from_millis(2500));
+        assert_eq!(l.max_connections, 8);
+        let l = cmd::serve::limits(&serve("serve --timeout 7 --timeout-header-read 3")).unwrap();
+        assert_eq!(
+            (l.header_read, l.write_stall),
+            (Duration::from_secs(3), Duration::from_secs(7))
+        );
+
+        for line in [
+            "serve -to 0",
+            "serve --timeout-idle 0",
+            "serve --timeout-header-read 1e300",
+            "serve --timeout-write NaN",
+            "serve --max-connections 0",
+        ] {
+            assert!(
+                cmd::serve::limits(&serve(line)).is_err(),
+                "`{line}` was accepted"
+            );
+        }
+        // `-to` is a flag only where serve's flags are.
+        assert!(Cli::try_parse_from(cmd::common::normalize_args(
+            ["nextn", "run", "-to", "5"].map(String::from).into_iter()
+        ))
+        .is_err());
     }
 
     /// clap's own consistency checks of every subcommand's arguments (names, conflicts,

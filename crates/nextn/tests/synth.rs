@@ -234,7 +234,7 @@ fn preset_plans_match_the_model_inventory() {
             Vocab::qwen(&qwen_raw(), spec.n_vocab).unwrap()
         };
         let f = metadata_file(&spec, &vocab);
-        let cfg = Qwen35Config::from_gguf(&f).unwrap();
+        let cfg = Qwen35Config::from_metadata(&f).unwrap();
         assert_eq!(
             (cfg.n_embd, cfg.n_layer, cfg.n_nextn, cfg.head_dim),
             (spec.n_embd, spec.n_layer, 1, spec.head_dim),
@@ -312,7 +312,7 @@ fn quant_mix_and_order_match_llama_quantize() {
     ];
     for (fixture, ty) in files {
         let f = GgufFile::open(golden.join(format!("{fixture}/{fixture}-{ty}.gguf"))).unwrap();
-        let cfg = Qwen35Config::from_gguf(&f).unwrap();
+        let cfg = Qwen35Config::from_metadata(&f).unwrap();
         let spec = SynthSpec::from_config(
             &cfg,
             inventory::n_vocab(&f),

@@ -7,100 +7,7 @@ use nextn_gguf::GgmlType;
 use super::random::Init;
 use super::spec::SynthSpec;
 use crate::config::Arch;
-
-/// The file types `nextn synth --type` writes, named as llama-quantize names them.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileType {
-    F32,
-    F16,
-    BF16,
-    Q8_0,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q4_K_M,
-    Q5_K_M,
-    Q6_K,
-}
-
-impl FileType {
-    pub const ALL: [FileType; 11] = [
-        FileType::F32,
-        FileType::F16,
-        FileType::BF16,
-        FileType::Q8_0,
-        FileType::Q4_0,
-        FileType::Q4_1,
-        FileType::Q5_0,
-        FileType::Q5_1,
-        FileType::Q4_K_M,
-        FileType::Q5_K_M,
-        FileType::Q6_K,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FileType::F32 => "F32",
-            FileType::F16 => "F16",
-            FileType::BF16 => "BF16",
-            FileType::Q8_0 => "Q8_0",
-            FileType::Q4_0 => "Q4_0",
-            FileType::Q4_1 => "Q4_1",
-            FileType::Q5_0 => "Q5_0",
-            FileType::Q5_1 => "Q5_1",
-            FileType::Q4_K_M => "Q4_K_M",
-            FileType::Q5_K_M => "Q5_K_M",
-            FileType::Q6_K => "Q6_K",
-        }
-    }
-
-    /// Case-insensitive, as llama-quantize spells the types.
-    pub fn parse(s: &str) -> Option<FileType> {
-        FileType::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(s))
-    }
-
-    /// `general.file_type` (llama.h `llama_ftype`).
-    pub fn llama_ftype(self) -> u32 {
-        match self {
-            FileType::F32 => 0,
-            FileType::F16 => 1,
-            FileType::Q4_0 => 2,
-            FileType::Q4_1 => 3,
-            FileType::Q8_0 => 7,
-            FileType::Q5_0 => 8,
-            FileType::Q5_1 => 9,
-            FileType::Q4_K_M => 15,
-            FileType::Q5_K_M => 17,
-            FileType::Q6_K => 18,
-            FileType::BF16 => 32,
-        }
-    }
-
-    /// The type of most 2-D weights.
-    pub fn base_type(self) -> GgmlType {
-        match self {
-            FileType::F32 => GgmlType::F32,
-            FileType::F16 => GgmlType::F16,
-            FileType::BF16 => GgmlType::BF16,
-            FileType::Q8_0 => GgmlType::Q8_0,
-            FileType::Q4_0 => GgmlType::Q4_0,
-            FileType::Q4_1 => GgmlType::Q4_1,
-            FileType::Q5_0 => GgmlType::Q5_0,
-            FileType::Q5_1 => GgmlType::Q5_1,
-            FileType::Q4_K_M => GgmlType::Q4_K,
-            FileType::Q5_K_M => GgmlType::Q5_K,
-            FileType::Q6_K => GgmlType::Q6_K,
-        }
-    }
-
-    pub fn is_quantized(self) -> bool {
-        self.base_type().is_quantized()
-    }
-}
+pub use crate::quantize::mix::{self, FileType, MixOptions, ModelFacts};
 
 /// One tensor of the file before types are chosen: name, `ne` dims, initialisation.
 #[derive(Clone, Debug, PartialEq)]
@@ -257,114 +164,28 @@ pub fn tensor_shapes(s: &SynthSpec) -> Vec<TensorShape> {
     out
 }
 
-/// What llama-quantize keeps in its source type (F32 here): 1-D tensors, non-`weight` tensors,
-/// norms, the router and the conv kernel (docs/MODEL.md, "Tensor types and scales"; llama.cpp's
-/// `tensor_allows_quantization`).
-fn stays_f32(name: &str, dims: &[u64]) -> bool {
-    dims.len() < 2
-        || !name.ends_with("weight")
-        || name.contains("_norm.weight")
-        || name.contains("ffn_gate_inp.weight")
-        || name.contains("ssm_conv1d")
-}
-
-/// llama-quantize's choice among types that divide the row into whole blocks.
-fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
-    let fits = |t: GgmlType| ne0.is_multiple_of(t.block_size() as u64);
-    if fits(ty) {
-        return ty;
-    }
-    let alt = match ty {
-        GgmlType::Q4_K => GgmlType::Q5_0,
-        GgmlType::Q5_K => GgmlType::Q5_1,
-        GgmlType::Q6_K => GgmlType::Q8_0,
-        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
-        // llama-quantize aborts here (no fallback for Q8_0 / Q4_0 ...); F16 keeps the file usable.
-        _ => GgmlType::F16,
-    };
-    if fits(alt) {
-        alt
-    } else {
-        GgmlType::F16
-    }
-}
-
-/// The `blk.N.` layer of a tensor name.
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
-}
-
-/// llama-quantize's layer rule for the K-quant mixes: first and last eighth, and every third layer
-/// in between, get more bits.
-fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
-    i_layer < n_layers / 8
-        || i_layer >= 7 * n_layers / 8
-        || (i_layer as i64 - (n_layers / 8) as i64).rem_euclid(3) == 2
-}
-
-/// The type of every tensor, following llama-quantize's `llama_tensor_get_type` for the mixes we
-/// write (no imatrix, no overrides). Tensors must come in [`tensor_shapes`] order: the attention-V
-/// counter runs in file order, as in llama-quantize.
+/// The type of every tensor, by llama-quantize's mix for `ftype` from F32 sources
+/// ([`crate::quantize::mix`]). Tensors come in [`tensor_shapes`] order, llama-quantize's.
 pub fn plan(s: &SynthSpec, ftype: FileType) -> Vec<PlannedTensor> {
     let shapes = tensor_shapes(s);
-    let is_attn_v = |n: &str| n.contains("attn_v.weight") || n.contains("attn_qkv.weight");
-    let n_attention_wv = shapes.iter().filter(|t| is_attn_v(&t.name)).count();
-    let mut i_attention_wv = 0;
-    let base = ftype.base_type();
-    let k_mix = matches!(ftype, FileType::Q4_K_M | FileType::Q5_K_M);
-    let n_layer_all = s.n_layer_all();
-    let eight_experts = s.arch == Arch::Moe && s.n_expert == 8;
+    let listed: Vec<(String, Vec<u64>, GgmlType)> = shapes
+        .iter()
+        .map(|t| (t.name.clone(), t.dims.clone(), GgmlType::F32))
+        .collect();
+    let facts = ModelFacts {
+        n_layer_all: s.n_layer_all(),
+        n_expert: if s.arch == Arch::Moe { s.n_expert } else { 0 },
+        n_gqa: s.n_head / s.n_head_kv.max(1),
+    };
+    let types = mix::choose_types(&listed, ftype, facts, &MixOptions::default());
     shapes
         .into_iter()
-        .map(|t| {
-            let name = t.name.as_str();
-            let ne0 = t.dims[0];
-            let ty = if stays_f32(name, &t.dims) {
-                GgmlType::F32
-            } else if !ftype.is_quantized() {
-                base
-            } else {
-                let mut ty = base;
-                if name == "output.weight" || (s.tied && name == "token_embd.weight") {
-                    if !ne0.is_multiple_of(base.block_size() as u64) {
-                        ty = GgmlType::Q8_0;
-                    } else if base != GgmlType::Q8_0 {
-                        ty = GgmlType::Q6_K;
-                    }
-                } else if name == "token_embd.weight" {
-                    // untied embedding: the base type
-                } else if is_attn_v(name) {
-                    if k_mix && use_more_bits(i_attention_wv, n_attention_wv) {
-                        ty = GgmlType::Q6_K;
-                    }
-                    if eight_experts {
-                        ty = GgmlType::Q8_0;
-                    }
-                    i_attention_wv += 1;
-                } else if name.contains("attn_k.weight") {
-                    if eight_experts {
-                        ty = GgmlType::Q8_0;
-                    }
-                } else if name.contains("ffn_up") || name.contains("ffn_gate") {
-                    // the base type for these mixes
-                } else if name.contains("ffn_down") {
-                    if k_mix && use_more_bits(layer_of(name).unwrap_or(0), n_layer_all) {
-                        ty = GgmlType::Q6_K;
-                    }
-                } else if name.contains("attn_output.weight")
-                    && eight_experts
-                    && ftype == FileType::Q4_K_M
-                {
-                    ty = GgmlType::Q5_K;
-                }
-                fallback(ty, ne0)
-            };
-            PlannedTensor {
-                name: t.name,
-                dims: t.dims,
-                ty,
-                init: t.init,
-            }
+        .zip(types)
+        .map(|(t, ty)| PlannedTensor {
+            name: t.name,
+            dims: t.dims,
+            ty,
+            init: t.init,
         })
         .collect()
 }
@@ -378,7 +199,7 @@ mod tests {
         for t in FileType::ALL {
             assert_eq!(FileType::parse(&t.name().to_lowercase()), Some(t));
         }
-        assert_eq!(FileType::parse("Q3_K_S"), None);
+        assert_eq!(FileType::parse("IQ2_XXS"), None);
     }
 
     #[test]
@@ -420,22 +241,15 @@ mod tests {
     }
 
     #[test]
-    fn fallbacks_follow_llama_quantize() {
-        assert_eq!(fallback(GgmlType::Q4_K, 128), GgmlType::Q5_0);
-        assert_eq!(fallback(GgmlType::Q5_K, 96), GgmlType::Q5_1);
-        assert_eq!(fallback(GgmlType::Q6_K, 160), GgmlType::Q8_0);
-        assert_eq!(fallback(GgmlType::Q6_K, 100), GgmlType::F16);
-        assert_eq!(fallback(GgmlType::Q8_0, 100), GgmlType::F16);
-        assert_eq!(fallback(GgmlType::Q4_K, 512), GgmlType::Q4_K);
-    }
-
-    #[test]
     fn order_is_global_then_blocks_by_number() {
         let s = SynthSpec::preset("tiny").unwrap();
         let names: Vec<String> = tensor_shapes(&s).into_iter().map(|t| t.name).collect();
         assert_eq!(names[0], "output_norm.weight");
         assert_eq!(names[1], "token_embd.weight");
-        let layers: Vec<usize> = names.iter().filter_map(|n| layer_of(n)).collect();
+        let layers: Vec<usize> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+            .collect();
         assert!(layers.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(*layers.last().unwrap(), 4, "the NextN block is blk.4");
     }

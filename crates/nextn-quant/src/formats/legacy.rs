@@ -3,7 +3,9 @@
 //! Quantizers follow ggml's reference (`quantize_row_*_ref`), which gguf-py reproduces bit
 //! for bit: f32 arithmetic throughout, the scale stored as f16 *after* the codes were
 //! computed from the unrounded f32 scale, codes by truncation of `x/d + offset + 0.5`
-//! (Q4/Q5) or by round-half-away-from-zero (Q8_0).
+//! (Q4/Q5) or by round-half-away-from-zero (Q8_0). These are also what llama-quantize
+//! writes without an importance matrix; its importance-weighted paths are in
+//! [`super::weighted`].
 
 use super::layout::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK32};
 use super::{check_rows, inverse_or_zero, round_i32_like_x86, trunc_i32_like_x86};

@@ -1,15 +1,24 @@
 //! ggml block formats: byte layouts, dequantization and quantization.
 //!
 //! Dequantization is bit-exact with gguf-py's `gguf.quants.dequantize` (numpy) for every
-//! type [`can_dequantize`] accepts; quantization is bit-exact with `gguf.quants.quantize`
-//! where gguf-py has a quantizer, and follows ggml's reference C quantizers for the
-//! K-quants. Both work on whole rows of whole blocks, given as raw little-endian bytes
-//! (the entry points below) or as slices of the typed blocks of [`layout`] (the
-//! `*_row_*` functions of the submodules, for kernels that already hold blocks).
+//! type [`can_dequantize`] accepts. Quantization produces the bytes llama.cpp's
+//! `llama-quantize` writes for the same type (it calls `ggml_quantize_chunk`): bit-exact
+//! with gguf-py's `gguf.quants.quantize` where gguf-py has a quantizer, and ports of ggml's
+//! C quantizers elsewhere (K-quants, IQ4_NL, IQ4_XS), checked byte for byte against files
+//! made by `llama-quantize` (`tests/quantize_llamacpp.rs`). ggml-base, where those C
+//! quantizers live, is compiled without `-march`, hence without FMA contraction: the ports
+//! use plain f32 arithmetic in ggml's expression order. Both directions work on whole rows
+//! of whole blocks, given as raw little-endian bytes (the entry points below) or as slices
+//! of the typed blocks of [`layout`] (the `*_row_*` functions of the submodules, for
+//! kernels that already hold blocks).
+//!
+//! [`quantize_with_importance`] adds llama-quantize's `--imatrix` paths: per-column
+//! importance weights, which ggml's quantizers of most types use to weigh their fits.
 //!
 //! Submodules by family: [`float`] (F32/F16/BF16 and scalar conversions), [`legacy`]
 //! (Q4_0 ... Q8_0), [`kquants`] (Q2_K ... Q8_K dequantization), [`quantize_k`] (K-quant
-//! quantizers), [`iquants`] (IQ4_NL, IQ4_XS), [`mxfp4`]; [`tables`] holds the shared code
+//! quantizers), [`weighted`] (the importance-weighted quantizers of the legacy and K-quant
+//! formats), [`iquants`] (IQ4_NL, IQ4_XS), [`mxfp4`]; [`tables`] holds the shared code
 //! books and scale unpacking.
 
 pub mod float;
@@ -20,6 +29,7 @@ pub mod legacy;
 pub mod mxfp4;
 pub mod quantize_k;
 pub mod tables;
+pub mod weighted;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use layout::{
@@ -61,8 +71,19 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4 | IQ4_NL | IQ4_XS
     ) || quantize_k::has_quantizer(ty)
+}
+
+/// Whether ggml's quantizer for `ty` uses importance weights. [`quantize_with_importance`]
+/// accepts weights for every type [`can_quantize`] handles and ignores them for the others
+/// (F32, F16, BF16, Q8_0, MXFP4, Q8_K), as `ggml_quantize_chunk` does.
+pub fn uses_importance(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS
+    )
 }
 
 /// The refusal a model loader uses: `Err(UnsupportedTensorType)` for a tensor whose type
@@ -149,9 +170,91 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         Q5_1 => legacy::quantize_row_q5_1(src, blocks_from_bytes_mut(dst)?)?,
         Q8_0 => legacy::quantize_row_q8_0(src, blocks_from_bytes_mut(dst)?)?,
         MXFP4 => mxfp4::quantize_row_mxfp4(src, blocks_from_bytes_mut(dst)?)?,
+        IQ4_NL => iquants::quantize_row_iq4_nl(src, blocks_from_bytes_mut(dst)?, None)?,
+        IQ4_XS => iquants::quantize_row_iq4_xs(src, blocks_from_bytes_mut(dst)?, None)?,
         _ => quantize_k::quantize(ty, src, dst)?,
     }
     Ok(())
+}
+
+/// [`quantize`] with optional importance weights, as llama-quantize with `--imatrix`:
+/// `ggml_quantize_chunk(ty, src, dst, 0, nrows, n_per_row, importance)`.
+///
+/// `importance` holds one weight per column (the imatrix entry of the tensor, or of the
+/// expert, the rows belong to), so its length is the row length `n_per_row`; `src` holds
+/// whole rows of it (`src.len()` a multiple of `importance.len()`, itself a whole number of
+/// blocks) and each row is quantized with the same weights. Row boundaries matter for Q4_0,
+/// Q4_1, Q5_0 and Q5_1, whose weighting uses the variance of the whole row. `dst` is
+/// exactly `ty.row_bytes(src.len())` bytes.
+///
+/// `None` is [`quantize`] (what ggml does without an imatrix, reference quantizers
+/// included). Types that do not use weights (see [`uses_importance`]) ignore them after the
+/// same shape checks. Weights are taken as given: llama-quantize refuses an imatrix with
+/// non-finite entries before quantizing, and a caller should do the same.
+pub fn quantize_with_importance(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+    importance: Option<&[f32]>,
+) -> Result<(), QuantError> {
+    let Some(weights) = importance else {
+        return quantize(ty, src, dst);
+    };
+    if !can_quantize(ty) {
+        return Err(QuantError::NoSuchOp { ty, op: "quantize" });
+    }
+    let row = weights.len();
+    if row == 0 || !row.is_multiple_of(ty.block_size()) || !src.len().is_multiple_of(row) {
+        return Err(QuantError::ImportanceShape {
+            ty,
+            weights: row,
+            n: src.len(),
+            block: ty.block_size(),
+        });
+    }
+    let expected = row_bytes(ty, src.len())?;
+    if dst.len() != expected {
+        return Err(QuantError::SizeMismatch {
+            what: "quantize: destination bytes",
+            expected,
+            got: dst.len(),
+        });
+    }
+    if !uses_importance(ty) {
+        return quantize(ty, src, dst);
+    }
+    let dst_row = row_bytes(ty, row)?;
+    for (x, y) in src.chunks_exact(row).zip(dst.chunks_exact_mut(dst_row)) {
+        quantize_row_weighted(ty, x, y, weights)?;
+    }
+    Ok(())
+}
+
+/// One row of a type that uses importance weights; `y` is already sized.
+fn quantize_row_weighted(
+    ty: GgmlType,
+    x: &[f32],
+    y: &mut [u8],
+    w: &[f32],
+) -> Result<(), QuantError> {
+    use GgmlType::*;
+    match ty {
+        Q4_0 => weighted::quantize_row_q4_0_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q4_1 => weighted::quantize_row_q4_1_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q5_0 => weighted::quantize_row_q5_0_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q5_1 => weighted::quantize_row_q5_1_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q2_K => weighted::quantize_row_q2_k_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q3_K => weighted::quantize_row_q3_k_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q4_K => weighted::quantize_row_q4_k_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q5_K => weighted::quantize_row_q5_k_weighted(x, blocks_from_bytes_mut(y)?, w),
+        Q6_K => quantize_k::quantize_q6_k_weighted(x, blocks_from_bytes_mut(y)?, Some(w)),
+        IQ4_NL => iquants::quantize_row_iq4_nl(x, blocks_from_bytes_mut(y)?, Some(w)),
+        IQ4_XS => iquants::quantize_row_iq4_xs(x, blocks_from_bytes_mut(y)?, Some(w)),
+        _ => Err(QuantError::NoSuchOp {
+            ty,
+            op: "quantize with importance weights",
+        }),
+    }
 }
 
 /// Bytes of `n` elements of `ty`, or `PartialBlock` when `n` is not a whole number of blocks.

@@ -5,9 +5,18 @@
 //! least squares over 19 candidate scales), `make_q3_quants` (signed codes, coordinate
 //! descent), `make_qkx2_quants` (unsigned codes with a min, least squares over a sweep
 //! of scales). Sub-block scales are then themselves quantized (6 bits for Q4_K/Q5_K,
-//! 8 for Q6_K, 4 for Q2_K) and the codes recomputed against the stored scales. Results
-//! are deterministic but not guaranteed bit-identical to a given ggml build (the C code is
-//! usually compiled with FMA contraction); quality is checked with ggml's own error bounds.
+//! 8 for Q6_K, 4 for Q2_K) and the codes recomputed against the stored scales.
+//!
+//! The arithmetic is plain f32 in ggml's expression order, without fused multiply-adds:
+//! llama.cpp builds ggml-base (which holds these C functions, and `ggml_quantize_chunk`
+//! that llama-quantize calls) without `-march`, so the compiler has no FMA to contract
+//! into. The results are byte-identical to llama-quantize's (`tests/quantize_llamacpp.rs`)
+//! and to ggml compiled with `-ffp-contract=off` (`tests/formats.rs`). A ggml built with
+//! FMA contraction (e.g. `-march=native` added to its C flags) can differ in the last bit
+//! of a scale and so in codes near a rounding boundary.
+//!
+//! The importance-weighted variants (llama-quantize `--imatrix`) are in
+//! [`super::weighted`].
 
 use super::check_rows;
 use super::layout::{
@@ -18,7 +27,7 @@ use crate::QuantError;
 use nextn_gguf::GgmlType;
 
 /// Groups whose largest magnitude is below this are all-zero (ggml `GROUP_MAX_EPS`).
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// Round to nearest, ties to even, for `|x| <= 2^22` (ggml `nearest_int`): adding
 /// 1.5 * 2^23 leaves the integer in the low mantissa bits. Outside that range the
@@ -62,18 +71,29 @@ fn signed_absmax(x: &[f32]) -> (f32, f32) {
 }
 
 /// Signed codes `L[i] + nmax` in `0..2*nmax` for `x`, choosing among 19 scales near
-/// `max/-nmax` the one that maximises the weighted (`w = x^2`) fit; returns the scale.
-fn make_qx_quants(nmax: i32, x: &[f32], codes: &mut [u8]) -> f32 {
+/// `max/-nmax` the one that maximises the weighted fit; returns the scale (ggml
+/// `make_qx_quants` with `rmse_type` 1). The weights are `x^2` unless `weights` gives
+/// them (the importance-weighted paths), one per element of `x`.
+pub(crate) fn make_qx_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: Option<&[f32]>,
+    codes: &mut [u8],
+) -> f32 {
     let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
         codes.fill(0);
         return 0.0;
     }
+    let weight = |i: usize| match weights {
+        Some(w) => w[i],
+        None => x[i] * x[i],
+    };
     let fit = |iscale: f32| -> (f32, f32) {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1) as f32;
-            let w = v * v;
+            let w = weight(i);
             sumlx += w * v * l;
             suml2 += w * l * l;
         }
@@ -239,7 +259,7 @@ impl Qkx2 {
 
 /// Packs 2-bit codes as Q2_K/Q3_K store them: byte `32*h + l`, bits `2*s`, holds code
 /// `128*h + 32*s + l`.
-fn pack_2bit(codes: &[u8; QK_K], qs: &mut [u8; 64]) {
+pub(crate) fn pack_2bit(codes: &[u8; QK_K], qs: &mut [u8; 64]) {
     for h in 0..2 {
         for l in 0..32 {
             let c = |s: usize| codes[128 * h + 32 * s + l] & 3;
@@ -337,26 +357,33 @@ pub fn quantize_row_q3_k(src: &[f32], blocks: &mut [BlockQ3K]) -> Result<(), Qua
         } else {
             b.set_d(0.0);
         }
-        let d_all = b.d();
-        for j in 0..16 {
-            let d = d_all * q3k_scale(j, &b.scales) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for i in 16 * j..16 * j + 16 {
-                codes[i] = (nearest_int(x[i] / d).clamp(-4, 3) + 4) as u8;
-            }
-        }
-        b.hmask = [0; 32];
-        for (j, c) in codes.iter_mut().enumerate() {
-            if *c > 3 {
-                b.hmask[j % 32] |= 1 << (j / 32);
-                *c -= 4;
-            }
-        }
-        pack_2bit(&codes, &mut b.qs);
+        finish_q3_k(x, b, &mut codes);
     }
     Ok(())
+}
+
+/// The common tail of ggml's Q3_K quantizers, once `b.scales` and `b.d` are stored: codes
+/// against the stored scales (sub-blocks of scale 0 keep the codes of the search), the high
+/// bit into `hmask`, the low two bits packed.
+pub(crate) fn finish_q3_k(x: &[f32], b: &mut BlockQ3K, codes: &mut [u8; QK_K]) {
+    let d_all = b.d();
+    for j in 0..16 {
+        let d = d_all * q3k_scale(j, &b.scales) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        for i in 16 * j..16 * j + 16 {
+            codes[i] = (nearest_int(x[i] / d).clamp(-4, 3) + 4) as u8;
+        }
+    }
+    b.hmask = [0; 32];
+    for (j, c) in codes.iter_mut().enumerate() {
+        if *c > 3 {
+            b.hmask[j % 32] |= 1 << (j / 32);
+            *c -= 4;
+        }
+    }
+    pack_2bit(codes, &mut b.qs);
 }
 
 /// Shared by Q4_K (`nmax` 15) and Q5_K (`nmax` 31): per 32-element sub-block scale and
@@ -401,7 +428,7 @@ fn quantize_scales_mins_k(
 
 /// Codes in `0..=nmax` against the stored (f16) super-block scales; sub-blocks whose
 /// stored scale is zero keep the codes of the search.
-fn requantize_k(
+pub(crate) fn requantize_k(
     x: &[f32],
     scales: &[u8; 12],
     d_all: f32,
@@ -438,13 +465,18 @@ pub fn quantize_row_q4_k(src: &[f32], blocks: &mut [BlockQ4K]) -> Result<(), Qua
         b.set_d(d);
         b.set_dmin(dmin);
         requantize_k(x, &b.scales, b.d(), b.dmin(), 15, &mut codes);
-        for c in 0..4 {
-            for l in 0..32 {
-                b.qs[32 * c + l] = codes[64 * c + l] | (codes[64 * c + 32 + l] << 4);
-            }
-        }
+        pack_q4_k(&codes, &mut b.qs);
     }
     Ok(())
+}
+
+/// Q4_K code packing: 64-element chunk `c`, element `l` low nibble, `l + 32` high nibble.
+pub(crate) fn pack_q4_k(codes: &[u8; QK_K], qs: &mut [u8; 128]) {
+    for c in 0..4 {
+        for l in 0..32 {
+            qs[32 * c + l] = codes[64 * c + l] | (codes[64 * c + 32 + l] << 4);
+        }
+    }
 }
 
 pub fn quantize_row_q5_k(src: &[f32], blocks: &mut [BlockQ5K]) -> Result<(), QuantError> {
@@ -463,29 +495,53 @@ pub fn quantize_row_q5_k(src: &[f32], blocks: &mut [BlockQ5K]) -> Result<(), Qua
         b.set_d(d);
         b.set_dmin(dmin);
         requantize_k(x, &b.scales, b.d(), b.dmin(), 31, &mut codes);
-        b.qh = [0; 32];
-        for (j, &c) in codes.iter().enumerate() {
-            b.qh[j % 32] |= (c >> 4) << (j / 32);
-        }
-        for c in 0..4 {
-            for l in 0..32 {
-                b.qs[32 * c + l] =
-                    (codes[64 * c + l] & 0x0f) | ((codes[64 * c + 32 + l] & 0x0f) << 4);
-            }
-        }
+        pack_q5_k(&codes, b);
     }
     Ok(())
 }
 
+/// Q5_K code packing: the fifth bit of element `j` at bit `j/32` of `qh[j%32]`, the low
+/// four bits as Q4_K packs its codes.
+pub(crate) fn pack_q5_k(codes: &[u8; QK_K], b: &mut BlockQ5K) {
+    b.qh = [0; 32];
+    for (j, &c) in codes.iter().enumerate() {
+        b.qh[j % 32] |= (c >> 4) << (j / 32);
+    }
+    for c in 0..4 {
+        for l in 0..32 {
+            b.qs[32 * c + l] = (codes[64 * c + l] & 0x0f) | ((codes[64 * c + 32 + l] & 0x0f) << 4);
+        }
+    }
+}
+
 pub fn quantize_row_q6_k(src: &[f32], blocks: &mut [BlockQ6K]) -> Result<(), QuantError> {
+    quantize_q6_k_weighted(src, blocks, None)
+}
+
+/// Q6_K with optional importance weights, one per element of `src`: ggml's
+/// `quantize_row_q6_K_impl`, which differs from the reference only in fitting each
+/// sub-block's scale with the given weights instead of `x^2`.
+pub(crate) fn quantize_q6_k_weighted(
+    src: &[f32],
+    blocks: &mut [BlockQ6K],
+    importance: Option<&[f32]>,
+) -> Result<(), QuantError> {
     check_rows(blocks.len(), QK_K, src.len())?;
-    for (x, b) in src.chunks_exact(QK_K).zip(blocks.iter_mut()) {
+    if let Some(w) = importance {
+        check_rows(blocks.len(), QK_K, w.len())?;
+    }
+    for (i, (x, b)) in src.chunks_exact(QK_K).zip(blocks.iter_mut()).enumerate() {
         let mut codes = [0u8; QK_K];
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for j in 0..16 {
-            scales[j] =
-                make_qx_quants(32, &x[16 * j..16 * j + 16], &mut codes[16 * j..16 * j + 16]);
+            let qw = importance.map(|w| &w[QK_K * i + 16 * j..QK_K * i + 16 * j + 16]);
+            scales[j] = make_qx_quants(
+                32,
+                &x[16 * j..16 * j + 16],
+                qw,
+                &mut codes[16 * j..16 * j + 16],
+            );
             if scales[j].abs() > max_abs_scale {
                 max_abs_scale = scales[j].abs();
                 max_scale = scales[j];

@@ -239,6 +239,7 @@ pub const LLAMA_SHORT_FLAGS: &[(&str, &str)] = &[
     ("-ts", "--tensor-split"),
     ("-cram", "--cache-ram"),
     ("-md", "--spec-draft-model"),
+    ("-to", "--timeout"),
 ];
 
 /// Accept llama.cpp's single-dash spellings by rewriting them before clap sees them. Only whole

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use nextn_gguf::{GgufFile, MetadataValue};
 use nextn_model::config::{Arch, LayerKind, Qwen35Config, RopeScaling};
 use nextn_model::inventory;
+use nextn_model::validate::validate;
 use nextn_quant::formats;
 use serde_json::{json, Value};
 
@@ -42,6 +43,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
+    }
+    // Everything readable was shown; a file nextn cannot run is still a failure for scripts.
+    let problems = report["problems"].as_array().cloned().unwrap_or_default();
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!(
+                "{}: problem: {}",
+                args.model.display(),
+                p.as_str().unwrap_or("")
+            );
+        }
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -218,7 +231,7 @@ fn nextn_summary(file: &GgufFile, cfg: &Qwen35Config, n_vocab: usize) -> Value {
         "block": block,
         "complete": problems.is_empty(),
         "problems": problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        "sidecar": file.tensor("blk.0.attn_norm.weight").is_none(),
+        "sidecar": nextn_model::validate::is_sidecar(file),
         "own_embedding": file.tensor(&format!("blk.{block}.nextn.embed_tokens.weight")).is_some(),
         "own_lm_head": file.tensor(&format!("blk.{block}.nextn.shared_head_head.weight")).is_some(),
         "tensors": tensors,
@@ -248,13 +261,17 @@ pub fn build_report(file: &GgufFile, list_tensors: bool) -> Value {
         .map(|t| format!("unsupported tensor type {} in tensor {}", t.ty, t.name))
         .collect();
     let n_vocab = inventory::n_vocab(file);
-    let (hp, nextn, model_error) = match Qwen35Config::from_gguf(file) {
+    // The configuration alone (shown even when other checks fail), then the full validation.
+    let (hp, nextn) = match Qwen35Config::from_gguf(file) {
         Ok(cfg) => (
             Some(hyper_parameters(&cfg, n_vocab)),
             Some(nextn_summary(file, &cfg, n_vocab)),
-            None,
         ),
-        Err(e) => (None, None, Some(e.to_string())),
+        Err(_) => (None, None),
+    };
+    let problems: Vec<String> = match validate(file) {
+        Ok(_) => Vec::new(),
+        Err(invalid) => invalid.0.iter().map(|p| p.to_string()).collect(),
     };
     let metadata: BTreeMap<&str, Value> = file
         .metadata()
@@ -272,7 +289,7 @@ pub fn build_report(file: &GgufFile, list_tensors: bool) -> Value {
         "architecture": arch,
         "name": file.get("general.name").and_then(|v| v.as_str()),
         "hyper_parameters": hp,
-        "model_error": model_error,
+        "problems": problems,
         "n_tensors": file.tensors().len(),
         "tensor_bytes": file.tensors().iter().map(|t| t.n_bytes).sum::<u64>(),
         "n_parameters": file.tensors().iter().map(|t| t.n_elements).sum::<u64>(),
@@ -337,9 +354,6 @@ fn print_text(r: &Value) {
             println!("  {k:<22} {}", s(v));
         }
     }
-    if let Some(e) = r["model_error"].as_str() {
-        println!("model         not loadable as qwen35/qwen35moe: {e}");
-    }
     println!(
         "tensors       {} ({} parameters, {})",
         r["n_tensors"],
@@ -399,6 +413,15 @@ fn print_text(r: &Value) {
         }
     } else if !n.is_null() {
         println!("NextN head    none");
+    }
+    if let Some(problems) = r["problems"].as_array().filter(|p| !p.is_empty()) {
+        println!(
+            "problems      {} (nextn cannot run this file)",
+            problems.len()
+        );
+        for p in problems {
+            println!("  {}", s(p));
+        }
     }
     if let Some(list) = r["tensors"].as_array() {
         println!("tensor list:");

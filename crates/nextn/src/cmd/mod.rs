@@ -1,9 +1,11 @@
 pub mod bench;
 pub mod common;
 pub mod conversation;
+pub mod graft;
 pub mod hf;
 pub mod inspect;
 pub mod logits;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod synth;

@@ -64,6 +64,29 @@ pub struct Args {
     /// Largest request body in bytes (413 above)
     #[arg(long = "max-body-size", default_value_t = 16 << 20)]
     pub max_body_size: usize,
+    /// Seconds a client has to send a whole request head (request line and headers), counted from
+    /// the connection's opening or from the first byte of a later request on a kept-alive
+    /// connection; slower connections are closed [default: 10]
+    #[arg(long = "timeout-header-read", value_name = "SECS")]
+    pub timeout_header_read: Option<f64>,
+    /// Seconds a kept-alive connection may wait for its next request before it is closed (longer
+    /// than the 60 s nginx and load balancers keep idle upstream connections, so that they close
+    /// first)
+    #[arg(long = "timeout-idle", value_name = "SECS", default_value_t = 75.0)]
+    pub timeout_idle: f64,
+    /// Seconds a response write may wait for a client that stopped reading before the connection
+    /// is closed and its request cancelled (a stream the client keeps reading never times out)
+    /// [default: 60]
+    #[arg(long = "timeout-write", value_name = "SECS")]
+    pub timeout_write: Option<f64>,
+    /// llama-server's read/write timeout (-to): sets --timeout-header-read and --timeout-write
+    /// where those are not given
+    #[arg(long = "timeout", value_name = "SECS", env = "LLAMA_ARG_TIMEOUT")]
+    pub timeout: Option<f64>,
+    /// Most connections served at once; more wait in the listen backlog until one closes (lowered
+    /// to fit the open-file limit, which is raised toward it where allowed)
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 1024)]
+    pub max_connections: usize,
     /// Seconds running requests may take to finish after SIGTERM before they are cancelled
     #[arg(
         long = "shutdown-grace",
@@ -185,6 +208,86 @@ fn parse_policy(s: &str) -> Result<DraftPolicy> {
     }
 }
 
+const TIMEOUT_HEADER_READ_DEFAULT: f64 = 10.0;
+const TIMEOUT_WRITE_DEFAULT: f64 = 60.0;
+
+/// File descriptors kept for everything but connections: the model's files, the listener, the
+/// runtime's own, slot files, standard streams.
+const FDS_RESERVED: u64 = 64;
+
+/// A timeout flag as a duration: a positive number of seconds, at most a year.
+fn timeout(flag: &str, secs: f64) -> Result<Duration> {
+    if !(secs > 0.0 && secs <= 365.0 * 86400.0) {
+        bail!("{flag} {secs}: expected seconds, more than 0 and at most a year");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The connection limits the flags ask for: each timeout from its own flag, else from `-to`, else
+/// its default; the cap fitted to the open-file limit.
+pub fn limits(args: &Args) -> Result<nextn_server::conn::Limits> {
+    let header_read = args
+        .timeout_header_read
+        .or(args.timeout)
+        .unwrap_or(TIMEOUT_HEADER_READ_DEFAULT);
+    let write = args
+        .timeout_write
+        .or(args.timeout)
+        .unwrap_or(TIMEOUT_WRITE_DEFAULT);
+    if args.max_connections == 0 {
+        bail!("--max-connections 0: at least one connection is needed");
+    }
+    Ok(nextn_server::conn::Limits {
+        header_read: timeout("--timeout-header-read", header_read)?,
+        idle: timeout("--timeout-idle", args.timeout_idle)?,
+        write_stall: timeout("--timeout-write", write)?,
+        max_connections: fit_open_files(args.max_connections),
+    })
+}
+
+/// The connection cap that fits the open-file limit: the soft limit is raised toward what the
+/// cap needs (up to the hard limit, as servers commonly do at start), and the cap is lowered, with
+/// a notice, when even that is not enough.
+#[cfg(unix)]
+// `rlim_t` is not `u64` on every Unix.
+#[allow(clippy::unnecessary_cast)]
+fn fit_open_files(max_connections: usize) -> usize {
+    let want = max_connections as u64 + FDS_RESERVED;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    let soft = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return max_connections;
+        }
+        if (lim.rlim_cur as u64) < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(lim.rlim_max as u64) as libc::rlim_t,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = raised.rlim_cur;
+            }
+        }
+        lim.rlim_cur as u64
+    };
+    if soft >= want {
+        return max_connections;
+    }
+    let fit = soft.saturating_sub(FDS_RESERVED).max(1) as usize;
+    eprintln!(
+        "--max-connections {max_connections}: the open-file limit is {soft}, so at most {fit} connections are served at once (raise it with ulimit -n)"
+    );
+    fit
+}
+
+#[cfg(not(unix))]
+fn fit_open_files(max_connections: usize) -> usize {
+    max_connections
+}
+
 /// The model id `/v1/models` reports: `--alias`, else the file name.
 fn model_id(path: &Path, alias: &Option<String>) -> String {
     alias.clone().unwrap_or_else(|| {
@@ -201,6 +304,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
         bail!("--shutdown-grace must be a number of seconds >= 0");
     }
+    let limits = limits(&args)?;
     let policy = parse_policy(&args.max_drafting_slots)?;
     let spec_config = args.spec.config()?;
     let path = common::model_path(&args.model)?;
@@ -235,6 +339,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("--force-acceptance: {e}"))?;
             Some(args.force_acceptance.clone())
         },
+        limits,
         template_kwargs: match args.reasoning_budget {
             -1 => serde_json::Map::new(),
             0 => serde_json::Map::from_iter([("enable_thinking".to_string(), false.into())]),

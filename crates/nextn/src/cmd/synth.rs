@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use nextn_gguf::{GgmlType, GgufFile};
-use nextn_model::config::{Arch, Qwen35Config};
-use nextn_model::inventory;
+use nextn_model::config::Arch;
 use nextn_model::synth::{self, FileType, RawVocab, SynthSpec, Vocab, PRESETS};
+use nextn_model::validate::validate;
 
 /// The Qwen3.5 / Qwen3.6 vocabulary (tools/make_qwen35_vocab.py), so the binary needs no data files.
 const QWEN35_VOCAB: &[u8] = include_bytes!("../../../../models/qwen35-vocab.bin");
@@ -236,22 +236,13 @@ fn type_summary(tensors: &[synth::PlannedTensor]) -> String {
         .join(", ")
 }
 
-/// The written file is what the loader expects: configuration and full tensor inventory.
+/// The written file is what the loader expects: it passes the validation every load runs
+/// (configuration, full tensor inventory, tokenizer).
 fn check_inventory(path: &std::path::Path) -> Result<usize> {
     let f = GgufFile::open(path)?;
-    let cfg = Qwen35Config::from_gguf(&f)?;
-    let n_vocab = inventory::n_vocab(&f);
-    let mut expected = inventory::trunk_tensors(&cfg, &f, n_vocab);
-    expected.extend(inventory::nextn_tensors(&cfg, &f, n_vocab));
-    let problems = inventory::check(&f, &expected);
-    if !problems.is_empty() {
-        let list: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        bail!(
-            "the written file does not match the model inventory: {}",
-            list.join("; ")
-        );
-    }
-    Ok(expected.len())
+    let valid = validate(&f)
+        .map_err(|e| anyhow::anyhow!("the written file does not pass the model's checks: {e}"))?;
+    Ok(valid.n_tensors_checked)
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {

@@ -1,13 +1,21 @@
 //! `nextn verify`: is this file a qwen35/qwen35moe model whose NextN head we can draft with?
-//! Exit 0 yes, 1 valid GGUF but unusable for MTP (the reason is printed), 2 not a valid GGUF.
+//! Exit 0 yes, 1 valid GGUF but unusable (every problem is printed), 2 not a valid GGUF.
+//!
+//! "Yes" means `run` will work: the file passes the validation every load runs, and a dry load
+//! binds every weight, builds the tokenizer and the chat template, and runs one token through
+//! the trunk and the head with finite logits.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Result;
+use nextn_engine::chat::ChatTemplate;
+use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
-use nextn_model::config::Qwen35Config;
-use nextn_model::inventory;
+use nextn_model::validate::{validate, ValidModel};
+use nextn_model::{KvType, LogitRows, Model, NextnHead};
+use nextn_quant::kernels::ThreadPool;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,61 +24,55 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    let path = args.model.display().to_string();
     let file = match GgufFile::open(&args.model) {
-        Ok(f) => f,
+        Ok(f) => Arc::new(f),
         Err(e) => {
-            eprintln!("{}: not a valid GGUF file: {e}", args.model.display());
+            eprintln!("{path}: not a valid GGUF file: {e}");
             return Ok(ExitCode::from(2));
         }
     };
-    let unusable = |why: String| {
-        eprintln!("{}: unusable for MTP: {why}", args.model.display());
+    let unusable = |problems: Vec<String>| {
+        for p in &problems {
+            eprintln!("{path}: unusable: {p}");
+        }
         Ok(ExitCode::from(1))
     };
-    let cfg = match Qwen35Config::from_gguf(&file) {
-        Ok(c) => c,
-        Err(e) => return unusable(e.to_string()),
+    let valid = match validate(&file) {
+        Ok(v) => v,
+        Err(invalid) => return unusable(invalid.0.iter().map(|p| p.to_string()).collect()),
     };
+    let cfg = &valid.config;
     let Some(block) = cfg.nextn_block() else {
-        return unusable(format!(
+        return unusable(vec![format!(
             "{} file has no NextN head ({}.nextn_predict_layers is 0 or absent)",
             cfg.arch.name(),
             cfg.arch.name()
-        ));
+        )]);
     };
     if cfg.n_nextn != 1 {
-        return unusable(format!(
+        return unusable(vec![format!(
             "{} NextN layers; only one is supported (as in every Qwen3.5/3.6 checkpoint)",
             cfg.n_nextn
-        ));
+        )]);
     }
-    let n_vocab = inventory::n_vocab(&file);
-    let sidecar = file.tensor("blk.0.attn_norm.weight").is_none();
-    let mut expected = inventory::nextn_tensors(&cfg, &file, n_vocab);
-    if sidecar {
-        // An MTP-only file carries the embedding, final norm and head beside blk.N.
-        let e = cfg.n_embd as u64;
-        expected.push(inventory::ExpectedTensor {
-            name: "token_embd.weight".into(),
-            dims: vec![e, n_vocab as u64],
-            required: true,
-        });
+    let dry_load = if valid.sidecar {
+        // An MTP-only file has no trunk to run: its head is bound when a model loads it (-md).
+        "validated; the head runs once it is loaded beside its model with -md".to_string()
     } else {
-        expected.extend(inventory::trunk_tensors(&cfg, &file, n_vocab));
-    }
-    if n_vocab == 0 {
-        return unusable("tensor 'token_embd.weight' is missing".into());
-    }
-    let problems = inventory::check(&file, &expected);
-    if !problems.is_empty() {
-        let list: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        return unusable(list.join("; "));
-    }
+        match dry_run(&file, &valid) {
+            Ok(()) => "dry load and one-token forward of trunk and head ok".to_string(),
+            Err(problem) => return unusable(vec![problem]),
+        }
+    };
     println!(
-        "{}: ok: {} {} with NextN head at blk.{block}{} ({} tensors checked)",
-        args.model.display(),
+        "{path}: ok: {} {} with NextN head at blk.{block}{} ({} tensors checked; {dry_load})",
         cfg.arch.name(),
-        if sidecar { "MTP-only sidecar" } else { "model" },
+        if valid.sidecar {
+            "MTP-only sidecar"
+        } else {
+            "model"
+        },
         if file
             .tensor(&format!("blk.{block}.nextn.shared_head_head.weight"))
             .is_some()
@@ -79,7 +81,45 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             ""
         },
-        expected.len()
+        valid.n_tensors_checked
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bind every weight, build the tokenizer and chat template, and run one token through the
+/// trunk and the head: what `run` does first, so that a file passing here runs there.
+fn dry_run(file: &Arc<GgufFile>, valid: &ValidModel) -> Result<(), String> {
+    let model = Model::load(file.clone()).map_err(|e| format!("loading the model: {e}"))?;
+    let head = NextnHead::load(&model).map_err(|e| format!("loading the NextN head: {e}"))?;
+    let tokenizer =
+        Tokenizer::from_gguf(file).map_err(|e| format!("building the tokenizer: {e}"))?;
+    ChatTemplate::from_gguf(file).map_err(|e| format!("reading the chat template: {e}"))?;
+    let token = tokenizer
+        .encode("Hello", false)
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let pool = ThreadPool::new(1);
+    let mut state = model.new_sequence(8, KvType::F32, KvType::F32);
+    let out = model
+        .forward(&[token], &mut state, LogitRows::All, &pool)
+        .map_err(|e| format!("one-token forward of the trunk: {e}"))?;
+    if let Some(bad) = out.logits.iter().position(|x| !x.is_finite()) {
+        return Err(format!(
+            "the trunk's logits for one token are not finite (logit {bad} is {}): the weights are damaged",
+            out.logits[bad]
+        ));
+    }
+    let hidden_prev = vec![0.0f32; valid.config.n_embd];
+    let mut cache = head.new_cache(KvType::F32, KvType::F32);
+    let out = head
+        .forward(&[token], &hidden_prev, 0, &mut cache, LogitRows::All, &pool)
+        .map_err(|e| format!("one-token forward of the NextN head: {e}"))?;
+    if let Some(bad) = out.logits.iter().position(|x| !x.is_finite()) {
+        return Err(format!(
+            "the NextN head's logits for one token are not finite (logit {bad} is {}): its weights are damaged",
+            out.logits[bad]
+        ));
+    }
+    Ok(())
 }

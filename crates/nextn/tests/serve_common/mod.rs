@@ -143,23 +143,7 @@ impl Server {
 
     /// Start a streaming request and return the reader positioned at the body.
     pub fn open_stream(&self, path: &str, body: &Value) -> (u16, SseReader) {
-        let mut s = self.connect();
-        let b = body.to_string();
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            b.len()
-        );
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(b.as_bytes()).unwrap();
-        let mut r = BufReader::new(s);
-        let (status, _) = read_head(&mut r);
-        (
-            status,
-            SseReader {
-                r,
-                pending: String::new(),
-            },
-        )
+        open_stream_on(self.connect(), path, body)
     }
 
     /// A whole SSE stream: the JSON of every `data:` chunk, and whether it ended with `[DONE]`.
@@ -318,6 +302,26 @@ fn read_chunk(r: &mut impl BufRead) -> Option<Vec<u8>> {
     Some(buf)
 }
 
+/// Start a streaming request on the connection `s` and return the reader positioned at the body.
+pub fn open_stream_on(mut s: TcpStream, path: &str, body: &Value) -> (u16, SseReader) {
+    let b = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        b.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(b.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let (status, _) = read_head(&mut r);
+    (
+        status,
+        SseReader {
+            r,
+            pending: String::new(),
+        },
+    )
+}
+
 /// A chunked SSE body read event by event.
 pub struct SseReader {
     pub r: BufReader<TcpStream>,
@@ -419,4 +423,183 @@ pub fn run_python_tool(script: &str, args: &[&str]) -> std::process::Output {
         .env("NO_PROXY", "127.0.0.1,localhost")
         .output()
         .unwrap_or_else(|e| panic!("run python3 tools/{script}: {e}"))
+}
+
+/// A response read from a kept-alive connection: the body framed by `Content-Length` or chunked
+/// encoding, never by the end of the connection. `Err` when the connection ended first.
+pub fn read_framed_response(r: &mut impl BufRead) -> std::io::Result<Response> {
+    use std::io::{Error, ErrorKind};
+    let line = |r: &mut dyn BufRead| -> std::io::Result<String> {
+        let mut l = String::new();
+        if r.read_line(&mut l)? == 0 {
+            return Err(Error::new(ErrorKind::UnexpectedEof, "the connection ended"));
+        }
+        Ok(l.trim_end().to_string())
+    };
+    let status_line = line(r)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidData,
+                format!("bad status line {status_line:?}"),
+            )
+        })?;
+    let mut headers = Vec::new();
+    loop {
+        let h = line(r)?;
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let mut resp = Response {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if resp
+        .header("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        loop {
+            let size = line(r)?;
+            let n = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+                .map_err(|e| {
+                    Error::new(ErrorKind::InvalidData, format!("chunk size {size:?}: {e}"))
+                })?;
+            let mut buf = vec![0u8; n + 2];
+            r.read_exact(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            resp.body.extend_from_slice(&buf[..n]);
+        }
+    } else {
+        let n: usize = resp
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        resp.body.resize(n, 0);
+        r.read_exact(&mut resp.body)?;
+    }
+    Ok(resp)
+}
+
+/// One kept-alive HTTP/1.1 connection: requests one after another on the same socket.
+pub struct KeepAlive {
+    pub r: BufReader<TcpStream>,
+}
+
+impl KeepAlive {
+    pub fn open(port: u16) -> KeepAlive {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        KeepAlive {
+            r: BufReader::new(s),
+        }
+    }
+
+    /// Send a request and read its answer; `Err` when the server has closed the connection.
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<Response> {
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            head += &format!("{k}: {v}\r\n");
+        }
+        head += "\r\n";
+        let s = self.r.get_mut();
+        s.write_all(head.as_bytes())?;
+        s.write_all(body)?;
+        read_framed_response(&mut self.r)
+    }
+
+    pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
+        self.send("GET", path, &[], b"")
+    }
+}
+
+/// Read until the server closes `s` (end of stream or a reset): how long that took and how many
+/// bytes arrived meanwhile, or `None` if it was still open after `within`.
+pub fn wait_closed(s: &mut TcpStream, within: Duration) -> Option<(Duration, usize)> {
+    use std::io::Read;
+    let t0 = Instant::now();
+    let mut buf = [0u8; 16384];
+    let mut got = 0;
+    loop {
+        let left = within.saturating_sub(t0.elapsed());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(5))))
+            .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return Some((t0.elapsed(), got)),
+            Ok(n) => got += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if t0.elapsed() >= within {
+                    return None;
+                }
+            }
+            Err(_) => return Some((t0.elapsed(), got)),
+        }
+    }
+}
+
+/// Whether the server still holds `s` open: nothing to read and no end of stream yet.
+pub fn still_open(s: &TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    s.set_nonblocking(true).unwrap();
+    let open = matches!(s.peek(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).unwrap();
+    open
+}
+
+/// Raise this process's soft open-file limit to at least `want` (up to the hard limit), so that a
+/// test can hold thousands of sockets; servers it starts inherit the limit. The limit in force.
+#[cfg(unix)]
+// `rlim_t` is not `u64` on every Unix.
+#[allow(clippy::unnecessary_cast)]
+pub fn raise_open_files(want: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        assert_eq!(
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim),
+            0,
+            "getrlimit"
+        );
+        if (lim.rlim_cur as u64) < want {
+            lim.rlim_cur = (want.min(lim.rlim_max as u64)) as libc::rlim_t;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0, "setrlimit");
+        }
+    }
+    lim.rlim_cur as u64
+}
+
+/// Resident memory of a process in KiB (`VmRSS` in /proc), on Linux.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }

@@ -74,6 +74,11 @@ pub struct Args {
     /// head top-1 equals the target's top-1) and mean KL(target ‖ head) over the prompts
     #[arg(long)]
     pub check: bool,
+    /// With --check: the same checks, and the acceptance at the largest draft depth, for this
+    /// other file of the same model (say the source of a quantized or grafted file), printed
+    /// next to this model's
+    #[arg(long = "check-against", value_name = "FILE", requires = "check")]
+    pub check_against: Option<PathBuf>,
     /// Also write the results as JSON to this file
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -378,6 +383,47 @@ fn run_depth(
         *o = outs;
     }
     Ok(t)
+}
+
+/// A model file's head quality on fixed token sequences.
+struct FileCheck {
+    draft_top1: f64,
+    kl: f64,
+    acceptance: f64,
+}
+
+impl FileCheck {
+    fn json(&self) -> Value {
+        json!({"draft_top1": self.draft_top1, "kl_target_head": self.kl, "acceptance": self.acceptance})
+    }
+}
+
+/// DRAFT_TOP1 and KL over `sequences`, and the acceptance of the speculative loop at `depth`
+/// over the setup's prompts.
+fn check_file(
+    setup: &Setup,
+    head: &NextnHead,
+    sequences: &[Vec<u32>],
+    depth: usize,
+) -> Result<FileCheck> {
+    let (mut agree, mut rows, mut kl) = (0, 0, 0.0);
+    for seq in sequences {
+        let (a, r, k) = head_agreement(setup.loaded, head, seq)?;
+        agree += a;
+        rows += r;
+        kl += k;
+    }
+    let kind = RunKind {
+        policy: Policy::Fixed(depth),
+        mode: DraftSampling::Coupled,
+        mask_drafts: true,
+    };
+    let t = run_depth(setup, Some(head), kind, None, &[])?;
+    Ok(FileCheck {
+        draft_top1: agree as f64 / rows.max(1) as f64,
+        kl: kl / rows.max(1) as f64,
+        acceptance: t.stats.acceptance_rate(),
+    })
 }
 
 /// Teacher-forced agreement of the head with the target over `tokens`: rows where the head's top-1
@@ -921,6 +967,83 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "kl_target_head": kl / rows_n.max(1) as f64,
             "rows": rows_n,
         });
+        if let Some(other_path) = &args.check_against {
+            // Both files on the same token sequences (this model's prompts and plain outputs)
+            // and the same draft depth, so the numbers differ only by the files' weights.
+            let depth = policies
+                .iter()
+                .map(|p| p.n_max())
+                .max()
+                .filter(|&k| k > 0)
+                .unwrap_or(3);
+            let sequences: Vec<Vec<u32>> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut seq = p.tokens.clone();
+                    if let Some(out) = plain_outputs.get(i) {
+                        seq.extend_from_slice(out);
+                    }
+                    seq
+                })
+                .collect();
+            let ours = check_file(&setup, head, &sequences, depth)?;
+            let other_args = common::ModelArgs {
+                model: Some(other_path.clone()),
+                ..args.model.clone()
+            };
+            let other = common::load(&other_args)
+                .with_context(|| format!("--check-against {}", other_path.display()))?;
+            if other.model.n_vocab != loaded.model.n_vocab {
+                bail!(
+                    "--check-against {}: its vocabulary has {} tokens, this model's {}: not the same model",
+                    other_path.display(),
+                    other.model.n_vocab,
+                    loaded.model.n_vocab
+                );
+            }
+            let other_head = NextnHead::load(&other.model).with_context(|| {
+                format!("--check-against {}: no NextN head", other_path.display())
+            })?;
+            let other_setup = Setup {
+                loaded: &other,
+                prompts: &prompts,
+                n: args.n_predict,
+                sampling: sampler_config(args.temp, args.seed),
+                grammar: None,
+                compiler: std::cell::RefCell::new(None),
+                forced: None,
+            };
+            let theirs = check_file(&other_setup, &other_head, &sequences, depth)?;
+            say!();
+            say!(
+                "check against {} (same sequences, n_max {depth}):",
+                other_path.display()
+            );
+            say!("              {:>10} {:>10}", "this", "other");
+            say!(
+                "  DRAFT_TOP1  {:>10.4} {:>10.4}",
+                ours.draft_top1,
+                theirs.draft_top1
+            );
+            say!("  KL          {:>10.4} {:>10.4}", ours.kl, theirs.kl);
+            say!(
+                "  acceptance  {:>10.4} {:>10.4}",
+                ours.acceptance,
+                theirs.acceptance
+            );
+            if let Some(c) = check.as_object_mut() {
+                c.insert(
+                    "against".into(),
+                    json!({
+                        "file": other_path.display().to_string(),
+                        "n_max": depth,
+                        "this": ours.json(),
+                        "other": theirs.json(),
+                    }),
+                );
+            }
+        }
     }
 
     if let Some(path) = &args.json {
