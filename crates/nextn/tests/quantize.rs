@@ -448,3 +448,87 @@ fn imatrix_quantization_gives_llama_quantize_bytes() {
     }
     assert!(report.is_empty(), "{}", report.join("\n"));
 }
+
+/// `--keep-nextn-type` gives every quantizable tensor of the NextN block that type and leaves
+/// the rest of the mix alone; `--output-tensor-type` and `--token-embedding-type` set those two.
+#[test]
+fn keep_nextn_type_and_the_output_and_embedding_types() {
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let src = golden.join("q35-dense-a/q35-dense-a-F32.gguf");
+    let (plain, kept) = (tmp("keep-plain.gguf"), tmp("keep-q8.gguf"));
+    let s = src.to_str().unwrap();
+    let o = nextn(&["quantize", s, plain.to_str().unwrap(), "Q4_K_M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = nextn(&[
+        "quantize",
+        s,
+        kept.to_str().unwrap(),
+        "Q4_K_M",
+        "--keep-nextn-type",
+        "q8_0",
+        "--output-tensor-type",
+        "q8_0",
+        "--token-embedding-type",
+        "q5_k",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (a, b) = (tensor_types(&plain), tensor_types(&kept));
+    for ((name, before), (_, after)) in a.iter().zip(&b) {
+        let want = if name == "output.weight" {
+            "Q8_0".to_string()
+        } else if name == "token_embd.weight" {
+            "Q5_K".to_string()
+        } else if name.starts_with("blk.8.") && before != "F32" {
+            "Q8_0".to_string()
+        } else {
+            before.clone()
+        };
+        assert_eq!(after, &want, "{name} (was {before})");
+    }
+    assert!(b.iter().filter(|t| t.0.starts_with("blk.8.") && t.1 == "Q8_0").count() >= 7);
+}
+
+/// HEAD may be an MTP-only sidecar (the NextN block with the embedding, no trunk): the graft
+/// equals the one made from the full file.
+#[test]
+fn graft_takes_the_head_of_a_sidecar() {
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let dir = golden.join("q35-dense-a");
+    let (q4, f32) = (
+        dir.join("q35-dense-a-Q4_K_M.gguf"),
+        dir.join("q35-dense-a-F32.gguf"),
+    );
+    let full = GgufFile::open(&f32).unwrap();
+    let mut w = nextn_gguf::GgufWriter::from_file(&full);
+    for t in full.tensors() {
+        let trunk = t.name.starts_with("blk.") && !t.name.starts_with("blk.8.");
+        if trunk || t.name == "output.weight" {
+            w.remove_tensor(&t.name);
+        }
+    }
+    w.discard_preserved_layout();
+    let sidecar = tmp("sidecar.gguf");
+    w.write_file(&sidecar).unwrap();
+    let v = nextn(&["verify", sidecar.to_str().unwrap()]);
+    assert!(v.status.success(), "{}", stderr(&v));
+    assert!(String::from_utf8_lossy(&v.stdout).contains("sidecar"));
+
+    let (from_full, from_sidecar) = (tmp("g-full.gguf"), tmp("g-sidecar.gguf"));
+    for (head, out) in [(&f32, &from_full), (&sidecar, &from_sidecar)] {
+        let o = nextn(&[
+            "graft",
+            q4.to_str().unwrap(),
+            head.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(
+        std::fs::read(&from_full).unwrap(),
+        std::fs::read(&from_sidecar).unwrap()
+    );
+}
