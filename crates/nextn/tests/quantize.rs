@@ -487,7 +487,12 @@ fn keep_nextn_type_and_the_output_and_embedding_types() {
         };
         assert_eq!(after, &want, "{name} (was {before})");
     }
-    assert!(b.iter().filter(|t| t.0.starts_with("blk.8.") && t.1 == "Q8_0").count() >= 7);
+    assert!(
+        b.iter()
+            .filter(|t| t.0.starts_with("blk.8.") && t.1 == "Q8_0")
+            .count()
+            >= 7
+    );
 }
 
 /// HEAD may be an MTP-only sidecar (the NextN block with the embedding, no trunk): the graft
