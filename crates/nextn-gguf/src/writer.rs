@@ -173,21 +173,7 @@ impl<'a> GgufWriter<'a> {
     ) -> Result<(), GgufError> {
         let name = name.into();
         let data = data.into();
-        if name.len() > MAX_TENSOR_NAME_LEN {
-            return Err(GgufError::TensorNameTooLong {
-                len: name.len(),
-                tensor: name,
-                max: MAX_TENSOR_NAME_LEN,
-                offset: 0,
-            });
-        }
-        if self.tensor_names.contains(&name) {
-            return Err(GgufError::DuplicateTensor {
-                tensor: name,
-                offset: 0,
-            });
-        }
-        let (_, n_bytes) = tensor_geometry(&name, &dims, ty, 0)?;
+        let n_bytes = self.check_new_tensor(&name, &dims, ty)?;
         if n_bytes != data.len() as u64 {
             return Err(GgufError::TensorSizeMismatch {
                 tensor: name,
@@ -221,21 +207,7 @@ impl<'a> GgufWriter<'a> {
         ty: GgmlType,
     ) -> Result<u64, GgufError> {
         let name = name.into();
-        if name.len() > MAX_TENSOR_NAME_LEN {
-            return Err(GgufError::TensorNameTooLong {
-                len: name.len(),
-                tensor: name,
-                max: MAX_TENSOR_NAME_LEN,
-                offset: 0,
-            });
-        }
-        if self.tensor_names.contains(&name) {
-            return Err(GgufError::DuplicateTensor {
-                tensor: name,
-                offset: 0,
-            });
-        }
-        let (_, n_bytes) = tensor_geometry(&name, &dims, ty, 0)?;
+        let n_bytes = self.check_new_tensor(&name, &dims, ty)?;
         self.layout = None;
         self.tensor_names.insert(name.clone());
         self.tensors.push(WriterTensor {
@@ -246,6 +218,27 @@ impl<'a> GgufWriter<'a> {
             len: n_bytes,
             deferred: true,
         });
+        Ok(n_bytes)
+    }
+
+    /// The checks every new tensor passes (name length, no duplicate, dims and block geometry);
+    /// returns its size in bytes.
+    fn check_new_tensor(&self, name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError> {
+        if name.len() > MAX_TENSOR_NAME_LEN {
+            return Err(GgufError::TensorNameTooLong {
+                len: name.len(),
+                tensor: name.to_string(),
+                max: MAX_TENSOR_NAME_LEN,
+                offset: 0,
+            });
+        }
+        if self.tensor_names.contains(name) {
+            return Err(GgufError::DuplicateTensor {
+                tensor: name.to_string(),
+                offset: 0,
+            });
+        }
+        let (_, n_bytes) = tensor_geometry(name, dims, ty, 0)?;
         Ok(n_bytes)
     }
 

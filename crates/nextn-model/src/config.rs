@@ -100,19 +100,17 @@ pub fn file_sized_vec<T: Clone>(key: &str, n: usize, fill: T) -> Result<Vec<T>, 
     Ok(v)
 }
 
+/// The `N` of a `blk.N.*` tensor name.
+pub fn block_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
 /// Layers the file's tensors are named for: one more than the highest `N` of a `blk.N.*` tensor
 /// (0 when there is none).
 pub fn layers_in_tensors(f: &GgufFile) -> usize {
     f.tensors()
         .iter()
-        .filter_map(|t| {
-            t.name
-                .strip_prefix("blk.")?
-                .split('.')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
+        .filter_map(|t| block_of(&t.name))
         .map(|n| n + 1)
         .max()
         .unwrap_or(0)

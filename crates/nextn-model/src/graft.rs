@@ -8,7 +8,7 @@ use std::path::Path;
 
 use nextn_gguf::{GgmlType, GgufError, GgufFile, GgufWriter, MetadataValue};
 
-use crate::config::Qwen35Config;
+use crate::config::{block_of, Qwen35Config};
 use crate::quantize::{self, QuantizeError};
 use crate::ModelError;
 
@@ -68,10 +68,6 @@ fn tokenizer_hash(f: &GgufFile) -> u64 {
         }
     }
     h.finish()
-}
-
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// Check that BODY and HEAD belong together and list what comes from each. `head_type`
@@ -159,7 +155,7 @@ pub fn plan(
         .tensors()
         .iter()
         .map(|t| t.name.clone())
-        .partition(|n| layer_of(n).is_none_or(|l| l < bcfg.n_layer));
+        .partition(|n| block_of(n).is_none_or(|l| l < bcfg.n_layer));
     Ok(GraftPlan {
         block: head_block,
         body_tensors,

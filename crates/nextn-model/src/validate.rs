@@ -55,13 +55,10 @@ const TOKEN_ID_KEYS: [&str; 9] = [
 pub fn is_sidecar(file: &GgufFile) -> bool {
     let layers = crate::config::layers_in_tensors(file);
     layers > 1
-        && !file.tensors().iter().any(|t| {
-            t.name
-                .strip_prefix("blk.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|n| n.parse::<usize>().ok())
-                .is_some_and(|n| n + 1 < layers)
-        })
+        && !file
+            .tensors()
+            .iter()
+            .any(|t| crate::config::block_of(&t.name).is_some_and(|n| n + 1 < layers))
 }
 
 /// Check a model file (a full model or an MTP-only sidecar) without reading tensor data.

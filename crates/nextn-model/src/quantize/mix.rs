@@ -9,6 +9,8 @@
 use nextn_gguf::GgmlType;
 use regex::Regex;
 
+use crate::config::block_of;
+
 /// The file types `nextn quantize` and `nextn synth` write, named and numbered as llama.cpp does
 /// (`llama_ftype` in llama.h; the number is `general.file_type`).
 #[allow(non_camel_case_types)]
@@ -235,10 +237,6 @@ fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
         || (i_layer as i64 - (n_layers / 8) as i64).rem_euclid(3) == 2
 }
 
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
-}
-
 /// A type that divides the row, as `tensor_type_fallback` picks it (F16 when nothing does).
 pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
     let fits = |t: GgmlType| ne0.is_multiple_of(t.block_size() as u64);
@@ -264,7 +262,7 @@ pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
 /// (tensors outside `blk.N` first), then by name.
 pub fn llama_order(names: &mut [String]) {
     names.sort_by(|a, b| {
-        let key = |n: &str| layer_of(n).map_or(-1, |l| l as i64);
+        let key = |n: &str| block_of(n).map_or(-1, |l| l as i64);
         key(a).cmp(&key(b)).then_with(|| a.cmp(b))
     });
 }
@@ -401,7 +399,7 @@ fn mix_type(
             // With experts the layer comes from the name; otherwise the tensor's rank among
             // the FFN-down tensors is taken for its layer.
             let i_layer = if r.facts.n_expert > 1 {
-                layer_of(name).unwrap_or(0)
+                block_of(name).unwrap_or(0)
             } else {
                 state.i_ffn_down
             };

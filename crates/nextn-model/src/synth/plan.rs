@@ -248,7 +248,7 @@ mod tests {
         assert_eq!(names[1], "token_embd.weight");
         let layers: Vec<usize> = names
             .iter()
-            .filter_map(|n| n.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+            .filter_map(|n| crate::config::block_of(n))
             .collect();
         assert!(layers.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(*layers.last().unwrap(), 4, "the NextN block is blk.4");

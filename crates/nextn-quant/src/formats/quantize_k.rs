@@ -176,16 +176,22 @@ fn make_q3_quants(nmax: i32, x: &[f32], codes: &mut [u8]) -> f32 {
 /// Unsigned codes in `0..=nmax` for `x ≈ scale * L - min_out`, trying the scales
 /// `(nmax + rmin + rdelta*is) / (max - min)` for `is` in `0..=nstep` and keeping the
 /// least-squares (scale, min) of lowest weighted error. Returns (scale, min_out >= 0).
-struct Qkx2 {
-    nmax: i32,
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
+pub(super) struct Qkx2 {
+    pub(super) nmax: i32,
+    pub(super) rmin: f32,
+    pub(super) rdelta: f32,
+    pub(super) nstep: i32,
+    pub(super) use_mad: bool,
 }
 
 impl Qkx2 {
-    fn run(&self, x: &[f32], weights: &[f32], codes: &mut [u8], aux: &mut [u8]) -> (f32, f32) {
+    pub(super) fn run(
+        &self,
+        x: &[f32],
+        weights: &[f32],
+        codes: &mut [u8],
+        aux: &mut [u8],
+    ) -> (f32, f32) {
         let nmax = self.nmax;
         let (mut min, mut max) = (x[0], x[0]);
         let mut sum_w = weights[0];

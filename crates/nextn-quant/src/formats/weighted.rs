@@ -17,23 +17,16 @@ use super::layout::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, QK32, QK_K,
 };
 use super::quantize_k::{
-    finish_q3_k, make_qx_quants, nearest_int, pack_2bit, pack_q4_k, pack_q5_k, requantize_k,
+    finish_q3_k, make_qx_quants, nearest_int, pack_2bit, pack_q4_k, pack_q5_k, requantize_k, Qkx2,
     GROUP_MAX_EPS,
 };
 use super::tables::pack_scale_min_k4;
 use crate::QuantError;
 
-/// The scale sweep every weighted caller of ggml's `make_qkx3_quants` uses: `rmin` -0.9,
-/// `rdelta` 0.05, 37 steps, squared errors.
-const QKX3_RMIN: f32 = -0.9;
-const QKX3_RDELTA: f32 = 0.05;
-const QKX3_NSTEP: i32 = 36;
-
 /// Unsigned codes in `0..=nmax` for `x ≈ scale * L - the_min` with the given weights (ggml
-/// `make_qkx3_quants` with weights and `use_mad` false): start from the range
-/// `(max - min)/nmax`, try the scales `(nmax - 0.9 + 0.05*is)/(max - min)` and keep the
-/// weighted least-squares (scale, min) of lowest weighted squared error. Returns
-/// `(scale, the_min)`, `the_min >= 0` being the negated offset.
+/// `make_qkx3_quants` with weights and `use_mad` false): the same search as `make_qkx2_quants`
+/// ([`Qkx2`]) with the sweep every weighted caller uses, `rmin` -0.9, `rdelta` 0.05, 37 steps,
+/// squared errors. Returns `(scale, the_min)`, `the_min >= 0` being the negated offset.
 fn make_qkx3_quants(
     nmax: i32,
     x: &[f32],
@@ -41,69 +34,14 @@ fn make_qkx3_quants(
     codes: &mut [u8],
     aux: &mut [u8],
 ) -> (f32, f32) {
-    let (mut min, mut max) = (x[0], x[0]);
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for (&v, &w) in x.iter().zip(weights).skip(1) {
-        if v < min {
-            min = v;
-        }
-        if v > max {
-            max = v;
-        }
-        sum_w += w;
-        sum_x += w * v;
+    Qkx2 {
+        nmax,
+        rmin: -0.9,
+        rdelta: 0.05,
+        nstep: 36,
+        use_mad: false,
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max <= min {
-        codes.fill(0);
-        return (0.0, -min);
-    }
-    let error_of = |scale: f32, min: f32, codes: &[u8]| -> f32 {
-        let mut err = 0.0f32;
-        for ((&v, &w), &l) in x.iter().zip(weights).zip(codes) {
-            let diff = scale * l as f32 + min - v;
-            err += w * (diff * diff);
-        }
-        err
-    };
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    for (c, &v) in codes.iter_mut().zip(x) {
-        *c = nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
-    }
-    let mut best_error = error_of(scale, min, codes);
-    for is in 0..=QKX3_NSTEP {
-        iscale = (QKX3_RMIN + QKX3_RDELTA * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for ((a, &v), &w) in aux.iter_mut().zip(x).zip(weights) {
-            let l = nearest_int(iscale * (v - min)).clamp(0, nmax);
-            *a = l as u8;
-            let l = l as f32;
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * v;
-        }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let cur_error = error_of(this_scale, this_min, aux);
-            if cur_error < best_error {
-                codes.copy_from_slice(aux);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
+    .run(x, weights, codes, aux)
 }
 
 /// Unsigned codes in `0..=nmax` for the non-negative values `x` (sub-block scales or mins)
