@@ -170,7 +170,7 @@ impl GatedAttention {
             // Keys and values come tile by tile, widened to f32 from the cache's type as they
             // are read, so a long context is read once per block of queries at its stored size.
             let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
-                kv_ref.read_head(values, g, hd, positions, dst)
+                kv_ref.read_head(values, g, positions, dst)
             };
             // Rows go in blocks so that each tile of keys and values is read from cache by all
             // the block's queries; every query still sees its positions in ascending order.
@@ -294,22 +294,30 @@ fn attend_tiled(
     for tile in (0..max_len).step_by(KEY_TILE) {
         let tile_end = (tile + KEY_TILE).min(max_len);
         read(true, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
+        // Up to four queries of the same length (heads of one row) share each load of a value
+        // chunk; with four, sixteen columns of each are eight independent running sums, enough
+        // to keep the adds from waiting on each other.
         let mut j = 0;
         while j < queries.len() {
             let len = queries[j].0;
-            let paired = queries.get(j + 1).is_some_and(|&(l, _)| l == len);
+            let run = queries[j..]
+                .iter()
+                .take(4)
+                .take_while(|&&(l, _)| l == len)
+                .count();
             let end = tile_end.min(len);
             if end > tile {
                 let v = &buf[..(end - tile) * hd];
-                let sa = &scores[j * max_len + tile..j * max_len + end];
-                if paired {
-                    let sb = &scores[(j + 1) * max_len + tile..(j + 1) * max_len + end];
-                    add_weighted_values_x2(sa, sb, v, &mut o[j * hd..(j + 2) * hd]);
-                } else {
-                    add_weighted_values(sa, v, &mut o[j * hd..(j + 1) * hd]);
+                let s = |q: usize| &scores[(j + q) * max_len + tile..(j + q) * max_len + end];
+                let o = &mut o[j * hd..(j + run) * hd];
+                match run {
+                    4 => add_weighted_values([s(0), s(1), s(2), s(3)], v, o),
+                    3 => add_weighted_values([s(0), s(1), s(2)], v, o),
+                    2 => add_weighted_values([s(0), s(1)], v, o),
+                    _ => add_weighted_values([s(0)], v, o),
                 }
             }
-            j += if paired { 2 } else { 1 };
+            j += run;
         }
     }
 }
@@ -470,58 +478,43 @@ unsafe fn dot_2x4_avx2(q: [&[f32]; 2], k: [&[f32]; 4]) -> [[f32; 4]; 2] {
     ]
 }
 
-/// [`add_weighted_values`] for two queries over the same value rows (`o` holds both outputs,
-/// `2 × hd`): each value chunk is loaded once for both, and every element of each output adds
-/// its terms in ascending p exactly as the one-query loop does.
+/// `o_q += Σ_p s_q[p]·v_p` for each of `N` queries over the same consecutive value rows `v`
+/// (`s_q.len()` rows of `hd`; `o` holds the `N` outputs, `N × hd`). Each element adds its terms
+/// in ascending p as a row-by-row loop over one query would, so the result does not depend on
+/// how many queries share the pass. Sixteen columns of every query stay in registers across all
+/// the rows, and each value chunk is loaded once for all `N`.
 #[inline(always)]
-fn add_weighted_values_x2(sa: &[f32], sb: &[f32], v: &[f32], o: &mut [f32]) {
-    let hd = o.len() / 2;
-    let (oa, ob) = o.split_at_mut(hd);
+fn add_weighted_values<const N: usize>(s: [&[f32]; N], v: &[f32], o: &mut [f32]) {
+    let hd = o.len() / N;
+    let rows = s[0].len();
+    assert!(s.iter().all(|sq| sq.len() == rows) && v.len() >= rows * hd);
     let wide = hd / 16 * 16;
     for c in (0..wide).step_by(16) {
-        let (mut a, mut b) = ([0.0f32; 16], [0.0f32; 16]);
-        a.copy_from_slice(&oa[c..c + 16]);
-        b.copy_from_slice(&ob[c..c + 16]);
-        for (p, (&x, &y)) in sa.iter().zip(sb).enumerate() {
-            let vp = &v[p * hd + c..p * hd + c + 16];
-            for l in 0..16 {
-                a[l] += x * vp[l];
-                b[l] += y * vp[l];
+        let mut acc = [[0.0f32; 16]; N];
+        for (q, a) in acc.iter_mut().enumerate() {
+            a.copy_from_slice(&o[q * hd + c..q * hd + c + 16]);
+        }
+        for p in 0..rows {
+            let vp: &[f32; 16] = v[p * hd + c..p * hd + c + 16]
+                .try_into()
+                .expect("sixteen columns");
+            for (a, sq) in acc.iter_mut().zip(&s) {
+                let x = sq[p];
+                for l in 0..16 {
+                    a[l] += x * vp[l];
+                }
             }
         }
-        oa[c..c + 16].copy_from_slice(&a);
-        ob[c..c + 16].copy_from_slice(&b);
-    }
-    for (p, (&x, &y)) in sa.iter().zip(sb).enumerate() {
-        for d in wide..hd {
-            oa[d] += x * v[p * hd + d];
-            ob[d] += y * v[p * hd + d];
+        for (q, a) in acc.iter().enumerate() {
+            o[q * hd + c..q * hd + c + 16].copy_from_slice(a);
         }
     }
-}
-
-/// `o += Σ_p s[p]·v_p` over consecutive value rows `v` (`s.len()` rows of `o.len()`), each
-/// element adding its terms in ascending p as a row-by-row loop would. Sixteen columns at a
-/// time stay in registers across all the rows, so `o` is read and written once per call
-/// rather than once per row.
-#[inline(always)]
-fn add_weighted_values(s: &[f32], v: &[f32], o: &mut [f32]) {
-    let hd = o.len();
-    let wide = hd / 16 * 16;
-    for c in (0..wide).step_by(16) {
-        let mut acc = [0.0f32; 16];
-        acc.copy_from_slice(&o[c..c + 16]);
-        for (p, &sp) in s.iter().enumerate() {
-            let vp = &v[p * hd + c..p * hd + c + 16];
-            for l in 0..16 {
-                acc[l] += sp * vp[l];
+    for (q, sq) in s.iter().enumerate() {
+        let oq = &mut o[q * hd..(q + 1) * hd];
+        for (p, &x) in sq.iter().enumerate() {
+            for d in wide..hd {
+                oq[d] += x * v[p * hd + d];
             }
-        }
-        o[c..c + 16].copy_from_slice(&acc);
-    }
-    for (p, &sp) in s.iter().enumerate() {
-        for d in wide..hd {
-            o[d] += sp * v[p * hd + d];
         }
     }
 }
@@ -545,12 +538,17 @@ mod tests {
             let n_pos = 3 * KEY_TILE + 5;
             let keys: Vec<f32> = (0..n_pos * hd).map(|_| next()).collect();
             let vals: Vec<f32> = (0..n_pos * hd).map(|_| next()).collect();
-            // Equal lengths next to each other are attended as pairs (heads of one row).
+            // Runs of one to four equal lengths (the heads of one row) share value loads.
             let lens = [
                 1,
                 KEY_TILE,
                 KEY_TILE,
                 KEY_TILE + 1,
+                KEY_TILE + 1,
+                KEY_TILE + 1,
+                KEY_TILE + 1,
+                KEY_TILE + 1,
+                n_pos - 1,
                 n_pos - 1,
                 n_pos - 1,
                 n_pos,
@@ -633,7 +631,7 @@ mod tests {
             })
             .collect();
         for ty in [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0] {
-            let mut kv = KvLayer::new(ty, ty, width);
+            let mut kv = KvLayer::new(ty, ty, heads, hd);
             for r in &rows {
                 kv.push(r, r);
             }
@@ -663,7 +661,7 @@ mod tests {
             };
             for head in 0..heads {
                 let mut tile = vec![0.0f32; 9 * hd];
-                kv.read_head(true, head, hd, 61..70, &mut tile);
+                kv.read_head(true, head, 61..70, &mut tile);
                 for (k, p) in (61..70).enumerate() {
                     assert_eq!(
                         tile[k * hd..(k + 1) * hd],

@@ -238,7 +238,8 @@ impl Model {
                 Mixer::Attention(_) => LayerCache::Attention(KvLayer::new(
                     k_type,
                     v_type,
-                    cfg.n_head_kv[il] * cfg.head_dim,
+                    cfg.n_head_kv[il],
+                    cfg.head_dim,
                 )),
                 Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_cache()),
             })

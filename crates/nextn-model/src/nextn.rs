@@ -33,7 +33,8 @@ pub struct NextnHead {
     draft: Option<DraftLmHead>,
     n_embd: usize,
     eps: f32,
-    kv_width: usize,
+    /// Kv heads and their dimension, for the head's own cache.
+    kv_heads: (usize, usize),
 }
 
 /// One sequence's rows in a head pass: `tokens[i]` at position `start_pos + i`, paired with
@@ -106,7 +107,7 @@ impl NextnHead {
             draft: None,
             n_embd: e,
             eps: cfg.rms_eps,
-            kv_width: cfg.n_head_kv[n] * cfg.head_dim,
+            kv_heads: (cfg.n_head_kv[n], cfg.head_dim),
         })
     }
 
@@ -170,7 +171,8 @@ impl NextnHead {
 
     /// The head's own single-layer KV cache.
     pub fn new_cache(&self, k_type: KvType, v_type: KvType) -> LayerCache {
-        LayerCache::Attention(KvLayer::new(k_type, v_type, self.kv_width))
+        let (n_heads, head_dim) = self.kv_heads;
+        LayerCache::Attention(KvLayer::new(k_type, v_type, n_heads, head_dim))
     }
 
     /// Index N of the `blk.N` that holds the head.

@@ -14,7 +14,7 @@ impl Weighed for Snap {
 
 /// One attention layer of width 1 whose row at position p of `tokens` is `1000·p + token`.
 fn layer(tokens: &[u32]) -> KvLayer {
-    let mut kv = KvLayer::new(KvType::F32, KvType::F32, 1);
+    let mut kv = KvLayer::new(KvType::F32, KvType::F32, 1, 1);
     for (p, &t) in tokens.iter().enumerate() {
         let x = [(1000 * p) as f32 + t as f32];
         kv.push(&x, &x);
@@ -34,7 +34,7 @@ fn lookup(
     max_pos: usize,
 ) -> Option<(usize, &'static str)> {
     let hit = tree.lookup(prompt, max_pos, |_| true)?;
-    let mut got = KvLayer::new(KvType::F32, KvType::F32, 1);
+    let mut got = KvLayer::new(KvType::F32, KvType::F32, 1, 1);
     for seg in &hit.segments {
         assert_eq!(seg.len(), 1);
         got.append_rows(&seg[0]).unwrap();

@@ -340,7 +340,7 @@ mod tests {
     }
 
     fn rows_of_width(k: KvType, v: KvType, width: usize) -> KvRows {
-        let mut kv = KvLayer::new(k, v, width);
+        let mut kv = KvLayer::new(k, v, 1, width);
         for p in 0..4 {
             let row: Vec<f32> = (0..width)
                 .map(|i| (p * width + i) as f32 * 0.37 - 1.0)

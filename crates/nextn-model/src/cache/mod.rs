@@ -159,6 +159,50 @@ impl KvBuf {
         true
     }
 
+    /// Append `count` runs of `len` values of `src`, the p-th starting at value
+    /// `first + p·stride` (whole blocks for the quantized types); nothing when the element
+    /// types differ.
+    fn extend_strided(
+        &mut self,
+        src: &KvBuf,
+        first: usize,
+        stride: usize,
+        count: usize,
+        len: usize,
+    ) {
+        let (first, stride, len) = (self.units(first), self.units(stride), self.units(len));
+        fn runs<T: Copy>(
+            dst: &mut Vec<T>,
+            src: &[T],
+            first: usize,
+            stride: usize,
+            count: usize,
+            len: usize,
+        ) {
+            for p in 0..count {
+                let at = first + p * stride;
+                dst.extend_from_slice(&src[at..at + len]);
+            }
+        }
+        match (self, src) {
+            (KvBuf::F16(d), KvBuf::F16(s)) => runs(d, s, first, stride, count, len),
+            (KvBuf::F32(d), KvBuf::F32(s)) => runs(d, s, first, stride, count, len),
+            (KvBuf::Q8_0(d), KvBuf::Q8_0(s)) => runs(d, s, first, stride, count, len),
+            (KvBuf::Q4_0(d), KvBuf::Q4_0(s)) => runs(d, s, first, stride, count, len),
+            _ => {}
+        }
+    }
+
+    /// Make room for `units` more stored units.
+    fn reserve(&mut self, units: usize) {
+        match self {
+            KvBuf::F16(v) => v.reserve(units),
+            KvBuf::F32(v) => v.reserve(units),
+            KvBuf::Q8_0(v) => v.reserve(units),
+            KvBuf::Q4_0(v) => v.reserve(units),
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             KvBuf::F16(v) => v.len() * 2,
@@ -168,38 +212,24 @@ impl KvBuf {
         }
     }
 
-    /// Values `first + p·stride .. + len` for p in `0..count`, as f32 into `out`
-    /// (`count × len`, position-major). Every conversion is exact (a half float widened, or a
-    /// block's code times its scale), so the result does not depend on which copy runs.
-    fn read_rows(&self, first: usize, stride: usize, count: usize, len: usize, out: &mut [f32]) {
-        let out = &mut out[..count * len];
+    /// Values `first..first + n` as f32 into `out[..n]`. Every conversion is exact (a half
+    /// float widened, or a block's code times its scale), so the result does not depend on
+    /// which copy runs.
+    fn read(&self, first: usize, n: usize, out: &mut [f32]) {
+        let out = &mut out[..n];
         match self {
             KvBuf::F16(v) => {
-                let bits: &[u16] = v.as_slice().reinterpret_cast();
-                for (p, o) in out.chunks_exact_mut(len).enumerate() {
-                    let at = first + p * stride;
-                    wide::widen_f16(&bits[at..at + len], o);
-                }
+                let bits: &[u16] = v[first..first + n].reinterpret_cast();
+                wide::widen_f16(bits, out);
             }
-            KvBuf::F32(v) => {
-                for (p, o) in out.chunks_exact_mut(len).enumerate() {
-                    let at = first + p * stride;
-                    o.copy_from_slice(&v[at..at + len]);
-                }
-            }
+            KvBuf::F32(v) => out.copy_from_slice(&v[first..first + n]),
             KvBuf::Q8_0(v) => {
-                let (b0, bs, nb) = (first / QK32, stride / QK32, len / QK32);
-                for (p, o) in out.chunks_exact_mut(len).enumerate() {
-                    let at = b0 + p * bs;
-                    dequantize_q8_0(&v[at..at + nb], o);
-                }
+                let b = first / QK32;
+                dequantize_q8_0(&v[b..b + n / QK32], out);
             }
             KvBuf::Q4_0(v) => {
-                let (b0, bs, nb) = (first / QK32, stride / QK32, len / QK32);
-                for (p, o) in out.chunks_exact_mut(len).enumerate() {
-                    let at = b0 + p * bs;
-                    dequantize_q4_0(&v[at..at + nb], o);
-                }
+                let b = first / QK32;
+                dequantize_q4_0(&v[b..b + n / QK32], out);
             }
         }
     }
@@ -234,22 +264,30 @@ fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
 }
 }
 
-/// Keys and values of one attention layer for positions `0..len`.
+/// Keys and values of one attention layer for positions `0..len`, stored per kv head: each
+/// head's history is one contiguous `[pos][head_dim]` run, so attention (one task per kv head)
+/// streams it front to back. Interleaving the heads position by position would make every task
+/// read half of each cache line run and leave the other half to another core, which halves the
+/// bandwidth a long context is read at.
 #[derive(Clone, Debug)]
 pub struct KvLayer {
-    k: KvBuf,
-    v: KvBuf,
-    /// Values per position: `n_head_kv · head_dim`.
-    width: usize,
+    /// Keys of each kv head.
+    k: Vec<KvBuf>,
+    /// Values of each kv head.
+    v: Vec<KvBuf>,
+    /// Element types of the keys and the values.
+    types: (KvType, KvType),
+    head_dim: usize,
     len: usize,
 }
 
 impl KvLayer {
-    pub fn new(k_type: KvType, v_type: KvType, width: usize) -> Self {
+    pub fn new(k_type: KvType, v_type: KvType, n_heads: usize, head_dim: usize) -> Self {
         KvLayer {
-            k: KvBuf::new(k_type),
-            v: KvBuf::new(v_type),
-            width,
+            k: (0..n_heads).map(|_| KvBuf::new(k_type)).collect(),
+            v: (0..n_heads).map(|_| KvBuf::new(v_type)).collect(),
+            types: (k_type, v_type),
+            head_dim,
             len: 0,
         }
     }
@@ -262,57 +300,80 @@ impl KvLayer {
         self.len == 0
     }
 
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.k.bytes() + self.v.bytes()
+    /// Values per position: `n_head_kv · head_dim`.
+    pub fn width(&self) -> usize {
+        self.k.len() * self.head_dim
     }
 
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(KvBuf::bytes).sum()
+    }
+
+    /// Append one position: `k` and `v` hold every kv head's `head_dim` values, head after head.
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
-        self.k.push(&k[..self.width]);
-        self.v.push(&v[..self.width]);
+        let hd = self.head_dim;
+        for (h, (kb, vb)) in self.k.iter_mut().zip(&mut self.v).enumerate() {
+            kb.push(&k[h * hd..(h + 1) * hd]);
+            vb.push(&v[h * hd..(h + 1) * hd]);
+        }
         self.len += 1;
     }
 
     /// Drop every position `>= pos`.
     pub fn truncate(&mut self, pos: usize) {
         if pos < self.len {
-            self.k.truncate(pos * self.width);
-            self.v.truncate(pos * self.width);
+            let keep = pos * self.head_dim;
+            self.k
+                .iter_mut()
+                .chain(&mut self.v)
+                .for_each(|b| b.truncate(keep));
             self.len = pos;
         }
     }
 
-    /// The keys and values of positions `start..end`, exactly as stored (a prefix cache keeps
-    /// them to hand to a later sequence with the same tokens).
+    /// The keys and values of positions `start..end`, exactly as stored, position by position
+    /// (a prefix cache keeps them to hand to a later sequence with the same tokens).
     pub fn rows(&self, start: usize, end: usize) -> KvRows {
         let end = end.min(self.len);
         let start = start.min(end);
+        let hd = self.head_dim;
+        let interleave = |heads: &[KvBuf], ty: KvType| {
+            let mut rows = KvBuf::new(ty);
+            rows.reserve((end - start) * self.width() / ty.block_len());
+            for p in start..end {
+                for head in heads {
+                    rows.extend_strided(head, p * hd, hd, 1, hd);
+                }
+            }
+            rows
+        };
         KvRows {
-            k: self.k.slice(start * self.width, end * self.width),
-            v: self.v.slice(start * self.width, end * self.width),
-            width: self.width,
+            k: interleave(&self.k, self.types.0),
+            v: interleave(&self.v, self.types.1),
+            width: self.width(),
             len: end - start,
         }
     }
 
     /// Append rows taken with [`KvLayer::rows`] from a cache of the same shape and types.
     pub fn append_rows(&mut self, rows: &KvRows) -> Result<(), ModelError> {
-        if rows.width != self.width {
+        let width = self.width();
+        if rows.width != width {
             return Err(ModelError::SnapshotMismatch {
                 what: "attention row width",
-                expected: self.width,
+                expected: width,
                 found: rows.width,
             });
         }
-        let (k_ok, v_ok) = (
-            std::mem::discriminant(&self.k) == std::mem::discriminant(&rows.k),
-            std::mem::discriminant(&self.v) == std::mem::discriminant(&rows.v),
-        );
-        if !(k_ok && v_ok) {
+        if self.types != rows.types() {
             return Err(ModelError::SnapshotKvType);
         }
-        self.k.extend(&rows.k);
-        self.v.extend(&rows.v);
+        let hd = self.head_dim;
+        for (h, (kb, vb)) in self.k.iter_mut().zip(&mut self.v).enumerate() {
+            kb.extend_strided(&rows.k, h * hd, width, rows.len, hd);
+            vb.extend_strided(&rows.v, h * hd, width, rows.len, hd);
+        }
         self.len += rows.len;
         Ok(())
     }
@@ -323,18 +384,12 @@ impl KvLayer {
         &self,
         values: bool,
         head: usize,
-        head_dim: usize,
         positions: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
-        let buf = if values { &self.v } else { &self.k };
-        buf.read_rows(
-            positions.start * self.width + head * head_dim,
-            self.width,
-            positions.len(),
-            head_dim,
-            out,
-        );
+        let buf = if values { &self.v[head] } else { &self.k[head] };
+        let hd = self.head_dim;
+        buf.read(positions.start * hd, positions.len() * hd, out);
     }
 }
 
@@ -681,7 +736,7 @@ mod tests {
 
     #[test]
     fn kv_truncate_and_read() {
-        let mut kv = KvLayer::new(KvType::F32, KvType::F16, 4);
+        let mut kv = KvLayer::new(KvType::F32, KvType::F16, 2, 2);
         for p in 0..5 {
             let row: Vec<f32> = (0..4).map(|i| (p * 10 + i) as f32).collect();
             kv.push(&row, &row);
@@ -689,11 +744,60 @@ mod tests {
         kv.truncate(3);
         assert_eq!(kv.len(), 3);
         let mut out = vec![0.0; 6];
-        kv.read_head(false, 1, 2, 0..3, &mut out);
+        kv.read_head(false, 1, 0..3, &mut out);
         assert_eq!(out, vec![2.0, 3.0, 12.0, 13.0, 22.0, 23.0]);
-        kv.read_head(true, 0, 2, 0..3, &mut out);
+        kv.read_head(true, 0, 0..3, &mut out);
         assert_eq!(out, vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
-        kv.read_head(true, 1, 2, 1..3, &mut out[..4]);
+        kv.read_head(true, 1, 1..3, &mut out[..4]);
         assert_eq!(out[..4], [12.0, 13.0, 22.0, 23.0]);
+    }
+
+    /// Each head's history is stored on its own, yet the rows handed to a prefix cache or a slot
+    /// file are position by position (all heads of a position together), and appending them to
+    /// another cache restores every head exactly.
+    #[test]
+    fn rows_are_position_major_and_round_trip_per_head() {
+        let (heads, hd) = (3usize, 32usize);
+        let width = heads * hd;
+        let row = |p: usize, salt: usize| -> Vec<f32> {
+            (0..width)
+                .map(|i| ((p * 37 + i * 11 + salt) % 101) as f32 / 9.0 - 5.0)
+                .collect()
+        };
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+            let mut kv = KvLayer::new(ty, ty, heads, hd);
+            for p in 0..10 {
+                kv.push(&row(p, 0), &row(p, 5));
+            }
+            let rows = kv.rows(2, 7);
+            let (mut k, mut v) = (KvBuf::new(ty), KvBuf::new(ty));
+            for p in 2..7 {
+                k.push(&row(p, 0));
+                v.push(&row(p, 5));
+            }
+            let expected = KvRows {
+                k,
+                v,
+                width,
+                len: 5,
+            };
+            assert_eq!(rows, expected, "{ty:?}: position-major rows");
+
+            let mut other = KvLayer::new(ty, ty, heads, hd);
+            other.append_rows(&kv.rows(0, 10)).unwrap();
+            other.truncate(6);
+            other.append_rows(&kv.rows(6, 10)).unwrap();
+            assert_eq!(other.len(), 10);
+            for head in 0..heads {
+                for values in [false, true] {
+                    let (mut a, mut b) = (vec![0.0; 10 * hd], vec![0.0; 10 * hd]);
+                    kv.read_head(values, head, 0..10, &mut a);
+                    other.read_head(values, head, 0..10, &mut b);
+                    assert_eq!(a, b, "{ty:?}, head {head}, values {values}");
+                }
+            }
+            let narrow = KvLayer::new(ty, ty, 1, hd).rows(0, 0);
+            assert!(other.append_rows(&narrow).is_err(), "width is checked");
+        }
     }
 }
