@@ -176,20 +176,29 @@ impl GatedAttention {
             // the block's queries; every query still sees its positions in ascending order.
             let first = rows.start;
             let rows: Vec<usize> = rows.collect();
-            let mut scratch = Scratch::default();
-            for block in rows.chunks(QUERY_BLOCK_ROWS) {
-                let queries: Vec<(usize, &[f32])> = block
-                    .iter()
-                    .flat_map(|&i| {
-                        (g * group..(g + 1) * group).map(move |h| {
-                            (start_pos + i + 1, &q[(i * self.n_head + h) * hd..][..hd])
+            // The scores of a long context are megabytes: a buffer kept per thread avoids
+            // fresh zeroed pages (and their faults) in every pass.
+            SCRATCH.with(|cell| {
+                let mut own = Scratch::default();
+                let mut kept = cell.try_borrow_mut();
+                let scratch = match kept.as_deref_mut() {
+                    Ok(s) => s,
+                    Err(_) => &mut own,
+                };
+                for block in rows.chunks(QUERY_BLOCK_ROWS) {
+                    let queries: Vec<(usize, &[f32])> = block
+                        .iter()
+                        .flat_map(|&i| {
+                            (g * group..(g + 1) * group).map(move |h| {
+                                (start_pos + i + 1, &q[(i * self.n_head + h) * hd..][..hd])
+                            })
                         })
-                    })
-                    .collect();
-                let o_first = (block[0] - first) * group * hd;
-                let o = &mut out[o_first..o_first + queries.len() * hd];
-                attend_tiled(&queries, &read, hd, &mut scratch, o);
-            }
+                        .collect();
+                    let o_first = (block[0] - first) * group * hd;
+                    let o = &mut out[o_first..o_first + queries.len() * hd];
+                    attend_tiled(&queries, &read, hd, scratch, o);
+                }
+            });
         });
         for (task, out) in outputs.into_iter().enumerate() {
             let (g, block) = (task / row_blocks, task % row_blocks);
@@ -215,11 +224,16 @@ const KEY_TILE: usize = 64;
 /// Reads positions of one kv head's keys (`false`) or values (`true`) as f32, `[pos][head_dim]`.
 type TileReader<'a> = dyn Fn(bool, Range<usize>, &mut [f32]) + Sync + 'a;
 
-/// Buffers of one attention task, reused across its blocks of queries.
+/// Buffers of one attention task, reused across its blocks of queries and, per thread, across
+/// passes.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
     tile: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 crate::wide::avx2_and_baseline! {
@@ -239,8 +253,11 @@ fn attend_tiled(
     let scale = 1.0 / (hd as f32).sqrt();
     let max_len = queries.iter().map(|&(len, _)| len).max().unwrap_or(0);
     let Scratch { scores, tile: buf } = scratch;
-    scores.clear();
-    scores.resize(queries.len() * max_len, 0.0);
+    // Every score a query reads (positions below its length) is written first, so the buffer
+    // only grows and is never cleared.
+    if scores.len() < queries.len() * max_len {
+        scores.resize(queries.len() * max_len, 0.0);
+    }
     buf.resize(KEY_TILE * hd, 0.0);
     for tile in (0..max_len).step_by(KEY_TILE) {
         let tile_end = (tile + KEY_TILE).min(max_len);

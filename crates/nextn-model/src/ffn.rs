@@ -159,13 +159,17 @@ impl MoeFfn {
         out: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        let n_embd = self.router.cols;
+        let routing = self.route(x, n, pool)?;
+        self.forward_routed(x, n, &routing, out, pool)
+    }
+
+    /// The router's choice for each of the `n` rows of `x`: softmax over all experts, the top
+    /// `n_used` (ties to the lower id), weights renormalised over them.
+    pub fn route(&self, x: &[f32], n: usize, pool: &ThreadPool) -> Result<Routing, ModelError> {
         let n_expert = self.router.rows;
         let k = self.n_used;
         let mut probs = vec![0.0f32; n * n_expert];
         self.router.forward(x, n, &mut probs, pool)?;
-
-        // Per row: softmax over all experts, top-k (ties to the lower id), renormalised weights.
         let mut chosen = vec![(0usize, 0.0f32); n * k];
         let mut order: Vec<usize> = Vec::with_capacity(n_expert);
         for i in 0..n {
@@ -180,16 +184,37 @@ impl MoeFfn {
                 chosen[i * k + slot] = (e, p[e] / denom);
             }
         }
+        Ok(Routing { k, chosen })
+    }
 
-        // Rows that picked the same expert share one pass over its weights.
+    /// The routed experts (as `routing` chose them) and the shared expert for the `n` rows of
+    /// `x`. Rows that picked the same expert share one pass over its weights.
+    pub fn forward_routed(
+        &self,
+        x: &[f32],
+        n: usize,
+        routing: &Routing,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let n_embd = self.router.cols;
+        let k = routing.k;
+        let n_expert = self.gate.len();
+        let bad = ModelError::Routing {
+            rows: n,
+            per_row: k,
+            found: routing.chosen.len(),
+            n_expert,
+        };
+        if routing.chosen.len() != n * k || routing.chosen.iter().any(|&(e, _)| e >= n_expert) {
+            return Err(bad);
+        }
+        let mut rows_of: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_expert];
+        for (at, &(e, _)) in routing.chosen.iter().enumerate() {
+            rows_of[e].push((at / k, at % k));
+        }
         let n_ff = self.gate.first().map(|l| l.rows).unwrap_or(0);
         let mut expert_out = vec![0.0f32; n * k * n_embd];
-        let mut rows_of: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n_expert];
-        for i in 0..n {
-            for slot in 0..k {
-                rows_of[chosen[i * k + slot].0].push((i, slot));
-            }
-        }
         let mut xin = Vec::new();
         let (mut g, mut u, mut d) = (Vec::new(), Vec::new(), Vec::new());
         for (e, rows) in rows_of.iter().enumerate() {
@@ -212,7 +237,7 @@ impl MoeFfn {
                 .for_each(|(a, &b)| *a = ops::silu(*a) * b);
             self.down[e].forward(&g, m, &mut d, pool)?;
             for (j, &(i, slot)) in rows.iter().enumerate() {
-                let w = chosen[i * k + slot].1;
+                let w = routing.chosen[i * k + slot].1;
                 let dst = &mut expert_out[(i * k + slot) * n_embd..][..n_embd];
                 dst.iter_mut()
                     .zip(&d[j * n_embd..(j + 1) * n_embd])
@@ -242,6 +267,40 @@ impl MoeFfn {
             }
         }
         Ok(())
+    }
+}
+
+/// Which experts each row of a MoE layer uses and with what weight: `chosen[i·k + slot]` is
+/// `(expert, weight)` for row i's slot-th choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    k: usize,
+    chosen: Vec<(usize, f32)>,
+}
+
+impl Routing {
+    /// A routing of `rows.len()` rows, each a list of `k` experts with equal weights (the
+    /// benchmarks use it to set how many experts consecutive rows share).
+    pub fn uniform(rows: &[Vec<usize>]) -> Routing {
+        let k = rows.first().map_or(0, Vec::len);
+        let chosen = rows
+            .iter()
+            .flat_map(|r| r.iter().map(move |&e| (e, 1.0 / r.len() as f32)))
+            .collect();
+        Routing { k, chosen }
+    }
+
+    /// Experts per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Distinct experts over all rows.
+    pub fn distinct(&self) -> usize {
+        let mut e: Vec<usize> = self.chosen.iter().map(|&(e, _)| e).collect();
+        e.sort_unstable();
+        e.dedup();
+        e.len()
     }
 }
 

@@ -99,6 +99,13 @@ pub enum ModelError {
         "cached attention rows have another element type than this sequence's KV cache (-ctk/-ctv)"
     )]
     SnapshotKvType,
+    #[error("an expert routing for {rows} rows of {per_row} experts names {found} experts, or an expert outside the layer's {n_expert}")]
+    Routing {
+        rows: usize,
+        per_row: usize,
+        found: usize,
+        n_expert: usize,
+    },
     #[error("the NextN head got {found} hidden values for {rows} rows of width {width}")]
     HiddenLength {
         found: usize,

@@ -256,3 +256,45 @@ fn batch_composition_does_not_change_results() {
         }
     }
 }
+
+/// A result does not depend on how many threads computed it: products split by output rows,
+/// attention by kv head and block of rows, for the dense and the MoE layers.
+#[test]
+fn thread_count_does_not_change_results() {
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    for file in [
+        "q35moe-a/q35moe-a-Q4_K_M.gguf",
+        "q35moe-a/q35moe-a-Q8_0.gguf",
+        "q35-dense-a/q35-dense-a-Q4_K_M.gguf",
+    ] {
+        let path = golden.join(file);
+        let model = Model::load(Arc::new(GgufFile::open(&path).expect("open"))).expect("load");
+        let toks: Vec<u32> = (0..19u32)
+            .map(|i| (i * 53 + 11) % model.n_vocab as u32)
+            .collect();
+        let run = |threads: usize| {
+            let pool = ThreadPool::new(threads);
+            let mut st = model.new_sequence(256, KvType::F16, KvType::F16);
+            let mut logits = model
+                .forward(&toks[..15], &mut st, LogitRows::All, &pool)
+                .expect("prefill")
+                .logits;
+            for &t in &toks[15..] {
+                let o = model
+                    .forward(&[t], &mut st, LogitRows::All, &pool)
+                    .expect("decode");
+                logits.extend(o.logits);
+            }
+            logits
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            assert!(
+                one == run(threads),
+                "{file}: logits differ between 1 and {threads} threads"
+            );
+        }
+    }
+}

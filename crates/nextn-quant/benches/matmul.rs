@@ -12,7 +12,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use nextn_quant::kernels::{simd_level, QMatrix, ThreadPool, SUPPORTED_WEIGHT_TYPES};
 use nextn_quant::GgmlType;
 
-const ROW_COUNTS: [usize; 4] = [1, 2, 4, 8];
+const ROW_COUNTS: [usize; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
 struct Rng(u64);
 impl Rng {

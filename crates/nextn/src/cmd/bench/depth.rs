@@ -65,6 +65,35 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
     })
 }
 
+/// Grow a prefilled sequence (and the head's cache) to `depth` positions by appending copies
+/// of its own attention rows, first positions first, without computing them: a pass's cost
+/// depends on how many positions it attends to and their stored type, not on their values, so
+/// this reaches depths that a real prefill on a small machine would take hours to.
+/// The delta-net states stay those after the real prefill (their size does not depend on the
+/// position).
+pub fn fill_to_depth(at: &mut Prefilled, depth: usize) -> Result<()> {
+    let base = at.state.n_past;
+    if depth <= base {
+        return Ok(());
+    }
+    at.state.check_room(depth - base + 8)?;
+    let mut caches: Vec<&mut LayerCache> = at.state.layers.iter_mut().collect();
+    caches.extend(at.head_cache.as_mut());
+    for cache in caches {
+        if let LayerCache::Attention(kv) = cache {
+            let rows = kv.rows(0, base);
+            let mut len = base;
+            while len < depth {
+                let take = (depth - len).min(base);
+                kv.append_rows(&rows.range(0, take))?;
+                len += take;
+            }
+        }
+    }
+    at.state.n_past = depth;
+    Ok(())
+}
+
 /// Median milliseconds of the passes at one context.
 pub struct Costs {
     pub decode_ms: f64,
@@ -131,15 +160,28 @@ pub fn time_passes(
 
 /// The table of passes at every depth: prefill throughput to reach it, decode, verify of r rows
 /// (and its ratio to decode) and the draft step. Returns one JSON object per depth.
+/// What `bench -d` times: the depths, verify passes of up to `max_rows` rows, `reps` repetitions
+/// of each pass, and with `fill_from` only that many positions computed (the rest copies).
+pub struct DepthPlan<'a> {
+    pub depths: &'a [usize],
+    pub max_rows: usize,
+    pub reps: usize,
+    pub fill_from: Option<usize>,
+}
+
 pub fn run(
     loaded: &Loaded,
     head: Option<&NextnHead>,
     prompt: &[u32],
-    depths: &[usize],
-    max_rows: usize,
-    reps: usize,
+    plan: &DepthPlan<'_>,
     say: &dyn Fn(String),
 ) -> Result<Vec<Value>> {
+    let &DepthPlan {
+        depths,
+        max_rows,
+        reps,
+        fill_from,
+    } = plan;
     let verify_heads: String = (2..=max_rows)
         .map(|r| format!(" | {:>15}", format!("verify {r} rows")))
         .collect();
@@ -156,14 +198,21 @@ pub fn run(
             );
         }
         let t0 = Instant::now();
-        eprintln!("depth {depth}: prefilling ...");
-        let mut at = prefill(loaded, head, &synthetic_prompt(prompt, depth.max(1)))?;
+        let computed = fill_from.map_or(depth, |n| n.min(depth)).max(1);
+        eprintln!("depth {depth}: prefilling {computed} tokens ...");
+        let mut at = prefill(loaded, head, &synthetic_prompt(prompt, computed))?;
         eprintln!(
             "depth {depth}: prefilled in {:.1} s; timing passes",
             t0.elapsed().as_secs_f64()
         );
+        let prefill_tps = computed as f64 * 1e3 / at.prefill_ms;
+        if computed < depth {
+            fill_to_depth(&mut at, depth)?;
+            eprintln!(
+                "depth {depth}: attention caches filled with copies of the {computed} computed positions"
+            );
+        }
         let c = time_passes(loaded, head, &mut at, prompt, max_rows, reps)?;
-        let prefill_tps = depth.max(1) as f64 * 1e3 / at.prefill_ms;
         let verify_cells: String = c.verify_ms[1..]
             .iter()
             .map(|v| format!(" | {:>15}", format!("{v:.2} ({:.2}x)", v / c.decode_ms)))
@@ -180,6 +229,7 @@ pub fn run(
         ));
         out.push(json!({
             "depth": depth,
+            "computed_positions": computed,
             "prefill_tokens_per_s": prefill_tps,
             "decode_ms": c.decode_ms,
             "decode_tokens_per_s": 1e3 / c.decode_ms,

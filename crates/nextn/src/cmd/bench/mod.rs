@@ -7,6 +7,7 @@ mod depth;
 mod draft_vocab;
 mod floor;
 mod plot;
+mod union;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -98,6 +99,19 @@ pub struct Args {
     /// llama-bench's -d)
     #[arg(short = 'd', long = "n-depth", value_delimiter = ',', value_name = "N")]
     pub depth: Vec<usize>,
+    /// With -d: prefill only the first N tokens and fill the attention caches up to each depth
+    /// with copies of those positions' keys and values (a pass's cost depends on how many
+    /// positions it attends to, not on their values), to time depths whose real prefill would
+    /// take hours; the prefill rate reported is that of the N computed tokens
+    #[arg(long = "depth-fill", value_name = "N", requires = "depth")]
+    pub depth_fill: Option<usize>,
+    /// Mixture-of-experts models: instead of the generation runs, time verify passes of 2 to
+    /// --floor-verify-rows rows at every number of distinct experts their rows can pick (from
+    /// all rows sharing the same ones to none shared), with the MTP speedup each would give at
+    /// --assume-acceptance. Random weights route at random, so their own passes show only the
+    /// unshared end; a trained model's consecutive tokens share more
+    #[arg(long = "expert-union", conflicts_with = "depth")]
+    pub expert_union: bool,
     #[command(flatten)]
     pub floor: FloorArgs,
     #[command(flatten)]
@@ -581,9 +595,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             &loaded,
             head.as_ref(),
             &prompts[0].tokens,
-            &args.depth,
-            args.floor.verify_rows.max(2),
-            args.reps,
+            &depth::DepthPlan {
+                depths: &args.depth,
+                max_rows: args.floor.verify_rows.max(2),
+                reps: args.reps,
+                fill_from: args.depth_fill,
+            },
             &say,
         )?;
         if !human_to_stdout {
@@ -593,6 +610,41 @@ pub fn run(args: Args) -> Result<ExitCode> {
             std::fs::write(
                 path,
                 serde_json::to_string_pretty(&json!({ "depths": rows }))?,
+            )
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.expert_union {
+        eprintln!(
+            "bench --expert-union: {} threads, {} kernels, median of {} reps",
+            loaded.pool.n_threads(),
+            nextn_quant::kernels::kernel_isa(),
+            args.reps
+        );
+        let say = |line: String| {
+            if human_to_stdout {
+                println!("{line}")
+            } else {
+                eprintln!("{line}")
+            }
+        };
+        let report = union::run(
+            &loaded,
+            head.as_ref(),
+            &prompts[0].tokens,
+            args.floor.verify_rows,
+            args.reps,
+            &args.assume_acceptance,
+            &say,
+        )?;
+        if !human_to_stdout {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        if let Some(path) = &args.json {
+            std::fs::write(
+                path,
+                serde_json::to_string_pretty(&json!({ "expert_union": report }))?,
             )
             .with_context(|| format!("cannot write {}", path.display()))?;
         }
