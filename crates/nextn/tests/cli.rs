@@ -1021,3 +1021,48 @@ fn bench_forced_acceptance_keeps_the_requested_rates_and_the_plain_output() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("cannot grow"), "{}", stderr(&o));
 }
+
+/// The load line states what the full context costs in KV memory, the NextN head's own cache
+/// (one attention layer more) included: the bundled model has two full-attention layers, so the
+/// total is three times the head's share, and q4_0 holds the same context in under a third of f16.
+#[test]
+fn run_reports_the_kv_memory_of_the_full_context_with_the_head() {
+    let m = bundled();
+    let mib = |ty: &str| -> (f64, f64) {
+        let o = run(&[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "def f",
+            "-n",
+            "1",
+            "-c",
+            "262144",
+            "-ctk",
+            ty,
+            "-ctv",
+            ty,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let line = stderr(&o).lines().next().unwrap_or_default().to_string();
+        let number_before = |marker: &str| -> f64 {
+            let head = &line[..line.find(marker).unwrap_or_else(|| panic!("{line}"))];
+            head.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let total = number_before(" MiB at full context");
+        let head_part = line
+            .split("the NextN head's ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or_else(|| panic!("{line}"))
+            .parse()
+            .unwrap();
+        (total, head_part)
+    };
+    let (f16_total, f16_head) = mib("f16");
+    assert!((f16_total - 3.0 * f16_head).abs() < 0.2, "{f16_total} {f16_head}");
+    let (q4_total, q4_head) = mib("q4_0");
+    assert!((q4_total - 3.0 * q4_head).abs() < 0.2, "{q4_total} {q4_head}");
+    assert!(q4_total < f16_total / 3.0, "{q4_total} vs {f16_total}");
+}

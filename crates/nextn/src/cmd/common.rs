@@ -436,16 +436,24 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             );
         }
     }
-    let kv_per_token: u64 = cfg
+    let row_bytes = |il: usize| {
+        let width = cfg.n_head_kv.get(il).copied().unwrap_or(0) * cfg.head_dim;
+        (k_type.row_bytes(width) + v_type.row_bytes(width)) as u64
+    };
+    // The NextN head keeps a cache of its own, one attention layer more, whenever it drafts.
+    let head_kv_per_token = if cfg.n_nextn > 0 {
+        row_bytes(cfg.n_layer)
+    } else {
+        0
+    };
+    let kv_per_token: u64 = (cfg
         .layer_kinds
         .iter()
         .enumerate()
         .filter(|(_, k)| **k == LayerKind::FullAttention)
-        .map(|(il, _)| {
-            let width = cfg.n_head_kv[il] * cfg.head_dim;
-            (k_type.row_bytes(width) + v_type.row_bytes(width)) as u64
-        })
+        .map(|(il, _)| row_bytes(il))
         .sum::<u64>()
+        + head_kv_per_token)
         .max(1);
     let (n_ctx, ctx_note) = match args.ctx_size {
         Some(0) | None => {
@@ -465,7 +473,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     };
     // One line on what was loaded and what the context will cost.
     eprintln!(
-        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {}/{} {:.1} MiB at full context, {} threads",
+        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {}/{} {:.1} MiB at full context{}, {} threads",
         path.display(),
         t0.elapsed().as_secs_f64() * 1e3,
         cfg.arch.name(),
@@ -477,6 +485,14 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         k_type.name(),
         v_type.name(),
         (kv_per_token * n_ctx as u64) as f64 / (1 << 20) as f64,
+        if head_kv_per_token > 0 {
+            format!(
+                " (the NextN head's {:.1} MiB included)",
+                (head_kv_per_token * n_ctx as u64) as f64 / (1 << 20) as f64
+            )
+        } else {
+            String::new()
+        },
         threads,
     );
     Ok(Loaded {
