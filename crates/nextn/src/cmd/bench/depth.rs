@@ -1,7 +1,8 @@
 //! `nextn bench -d N[,N...]` (llama-bench's `--n-depth`): the passes of the speculative loop at a
 //! context of N tokens — plain decode, verify of r rows and the draft step — after a real
 //! prefill of N tokens, so that the cost of attention over a long cache shows as it does to an
-//! agent deep into a conversation.
+//! agent deep into a conversation. With `--depth-fill M` only M tokens are prefilled and the
+//! attention caches are filled up to N with copies of them ([`fill_to_depth`]).
 
 use std::time::Instant;
 
