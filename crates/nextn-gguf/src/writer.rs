@@ -183,9 +183,7 @@ impl<'a> GgufWriter<'a> {
                 found: data.len() as u64,
             });
         }
-        self.layout = None;
-        self.tensor_names.insert(name.clone());
-        self.tensors.push(WriterTensor {
+        self.push_tensor(WriterTensor {
             name,
             dims,
             ty,
@@ -208,9 +206,7 @@ impl<'a> GgufWriter<'a> {
     ) -> Result<u64, GgufError> {
         let name = name.into();
         let n_bytes = self.check_new_tensor(&name, &dims, ty)?;
-        self.layout = None;
-        self.tensor_names.insert(name.clone());
-        self.tensors.push(WriterTensor {
+        self.push_tensor(WriterTensor {
             name,
             dims,
             ty,
@@ -219,6 +215,13 @@ impl<'a> GgufWriter<'a> {
             deferred: true,
         });
         Ok(n_bytes)
+    }
+
+    /// Record a checked tensor; the layout is computed again when next needed.
+    fn push_tensor(&mut self, tensor: WriterTensor<'a>) {
+        self.layout = None;
+        self.tensor_names.insert(tensor.name.clone());
+        self.tensors.push(tensor);
     }
 
     /// The checks every new tensor passes (name length, no duplicate, dims and block geometry);

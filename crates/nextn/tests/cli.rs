@@ -1061,8 +1061,14 @@ fn run_reports_the_kv_memory_of_the_full_context_with_the_head() {
         (total, head_part)
     };
     let (f16_total, f16_head) = mib("f16");
-    assert!((f16_total - 3.0 * f16_head).abs() < 0.2, "{f16_total} {f16_head}");
+    assert!(
+        (f16_total - 3.0 * f16_head).abs() < 0.2,
+        "{f16_total} {f16_head}"
+    );
     let (q4_total, q4_head) = mib("q4_0");
-    assert!((q4_total - 3.0 * q4_head).abs() < 0.2, "{q4_total} {q4_head}");
+    assert!(
+        (q4_total - 3.0 * q4_head).abs() < 0.2,
+        "{q4_total} {q4_head}"
+    );
     assert!(q4_total < f16_total / 3.0, "{q4_total} vs {f16_total}");
 }

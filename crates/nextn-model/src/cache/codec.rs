@@ -241,7 +241,7 @@ impl KvBuf {
     }
 
     /// Values held.
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             KvBuf::F16(v) => v.len(),
             KvBuf::F32(v) => v.len(),

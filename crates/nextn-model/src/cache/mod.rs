@@ -147,16 +147,10 @@ impl KvBuf {
         }
     }
 
-    /// Append `other`'s values; false (and nothing appended) when the element types differ.
-    fn extend(&mut self, other: &KvBuf) -> bool {
-        match (self, other) {
-            (KvBuf::F16(v), KvBuf::F16(o)) => v.extend_from_slice(o),
-            (KvBuf::F32(v), KvBuf::F32(o)) => v.extend_from_slice(o),
-            (KvBuf::Q8_0(v), KvBuf::Q8_0(o)) => v.extend_from_slice(o),
-            (KvBuf::Q4_0(v), KvBuf::Q4_0(o)) => v.extend_from_slice(o),
-            _ => return false,
-        }
-        true
+    /// Append `other`'s values (nothing when the element types differ; callers check first).
+    fn extend(&mut self, other: &KvBuf) {
+        let n = other.len();
+        self.extend_strided(other, 0, n, 1, n);
     }
 
     /// Append `count` runs of `len` values of `src`, the p-th starting at value

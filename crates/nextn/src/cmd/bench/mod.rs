@@ -508,6 +508,19 @@ fn project(
     acceptance: &[f64],
     n: usize,
 ) -> Option<(f64, f64)> {
+    let verify = *verify_ms.get(n)?;
+    Some(speedup_at(decode_ms, verify, draft_ms, acceptance, n))
+}
+
+/// [`project`] for one verify cost of n + 1 rows: (expected tokens per step, speedup). Rates
+/// beyond the given ones repeat the last.
+fn speedup_at(
+    decode_ms: f64,
+    verify_ms: f64,
+    draft_ms: f64,
+    acceptance: &[f64],
+    n: usize,
+) -> (f64, f64) {
     let a = |i: usize| {
         acceptance
             .get(i)
@@ -516,8 +529,28 @@ fn project(
             .unwrap_or(0.0)
     };
     let tokens = 1.0 + (0..n).map(a).sum::<f64>();
-    let verify = verify_ms.get(n)?;
-    Some((tokens, tokens * decode_ms / (n as f64 * draft_ms + verify)))
+    (
+        tokens,
+        tokens * decode_ms / (n as f64 * draft_ms + verify_ms),
+    )
+}
+
+/// A pass-timing mode's report: on stdout as JSON when stdout carries no text report, and under
+/// `key` in the --json file.
+fn emit_report(
+    key: &str,
+    report: &Value,
+    human_to_stdout: bool,
+    json_path: Option<&PathBuf>,
+) -> Result<()> {
+    if !human_to_stdout {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    }
+    if let Some(path) = json_path {
+        std::fs::write(path, serde_json::to_string_pretty(&json!({ key: report }))?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -575,6 +608,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         _ => None,
     };
+    // The pass-timing modes print their table lines through this (stdout for the text report).
+    let say_line = |line: String| {
+        if human_to_stdout {
+            println!("{line}")
+        } else {
+            eprintln!("{line}")
+        }
+    };
     if !args.depth.is_empty() {
         eprintln!(
             "bench at depth: {} threads, {} kernels, KV {}/{}, median of {} reps",
@@ -584,13 +625,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             loaded.v_type.name(),
             args.reps
         );
-        let say = |line: String| {
-            if human_to_stdout {
-                println!("{line}")
-            } else {
-                eprintln!("{line}")
-            }
-        };
         let rows = depth::run(
             &loaded,
             head.as_ref(),
@@ -601,18 +635,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 reps: args.reps,
                 fill_from: args.depth_fill,
             },
-            &say,
+            &say_line,
         )?;
-        if !human_to_stdout {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
-        }
-        if let Some(path) = &args.json {
-            std::fs::write(
-                path,
-                serde_json::to_string_pretty(&json!({ "depths": rows }))?,
-            )
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        }
+        emit_report("depths", &json!(rows), human_to_stdout, args.json.as_ref())?;
         return Ok(ExitCode::SUCCESS);
     }
     if args.expert_union {
@@ -622,13 +647,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             nextn_quant::kernels::kernel_isa(),
             args.reps
         );
-        let say = |line: String| {
-            if human_to_stdout {
-                println!("{line}")
-            } else {
-                eprintln!("{line}")
-            }
-        };
         let report = union::run(
             &loaded,
             head.as_ref(),
@@ -636,18 +654,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.floor.verify_rows,
             args.reps,
             &args.assume_acceptance,
-            &say,
+            &say_line,
         )?;
-        if !human_to_stdout {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        }
-        if let Some(path) = &args.json {
-            std::fs::write(
-                path,
-                serde_json::to_string_pretty(&json!({ "expert_union": report }))?,
-            )
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        }
+        emit_report("expert_union", &report, human_to_stdout, args.json.as_ref())?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut full_runs = Vec::new();

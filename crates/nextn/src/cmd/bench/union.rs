@@ -18,7 +18,7 @@ use nextn_model::NextnHead;
 use serde_json::{json, Value};
 
 use super::depth::{prefill, time_passes};
-use super::median;
+use super::{median, speedup_at};
 use crate::cmd::common::Loaded;
 
 /// Experts for `rows` rows of `k` each with exactly `union` distinct ones: row 0 takes the first
@@ -136,13 +136,6 @@ pub fn run(
         measured_union.push(distinct as f64 / layers.len() as f64);
     }
     let costs = time_passes(loaded, Some(head), &mut at, prompt, max_rows, reps)?;
-    let accept = |i: usize| {
-        acceptance
-            .get(i)
-            .or(acceptance.last())
-            .copied()
-            .unwrap_or(0.0)
-    };
     say(format!(
         "expert union: {} MoE layers, {k} of {n_expert} experts per row; decode {:.2} ms, draft step {:.2} ms; acceptance {:?}",
         layers.len(),
@@ -162,11 +155,10 @@ pub fn run(
         // The expert part of the measured pass, at its (rounded) union.
         let at_measured = time_experts(loaded, &layers, r, measured_u.round() as usize, reps)?;
         let n = r - 1;
-        let tokens = 1.0 + (0..n).map(accept).sum::<f64>();
         for union in k..=r * k {
             let experts = time_experts(loaded, &layers, r, union, reps)?;
             let verify = verify_measured + experts - at_measured;
-            let speedup = tokens * costs.decode_ms / (n as f64 * costs.draft_ms + verify);
+            let (_, speedup) = speedup_at(costs.decode_ms, verify, costs.draft_ms, acceptance, n);
             say(format!(
                 "{r:>4} | {:>14} | {experts:>10.2} | {verify:>9.2} | {:>8.2} | {:>12}",
                 format!("{union} ({:.2})", union as f64 / k as f64),
