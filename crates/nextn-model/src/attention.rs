@@ -103,6 +103,8 @@ impl GatedAttention {
     }
 
     /// One sequence's rows: q/k norms, RoPE, cache append, causal softmax attention, output gate.
+    // The slices are one sequence's part of the batch's q/k/v/output buffers, cut by the caller.
+    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         qg: &[f32],

@@ -11,6 +11,10 @@ use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
 
+/// 2^-14, the smallest normal f16: llama.cpp clamps the sum of the chosen experts' weights to it before
+/// normalising them.
+const F16_MIN_NORMAL: f32 = 6.103_515_6e-5;
+
 /// `W_down · (SiLU(W_gate·x) ⊙ (W_up·x))`.
 pub struct DenseFfn {
     pub gate: Linear,
@@ -179,7 +183,7 @@ impl MoeFfn {
             order.extend(0..n_expert);
             order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
             let sum: f32 = order[..k].iter().map(|&e| p[e]).sum();
-            let denom = sum.max(6.103515625e-5);
+            let denom = sum.max(F16_MIN_NORMAL);
             for (slot, &e) in order[..k].iter().enumerate() {
                 chosen[i * k + slot] = (e, p[e] / denom);
             }
@@ -304,6 +308,8 @@ impl Routing {
     }
 }
 
+// One per layer, so the size difference between the variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn {
     Dense(DenseFfn),
     Moe(MoeFfn),

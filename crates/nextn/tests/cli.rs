@@ -1043,6 +1043,8 @@ fn run_reports_the_kv_memory_of_the_full_context_with_the_head() {
             ty,
             "-ctv",
             ty,
+            "--spec-type",
+            "nextn",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let line = stderr(&o).lines().next().unwrap_or_default().to_string();
@@ -1071,4 +1073,21 @@ fn run_reports_the_kv_memory_of_the_full_context_with_the_head() {
         "{q4_total} {q4_head}"
     );
     assert!(q4_total < f16_total / 3.0, "{q4_total} vs {f16_total}");
+    // Without drafting the head keeps no cache, and the line counts the trunk's alone.
+    let o = run(&[
+        "run",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "def f",
+        "-n",
+        "1",
+        "-c",
+        "262144",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = stderr(&o).lines().next().unwrap_or_default().to_string();
+    let trunk_only = format!("{:.1} MiB at full context,", f16_total - f16_head);
+    assert!(line.contains(&trunk_only), "{line}");
+    assert!(!line.contains("NextN head's"), "{line}");
 }

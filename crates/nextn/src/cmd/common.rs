@@ -362,7 +362,9 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     }
 }
 
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
+/// Load the model file. `drafting` says whether a NextN head will draft for it: the head's own KV
+/// cache is then part of what a context costs (the load line and the automatic context size).
+pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
     let path = model_path(args)?;
     let k_type = KvType::parse(&args.cache_type_k).with_context(|| {
         format!(
@@ -440,11 +442,17 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         let width = cfg.n_head_kv.get(il).copied().unwrap_or(0) * cfg.head_dim;
         (k_type.row_bytes(width) + v_type.row_bytes(width)) as u64
     };
-    // The NextN head keeps a cache of its own, one attention layer more, whenever it drafts.
-    let head_kv_per_token = if cfg.n_nextn > 0 {
+    // The NextN head keeps a cache of its own, one attention layer more, whenever it drafts; a
+    // sidecar head (-md) has the trunk's attention shape, so the last attention layer's widths.
+    let head_kv_per_token = if !drafting {
+        0
+    } else if cfg.n_head_kv.get(cfg.n_layer).is_some_and(|&h| h > 0) {
         row_bytes(cfg.n_layer)
     } else {
-        0
+        cfg.layer_kinds
+            .iter()
+            .rposition(|k| *k == LayerKind::FullAttention)
+            .map_or(0, row_bytes)
     };
     let kv_per_token: u64 = (cfg
         .layer_kinds

@@ -54,7 +54,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let loaded = common::load(&args.model)?;
+    let loaded = common::load(&args.model, false)?;
     let tokens = if !args.tokens.is_empty() {
         args.tokens.clone()
     } else {

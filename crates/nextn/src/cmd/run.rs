@@ -115,7 +115,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         String::new()
     };
     let grammar = args.grammar.source()?;
-    let loaded = common::load(&args.model)?;
+    let loaded = common::load(&args.model, args.spec.enabled())?;
     if let Some((id, _)) = sampler
         .logit_bias
         .iter()

@@ -372,7 +372,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let (cache_ram, cache_snapshot_every) = (args.cache_ram, args.cache_snapshot_every);
     let ctx_given = model_args.ctx_size.filter(|&c| c > 0);
     let load = move || -> Result<Loaded, String> {
-        let loaded = common::load(&model_args).map_err(|e| format!("{e:#}"))?;
+        let loaded =
+            common::load(&model_args, spec_args.enabled()).map_err(|e| format!("{e:#}"))?;
         let head = if spec_args.enabled() {
             Some(spec_args.load_head(&loaded).map_err(|e| format!("{e:#}"))?)
         } else {

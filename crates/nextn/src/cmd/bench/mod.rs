@@ -575,10 +575,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if args.repetitions == 0 {
         bail!("-r 0: at least one repetition is needed");
     }
-    let loaded = common::load(&args.model)?;
+    let mut policies = Policy::parse_list(&args.n_max)?;
+    let loaded = common::load(&args.model, policies.iter().any(|&p| p != Policy::Plain))?;
     let head = NextnHead::load(&loaded.model).ok();
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
-    let mut policies = Policy::parse_list(&args.n_max)?;
     let forced = if args.force_acceptance.is_empty() {
         None
     } else {
@@ -1053,7 +1053,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 model: Some(other_path.clone()),
                 ..args.model.clone()
             };
-            let other = common::load(&other_args)
+            let other = common::load(&other_args, true)
                 .with_context(|| format!("--check-against {}", other_path.display()))?;
             if other.model.n_vocab != loaded.model.n_vocab {
                 bail!(

@@ -17,6 +17,16 @@ const FONTS: &[&str] = &[
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
 
+/// One colour per draft depth, distinct on white (a qualitative palette without yellow).
+const SERIES_COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(23, 190, 207),
+];
+
 fn register_label_font() -> Result<()> {
     for f in FONTS {
         if let Ok(bytes) = std::fs::read(f) {
@@ -65,7 +75,7 @@ pub fn plot(path: &Path, rows: &[TableRow]) -> Result<()> {
         .filter(|r| !r.per_position.is_empty())
         .enumerate()
     {
-        let color = Palette99::pick(i).to_rgba();
+        let color = SERIES_COLORS[i % SERIES_COLORS.len()].to_rgba();
         let points: Vec<(f64, f64)> = r
             .per_position
             .iter()
@@ -83,7 +93,9 @@ pub fn plot(path: &Path, rows: &[TableRow]) -> Result<()> {
                 .map(|p| Circle::new(p, 4, color.filled())),
         )?;
     }
+    // Acceptance starts high and falls with the position, so the lower left stays clear.
     acc.configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
         .label_font(("sans-serif", 15))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
@@ -121,6 +133,7 @@ pub fn plot(path: &Path, rows: &[TableRow]) -> Result<()> {
             }
         })
         .y_desc("tokens/s (mean ± sd)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 15))
         .draw()?;
     for (i, r) in rows.iter().enumerate() {
