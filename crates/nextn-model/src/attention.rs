@@ -153,62 +153,73 @@ impl GatedAttention {
 
         // Causal attention: row i sees positions 0..=start_pos+i. Each (row, head) is computed
         // alone, so its result depends neither on the batch it came in nor on the task split.
-        // Tasks are (KV group, block of rows): a group's heads share each tile of its keys and
-        // values, and a prefill's rows spread over the pool even when groups are few.
         let group = self.n_head / self.n_head_kv;
-        let row_blocks = pool.n_threads().div_ceil(self.n_head_kv).min(n).max(1);
-        let rows_per_block = n.div_ceil(row_blocks);
-        let n_tasks = self.n_head_kv * row_blocks;
-        let outputs: Vec<Mutex<Vec<f32>>> = (0..n_tasks).map(|_| Mutex::new(Vec::new())).collect();
-        let (q, kv_ref) = (&q, &*kv);
-        pool.run(n_tasks, |task, _| {
-            let (g, block) = (task / row_blocks, task % row_blocks);
-            let rows = block * rows_per_block..((block + 1) * rows_per_block).min(n);
-            if rows.is_empty() {
-                return;
-            }
-            let mut out = outputs[task].lock().unwrap_or_else(|e| e.into_inner());
-            out.resize(rows.len() * group * hd, 0.0);
-            // Keys and values come tile by tile, widened to f32 from the cache's type as they
-            // are read, so a long context is read once per block of queries at its stored size.
-            let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
-                kv_ref.read_head(values, g, positions, dst)
-            };
-            // Rows go in blocks so that each tile of keys and values is read from cache by all
-            // the block's queries; every query still sees its positions in ascending order.
-            let first = rows.start;
-            let rows: Vec<usize> = rows.collect();
-            // The scores of a long context are megabytes: a buffer kept per thread avoids
-            // fresh zeroed pages (and their faults) in every pass.
-            SCRATCH.with(|cell| {
-                let mut own = Scratch::default();
-                let mut kept = cell.try_borrow_mut();
-                let scratch = match kept.as_deref_mut() {
-                    Ok(s) => s,
-                    Err(_) => &mut own,
-                };
-                for block in rows.chunks(QUERY_BLOCK_ROWS) {
-                    let queries: Vec<(usize, &[f32])> = block
-                        .iter()
-                        .flat_map(|&i| {
-                            (g * group..(g + 1) * group).map(move |h| {
-                                (start_pos + i + 1, &q[(i * self.n_head + h) * hd..][..hd])
-                            })
-                        })
-                        .collect();
-                    let o_first = (block[0] - first) * group * hd;
-                    let o = &mut out[o_first..o_first + queries.len() * hd];
-                    attend_tiled(&queries, &read, hd, scratch, o);
+        let q = &q;
+        let queries_of = |g: usize, rows: Range<usize>| -> Vec<(usize, &[f32])> {
+            rows.flat_map(|i| {
+                (g * group..(g + 1) * group)
+                    .map(move |h| (start_pos + i + 1, &q[(i * self.n_head + h) * hd..][..hd]))
+            })
+            .collect()
+        };
+        let max_len = start_pos + n;
+        if n <= QUERY_BLOCK_ROWS && max_len > VALUE_CHUNK && self.n_head_kv < pool.n_threads() {
+            // Few rows over a long context, fewer kv heads than threads: each head's positions
+            // are shared out by chunk too, so every core streams part of the cache.
+            let groups: Vec<Vec<(usize, &[f32])>> =
+                (0..self.n_head_kv).map(|g| queries_of(g, 0..n)).collect();
+            let outs = attend_by_chunks(&groups, &*kv, hd, pool);
+            for (g, out) in outs.iter().enumerate() {
+                for (i, row_heads) in out.chunks_exact(group * hd).enumerate() {
+                    let dst = (i * self.n_head + g * group) * hd;
+                    attn[dst..dst + group * hd].copy_from_slice(row_heads);
                 }
+            }
+        } else {
+            // Tasks are (KV group, block of rows): a group's heads share each tile of its keys
+            // and values, and a prefill's rows spread over the pool even when groups are few.
+            let row_blocks = pool.n_threads().div_ceil(self.n_head_kv).min(n).max(1);
+            let rows_per_block = n.div_ceil(row_blocks);
+            let n_tasks = self.n_head_kv * row_blocks;
+            let outputs: Vec<Mutex<Vec<f32>>> =
+                (0..n_tasks).map(|_| Mutex::new(Vec::new())).collect();
+            let kv_ref = &*kv;
+            pool.run(n_tasks, |task, _| {
+                let (g, block) = (task / row_blocks, task % row_blocks);
+                let rows = block * rows_per_block..((block + 1) * rows_per_block).min(n);
+                if rows.is_empty() {
+                    return;
+                }
+                let mut out = outputs[task].lock().unwrap_or_else(|e| e.into_inner());
+                out.resize(rows.len() * group * hd, 0.0);
+                // Keys and values come tile by tile, widened to f32 from the cache's type as
+                // they are read, so a long context is read once per block of queries at its
+                // stored size.
+                let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
+                    kv_ref.read_head(values, g, positions, dst)
+                };
+                // Rows go in blocks so that each tile of keys and values is read from cache by
+                // all the block's queries; every query still sees its positions in ascending
+                // order.
+                let first = rows.start;
+                with_scratch(|scratch| {
+                    for block in rows.clone().step_by(QUERY_BLOCK_ROWS) {
+                        let block = block..(block + QUERY_BLOCK_ROWS).min(rows.end);
+                        let queries = queries_of(g, block.clone());
+                        let o_first = (block.start - first) * group * hd;
+                        let o = &mut out[o_first..o_first + queries.len() * hd];
+                        attend_tiled(&queries, &read, hd, scratch, o);
+                    }
+                });
             });
-        });
-        for (task, out) in outputs.into_iter().enumerate() {
-            let (g, block) = (task / row_blocks, task % row_blocks);
-            let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
-            let first = block * rows_per_block;
-            for (r, row_heads) in out.chunks_exact(group * hd).enumerate() {
-                let dst = ((first + r) * self.n_head + g * group) * hd;
-                attn[dst..dst + group * hd].copy_from_slice(row_heads);
+            for (task, out) in outputs.into_iter().enumerate() {
+                let (g, block) = (task / row_blocks, task % row_blocks);
+                let out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+                let first = block * rows_per_block;
+                for (r, row_heads) in out.chunks_exact(group * hd).enumerate() {
+                    let dst = ((first + r) * self.n_head + g * group) * hd;
+                    attn[dst..dst + group * hd].copy_from_slice(row_heads);
+                }
             }
         }
         for (a, &g) in attn.iter_mut().zip(&gate) {
@@ -222,6 +233,12 @@ impl GatedAttention {
 const QUERY_BLOCK_ROWS: usize = 8;
 /// Cached positions per tile: 64 positions × 256 dims × 4 bytes = 64 KiB of keys or values.
 const KEY_TILE: usize = 64;
+/// Cached positions per chunk of a query's weighted value sum. A query's output is the sum, in
+/// position order, of its chunks' sums, each added up from zero in ascending position; chunks are
+/// fixed in absolute positions (a multiple of [`KEY_TILE`] and of the softmax's eight lanes), so
+/// a row's result depends neither on its batch nor on how chunks are spread over threads, and a
+/// context within one chunk is summed exactly as one run.
+const VALUE_CHUNK: usize = 1024;
 
 /// Reads positions of one kv head's keys (`false`) or values (`true`) as f32, `[pos][head_dim]`.
 type TileReader<'a> = dyn Fn(bool, Range<usize>, &mut [f32]) + Sync + 'a;
@@ -232,10 +249,37 @@ type TileReader<'a> = dyn Fn(bool, Range<usize>, &mut [f32]) + Sync + 'a;
 struct Scratch {
     scores: Vec<f32>,
     tile: Vec<f32>,
+    chunk_sum: Vec<f32>,
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// `f` with this thread's scratch buffers (fresh ones if they are already in use).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    // The scores of a long context are megabytes: buffers kept per thread avoid fresh zeroed
+    // pages (and their faults) in every pass.
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => f(&mut kept),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// Where the positions of `range` sit in a buffer of per-query rows: position p of query j at
+/// `j * stride + p - base`.
+#[derive(Clone)]
+struct Span {
+    range: Range<usize>,
+    base: usize,
+    stride: usize,
+}
+
+impl Span {
+    /// Query j's slots for positions `from..to`.
+    fn at(&self, j: usize, from: usize, to: usize) -> Range<usize> {
+        j * self.stride + from - self.base..j * self.stride + to - self.base
+    }
 }
 
 crate::wide::avx2_and_baseline! {
@@ -243,8 +287,8 @@ baseline = attend_tiled_baseline;
 /// Softmax attention of several query heads, each `(len, q)` over the first `len` cached
 /// positions, into `o` (`queries.len() × hd`). Key and value tiles are read once for all
 /// queries. For each query the arithmetic is that of a lone query: scores `q·k_p · scale` in
-/// position order, one softmax over its `len` scores ([`softmax_scores`]), then `o += s_p·v_p`
-/// for p ascending.
+/// position order, one softmax over its `len` scores ([`softmax_scores`]), then its weighted
+/// values summed chunk by chunk ([`VALUE_CHUNK`]).
 fn attend_tiled(
     queries: &[(usize, &[f32])],
     read: &TileReader<'_>,
@@ -252,17 +296,48 @@ fn attend_tiled(
     scratch: &mut Scratch,
     o: &mut [f32],
 ) {
-    let scale = 1.0 / (hd as f32).sqrt();
     let max_len = queries.iter().map(|&(len, _)| len).max().unwrap_or(0);
-    let Scratch { scores, tile: buf } = scratch;
+    let Scratch { scores, tile, chunk_sum } = scratch;
     // Every score a query reads (positions below its length) is written first, so the buffer
     // only grows and is never cleared.
     if scores.len() < queries.len() * max_len {
         scores.resize(queries.len() * max_len, 0.0);
     }
+    let all = Span { range: 0..max_len, base: 0, stride: max_len };
+    score_positions(queries, read, hd, &all, tile, scores);
+    for (j, &(len, _)) in queries.iter().enumerate() {
+        softmax_scores(&mut scores[all.at(j, 0, len)]);
+    }
+    o.fill(0.0);
+    if max_len <= VALUE_CHUNK {
+        add_values(queries, read, hd, &all, tile, scores, o);
+        return;
+    }
+    chunk_sum.resize(o.len(), 0.0);
+    for start in (0..max_len).step_by(VALUE_CHUNK) {
+        let chunk = Span { range: start..(start + VALUE_CHUNK).min(max_len), ..all.clone() };
+        chunk_sum.fill(0.0);
+        add_values(queries, read, hd, &chunk, tile, scores, chunk_sum);
+        o.iter_mut().zip(chunk_sum.iter()).for_each(|(a, &b)| *a += b);
+    }
+}
+}
+
+/// Raw scores `q·k_p · scale` of every query at the positions of `span` below its length, into
+/// `scores` as `span` lays them out. `span.range` starts on a [`KEY_TILE`] boundary.
+#[inline(always)]
+fn score_positions(
+    queries: &[(usize, &[f32])],
+    read: &TileReader<'_>,
+    hd: usize,
+    span: &Span,
+    buf: &mut Vec<f32>,
+    scores: &mut [f32],
+) {
+    let scale = 1.0 / (hd as f32).sqrt();
     buf.resize(KEY_TILE * hd, 0.0);
-    for tile in (0..max_len).step_by(KEY_TILE) {
-        let tile_end = (tile + KEY_TILE).min(max_len);
+    for tile in span.range.clone().step_by(KEY_TILE) {
+        let tile_end = (tile + KEY_TILE).min(span.range.end);
         read(false, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
         let key = |p: usize| &buf[(p - tile) * hd..(p - tile + 1) * hd];
         // Two queries of the same length (heads of one row) go together: each key chunk is
@@ -275,7 +350,8 @@ fn attend_tiled(
                 .filter(|&&(l, _)| l == len)
                 .map(|&(_, qb)| qb);
             let end = tile_end.min(len);
-            let (row_a, row_b) = (j * max_len, (j + 1) * max_len);
+            let at = |j: usize, p: usize| j * span.stride + p - span.base;
+            let (row_a, row_b) = (j, j + 1);
             let mut p = tile;
             // Four keys per pass over the query: a quarter of the query loads.
             while p + 4 <= end {
@@ -284,34 +360,46 @@ fn attend_tiled(
                     Some(qb) => {
                         let [da, db] = dot_2x4([qa, qb], k);
                         for r in 0..4 {
-                            scores[row_a + p + r] = da[r] * scale;
-                            scores[row_b + p + r] = db[r] * scale;
+                            scores[at(row_a, p + r)] = da[r] * scale;
+                            scores[at(row_b, p + r)] = db[r] * scale;
                         }
                     }
                     None => {
                         let d = dot_x4(qa, k);
                         for r in 0..4 {
-                            scores[row_a + p + r] = d[r] * scale;
+                            scores[at(row_a, p + r)] = d[r] * scale;
                         }
                     }
                 }
                 p += 4;
             }
             for p in p..end {
-                scores[row_a + p] = ops::dot(qa, key(p)) * scale;
+                scores[at(row_a, p)] = ops::dot(qa, key(p)) * scale;
                 if let Some(qb) = partner {
-                    scores[row_b + p] = ops::dot(qb, key(p)) * scale;
+                    scores[at(row_b, p)] = ops::dot(qb, key(p)) * scale;
                 }
             }
             j += if partner.is_some() { 2 } else { 1 };
         }
     }
-    for (j, &(len, _)) in queries.iter().enumerate() {
-        softmax_scores(&mut scores[j * max_len..][..len]);
-    }
-    o.fill(0.0);
-    for tile in (0..max_len).step_by(KEY_TILE) {
-        let tile_end = (tile + KEY_TILE).min(max_len);
+}
+
+/// `o_j += Σ_p w_j[p]·v_p` over the positions of `span` below each query's length, in ascending
+/// p, with the weights `w` laid out as `span` says. `span.range` starts on a [`KEY_TILE`]
+/// boundary.
+#[inline(always)]
+fn add_values(
+    queries: &[(usize, &[f32])],
+    read: &TileReader<'_>,
+    hd: usize,
+    span: &Span,
+    buf: &mut Vec<f32>,
+    w: &[f32],
+    o: &mut [f32],
+) {
+    buf.resize(KEY_TILE * hd, 0.0);
+    for tile in span.range.clone().step_by(KEY_TILE) {
+        let tile_end = (tile + KEY_TILE).min(span.range.end);
         read(true, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
         // Up to four queries of the same length (heads of one row) share each load of a value
         // chunk; with four, sixteen columns of each are eight independent running sums, enough
@@ -327,7 +415,7 @@ fn attend_tiled(
             let end = tile_end.min(len);
             if end > tile {
                 let v = &buf[..(end - tile) * hd];
-                let s = |q: usize| &scores[(j + q) * max_len + tile..(j + q) * max_len + end];
+                let s = |q: usize| &w[span.at(j + q, tile, end)];
                 let o = &mut o[j * hd..(j + run) * hd];
                 match run {
                     4 => add_weighted_values([s(0), s(1), s(2), s(3)], v, o),
@@ -340,14 +428,212 @@ fn attend_tiled(
         }
     }
 }
+
+/// One chunk of the positions of every query of one kv group, for [`attend_by_chunks`].
+#[derive(Default)]
+struct ChunkWork {
+    /// Scores, then `e^(s − max)`, then softmax weights, `[query][position in chunk]`.
+    scores: Vec<f32>,
+    /// Each query's largest score in the chunk.
+    max: Vec<f32>,
+    /// Each query's terms of the softmax's sum in the chunk, in order ([`exp_shifted`]).
+    terms: Vec<Vec<f32>>,
+    /// Each query's weighted value sum over the chunk, `[query][hd]`.
+    sum: Vec<f32>,
 }
 
-/// In-place softmax of one query's scores: the maximum over eight fixed lanes, `e^(x − max)` by
-/// [`wide::exp_nonpositive`], the sum of each chunk of eight in a fixed pairwise order added up
-/// in f64, then one multiply by its inverse. Every step is element-wise or in fixed lanes, so the
-/// compiler vectorises it and the result does not depend on which copy runs.
+/// Attention of a few rows' queries over a long context, shared out over the pool by kv group
+/// and by [`VALUE_CHUNK`] of positions: a job for the scores and each chunk's maximum, a job for
+/// the exponentials, then one for each chunk's weighted values, which are merged in position
+/// order. Every query's arithmetic is [`attend_tiled`]'s (the same scores, the softmax's terms
+/// summed in the same order, the same chunk sums), so the result has the same bits. `groups[g]`
+/// are group g's queries; the result is each group's outputs, `[query][hd]`.
+fn attend_by_chunks(
+    groups: &[Vec<(usize, &[f32])>],
+    kv: &KvLayer,
+    hd: usize,
+    pool: &ThreadPool,
+) -> Vec<Vec<f32>> {
+    let max_len = groups
+        .iter()
+        .flatten()
+        .map(|&(len, _)| len)
+        .max()
+        .unwrap_or(0);
+    let n_chunks = max_len.div_ceil(VALUE_CHUNK);
+    let n_tasks = groups.len() * n_chunks;
+    let work: Vec<Mutex<ChunkWork>> = (0..n_tasks).map(|_| Mutex::default()).collect();
+    let task_of = |task: usize| {
+        let (g, c) = (task / n_chunks, task % n_chunks);
+        let start = c * VALUE_CHUNK;
+        let span = Span {
+            range: start..(start + VALUE_CHUNK).min(max_len),
+            base: start,
+            stride: VALUE_CHUNK,
+        };
+        let read = move |values: bool, positions: Range<usize>, dst: &mut [f32]| {
+            kv.read_head(values, g, positions, dst)
+        };
+        (g, span, read)
+    };
+    let lock = |task: usize| work[task].lock().unwrap_or_else(|e| e.into_inner());
+
+    pool.run(n_tasks, |task, _| {
+        let (g, span, read) = task_of(task);
+        let mut w = lock(task);
+        let queries = &groups[g];
+        w.scores.resize(queries.len() * VALUE_CHUNK, 0.0);
+        with_scratch(|scratch| chunk_scores(queries, &read, hd, &span, &mut scratch.tile, &mut w));
+    });
+    let max: Vec<Vec<f32>> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, queries)| {
+            (0..queries.len())
+                .map(|j| {
+                    (0..n_chunks)
+                        .map(|c| lock(g * n_chunks + c).max[j])
+                        .fold(f32::NEG_INFINITY, f32::max)
+                })
+                .collect()
+        })
+        .collect();
+    pool.run(n_tasks, |task, _| {
+        let (g, span, _) = task_of(task);
+        chunk_exps(&groups[g], &span, &max[g], &mut lock(task));
+    });
+    let inv: Vec<Vec<f32>> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, queries)| {
+            (0..queries.len())
+                .map(|j| {
+                    let mut sum = 0.0f64;
+                    for c in 0..n_chunks {
+                        lock(g * n_chunks + c).terms[j]
+                            .iter()
+                            .for_each(|&t| sum += t as f64);
+                    }
+                    (1.0 / sum) as f32
+                })
+                .collect()
+        })
+        .collect();
+    pool.run(n_tasks, |task, _| {
+        let (g, span, read) = task_of(task);
+        let mut w = lock(task);
+        with_scratch(|scratch| {
+            chunk_values(
+                &groups[g],
+                &read,
+                hd,
+                &span,
+                &inv[g],
+                &mut scratch.tile,
+                &mut w,
+            )
+        });
+    });
+    groups
+        .iter()
+        .enumerate()
+        .map(|(g, queries)| {
+            let mut o = vec![0.0f32; queries.len() * hd];
+            for c in 0..n_chunks {
+                o.iter_mut()
+                    .zip(&lock(g * n_chunks + c).sum)
+                    .for_each(|(a, &b)| *a += b);
+            }
+            o
+        })
+        .collect()
+}
+
+crate::wide::avx2_and_baseline! {
+baseline = chunk_scores_baseline;
+/// The scores of one chunk's positions and each query's largest one there.
+fn chunk_scores(
+    queries: &[(usize, &[f32])],
+    read: &TileReader<'_>,
+    hd: usize,
+    span: &Span,
+    buf: &mut Vec<f32>,
+    w: &mut ChunkWork,
+) {
+    score_positions(queries, read, hd, span, buf, &mut w.scores);
+    w.max.clear();
+    for (j, &(len, _)) in queries.iter().enumerate() {
+        let end = span.range.end.min(len);
+        w.max.push(if end > span.range.start {
+            lanes_max(&w.scores[span.at(j, span.range.start, end)])
+        } else {
+            f32::NEG_INFINITY
+        });
+    }
+}
+}
+
+crate::wide::avx2_and_baseline! {
+baseline = chunk_exps_baseline;
+/// `e^(s − max)` of one chunk's scores and each query's terms of the softmax's sum there.
+fn chunk_exps(queries: &[(usize, &[f32])], span: &Span, max: &[f32], w: &mut ChunkWork) {
+    let ChunkWork { scores, terms, .. } = w;
+    terms.resize_with(queries.len(), Vec::new);
+    for (j, &(len, _)) in queries.iter().enumerate() {
+        terms[j].clear();
+        let end = span.range.end.min(len);
+        if end > span.range.start {
+            let t = &mut terms[j];
+            exp_shifted(&mut scores[span.at(j, span.range.start, end)], max[j], |x| t.push(x));
+        }
+    }
+}
+}
+
+crate::wide::avx2_and_baseline! {
+baseline = chunk_values_baseline;
+/// The softmax weights of one chunk (its exponentials times each query's `inv`) and each
+/// query's weighted value sum over the chunk, from zero.
+fn chunk_values(
+    queries: &[(usize, &[f32])],
+    read: &TileReader<'_>,
+    hd: usize,
+    span: &Span,
+    inv: &[f32],
+    buf: &mut Vec<f32>,
+    w: &mut ChunkWork,
+) {
+    let ChunkWork { scores, sum, .. } = w;
+    for (j, &(len, _)) in queries.iter().enumerate() {
+        let end = span.range.end.min(len);
+        if end > span.range.start {
+            scores[span.at(j, span.range.start, end)]
+                .iter_mut()
+                .for_each(|v| *v *= inv[j]);
+        }
+    }
+    sum.clear();
+    sum.resize(queries.len() * hd, 0.0);
+    add_values(queries, read, hd, span, buf, scores, sum);
+}
+}
+
+/// In-place softmax of one query's scores: the maximum over eight fixed lanes ([`lanes_max`]),
+/// `e^(x − max)` with the sum's terms added up in f64 in order ([`exp_shifted`]), then one
+/// multiply by the sum's inverse. Every step is element-wise or in fixed lanes, so the compiler
+/// vectorises it and the result does not depend on which copy runs.
 #[inline(always)]
 fn softmax_scores(x: &mut [f32]) {
+    let max = lanes_max(x);
+    let mut sum = 0.0f64;
+    exp_shifted(x, max, |t| sum += t as f64);
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The largest of `x`, over eight fixed lanes and then the tail.
+#[inline(always)]
+fn lanes_max(x: &[f32]) -> f32 {
     let wide = x.len() / 8 * 8;
     let mut lanes = [f32::NEG_INFINITY; 8];
     for c in x[..wide].chunks_exact(8) {
@@ -359,20 +645,26 @@ fn softmax_scores(x: &mut [f32]) {
     for &v in &x[wide..] {
         max = max.max(v);
     }
-    let mut sum = 0.0f64;
+    max
+}
+
+/// `x ← e^(x − max)` by [`wide::exp_nonpositive`], handing `term` the softmax sum's terms in
+/// order: each group of eight summed in a fixed pairwise order, then the tail one by one. `x`
+/// starts at a multiple of eight positions, so the groups of consecutive slices of one query's
+/// scores are the groups of the whole.
+#[inline(always)]
+fn exp_shifted(x: &mut [f32], max: f32, mut term: impl FnMut(f32)) {
+    let wide = x.len() / 8 * 8;
     for c in x[..wide].chunks_exact_mut(8) {
         for v in c.iter_mut() {
             *v = wide::exp_nonpositive(*v - max);
         }
-        let part = ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7]));
-        sum += part as f64;
+        term(((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
     }
     for v in &mut x[wide..] {
         *v = wide::exp_nonpositive(*v - max);
-        sum += *v as f64;
+        term(*v);
     }
-    let inv = (1.0 / sum) as f32;
-    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// `ops::dot(q, k[r])` for four keys at once, each with exactly `ops::dot`'s operations
@@ -553,12 +845,17 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         };
-        for hd in [64usize, 256, 100] {
-            let n_pos = 3 * KEY_TILE + 5;
+        // Short contexts (one value chunk) and one over several chunks.
+        for (hd, n_pos) in [
+            (64usize, 3 * KEY_TILE + 5),
+            (256, 3 * KEY_TILE + 5),
+            (100, 3 * KEY_TILE + 5),
+            (64, 2 * VALUE_CHUNK + KEY_TILE + 5),
+        ] {
             let keys: Vec<f32> = (0..n_pos * hd).map(|_| next()).collect();
             let vals: Vec<f32> = (0..n_pos * hd).map(|_| next()).collect();
             // Runs of one to four equal lengths (the heads of one row) share value loads.
-            let lens = [
+            let mut lens = vec![
                 1,
                 KEY_TILE,
                 KEY_TILE,
@@ -572,6 +869,14 @@ mod tests {
                 n_pos - 1,
                 n_pos,
             ];
+            if n_pos > VALUE_CHUNK {
+                lens.extend([
+                    VALUE_CHUNK,
+                    VALUE_CHUNK + 1,
+                    VALUE_CHUNK + 1,
+                    2 * VALUE_CHUNK,
+                ]);
+            }
             let qs: Vec<Vec<f32>> = (0..lens.len())
                 .map(|_| (0..hd).map(|_| next()).collect())
                 .collect();
@@ -587,16 +892,23 @@ mod tests {
             attend_tiled_baseline(&queries, &read, hd, &mut sc_b, &mut o_b);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&o_a), bits(&o_b), "head dim {hd}");
-            // And both are a lone query's plain loops, bit for bit.
+            // And both are a lone query's plain loops, bit for bit: the weighted values summed
+            // in ascending position within each chunk, the chunks' sums added in order.
             for (j, &(len, q)) in queries.iter().enumerate() {
                 let mut s: Vec<f32> = (0..len)
                     .map(|p| ops::dot(q, &keys[p * hd..(p + 1) * hd]) * (1.0 / (hd as f32).sqrt()))
                     .collect();
                 softmax_scores(&mut s);
                 let mut o = vec![0.0f32; hd];
-                for (p, &sp) in s.iter().enumerate() {
+                for chunk in (0..len).step_by(VALUE_CHUNK) {
+                    let mut part = vec![0.0f32; hd];
+                    for p in chunk..(chunk + VALUE_CHUNK).min(len) {
+                        for d in 0..hd {
+                            part[d] += s[p] * vals[p * hd + d];
+                        }
+                    }
                     for d in 0..hd {
-                        o[d] += sp * vals[p * hd + d];
+                        o[d] += part[d];
                     }
                 }
                 assert_eq!(
@@ -604,6 +916,62 @@ mod tests {
                     bits(&o_a[j * hd..(j + 1) * hd]),
                     "query {j}, head dim {hd}"
                 );
+            }
+        }
+    }
+
+    /// Few queries over a long context shared out by kv group and value chunk over any number
+    /// of threads give the bits of one task per group ([`attend_tiled`], both copies).
+    #[test]
+    fn chunks_over_threads_equal_one_task() {
+        use crate::cache::{KvLayer, KvType};
+        let (hd, heads, n_pos) = (64usize, 2usize, 2 * VALUE_CHUNK + KEY_TILE + 13);
+        let mut kv = KvLayer::new(KvType::F16, KvType::F16, heads, hd);
+        let row = |p: usize, salt: usize| -> Vec<f32> {
+            (0..heads * hd)
+                .map(|i| (((p * 131 + i * 71 + salt) % 1009) as f32 / 1009.0 - 0.5) * 3.0)
+                .collect()
+        };
+        for p in 0..n_pos {
+            kv.push(&row(p, 0), &row(p, 7));
+        }
+        let qs: Vec<Vec<f32>> = (0..heads * 6)
+            .map(|h| {
+                (0..hd)
+                    .map(|d| ((h * 37 + d * 13) % 29) as f32 / 29.0 - 0.5)
+                    .collect()
+            })
+            .collect();
+        // Three rows ending at the last positions, two query heads per kv head.
+        let groups: Vec<Vec<(usize, &[f32])>> = (0..heads)
+            .map(|g| {
+                (0..3)
+                    .flat_map(|i| (0..2).map(move |h| (i, h)))
+                    .map(|(i, h)| (n_pos - 2 + i, &qs[g * 6 + i * 2 + h][..]))
+                    .collect()
+            })
+            .collect();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let one_task: Vec<Vec<u32>> = groups
+            .iter()
+            .enumerate()
+            .map(|(g, queries)| {
+                let read = |values: bool, positions: Range<usize>, dst: &mut [f32]| {
+                    kv.read_head(values, g, positions, dst)
+                };
+                let mut o = vec![0.0; queries.len() * hd];
+                attend_tiled(queries, &read, hd, &mut Scratch::default(), &mut o);
+                let mut o_base = vec![0.0; queries.len() * hd];
+                attend_tiled_baseline(queries, &read, hd, &mut Scratch::default(), &mut o_base);
+                assert_eq!(bits(&o), bits(&o_base));
+                bits(&o)
+            })
+            .collect();
+        for threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(threads);
+            let split = attend_by_chunks(&groups, &kv, hd, &pool);
+            for (g, o) in split.iter().enumerate() {
+                assert_eq!(bits(o), one_task[g], "{threads} threads, group {g}");
             }
         }
     }
