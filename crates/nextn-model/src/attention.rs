@@ -280,6 +280,12 @@ impl Span {
     fn at(&self, j: usize, from: usize, to: usize) -> Range<usize> {
         j * self.stride + from - self.base..j * self.stride + to - self.base
     }
+
+    /// The slots of query j (of length `len`) for the positions of the span it sees, if any.
+    fn seen(&self, j: usize, len: usize) -> Option<Range<usize>> {
+        let end = self.range.end.min(len);
+        (end > self.range.start).then(|| self.at(j, self.range.start, end))
+    }
 }
 
 crate::wide::avx2_and_baseline! {
@@ -563,12 +569,8 @@ fn chunk_scores(
     score_positions(queries, read, hd, span, buf, &mut w.scores);
     w.max.clear();
     for (j, &(len, _)) in queries.iter().enumerate() {
-        let end = span.range.end.min(len);
-        w.max.push(if end > span.range.start {
-            lanes_max(&w.scores[span.at(j, span.range.start, end)])
-        } else {
-            f32::NEG_INFINITY
-        });
+        let seen = span.seen(j, len);
+        w.max.push(seen.map_or(f32::NEG_INFINITY, |s| lanes_max(&w.scores[s])));
     }
 }
 }
@@ -580,11 +582,10 @@ fn chunk_exps(queries: &[(usize, &[f32])], span: &Span, max: &[f32], w: &mut Chu
     let ChunkWork { scores, terms, .. } = w;
     terms.resize_with(queries.len(), Vec::new);
     for (j, &(len, _)) in queries.iter().enumerate() {
-        terms[j].clear();
-        let end = span.range.end.min(len);
-        if end > span.range.start {
-            let t = &mut terms[j];
-            exp_shifted(&mut scores[span.at(j, span.range.start, end)], max[j], |x| t.push(x));
+        let t = &mut terms[j];
+        t.clear();
+        if let Some(seen) = span.seen(j, len) {
+            exp_shifted(&mut scores[seen], max[j], |x| t.push(x));
         }
     }
 }
@@ -605,11 +606,8 @@ fn chunk_values(
 ) {
     let ChunkWork { scores, sum, .. } = w;
     for (j, &(len, _)) in queries.iter().enumerate() {
-        let end = span.range.end.min(len);
-        if end > span.range.start {
-            scores[span.at(j, span.range.start, end)]
-                .iter_mut()
-                .for_each(|v| *v *= inv[j]);
+        if let Some(seen) = span.seen(j, len) {
+            scores[seen].iter_mut().for_each(|v| *v *= inv[j]);
         }
     }
     sum.clear();

@@ -1028,26 +1028,17 @@ fn bench_forced_acceptance_keeps_the_requested_rates_and_the_plain_output() {
 #[test]
 fn run_reports_the_kv_memory_of_the_full_context_with_the_head() {
     let m = bundled();
-    let mib = |ty: &str| -> (f64, f64) {
-        let o = run(&[
-            "run",
-            "-m",
-            m.to_str().unwrap(),
-            "-p",
-            "def f",
-            "-n",
-            "1",
-            "-c",
-            "262144",
-            "-ctk",
-            ty,
-            "-ctv",
-            ty,
-            "--spec-type",
-            "nextn",
-        ]);
+    // The load line of `run -c 262144` with these extra flags.
+    let load_line = |extra: &[&str]| -> String {
+        let mut args = vec!["run", "-m", m.to_str().unwrap(), "-p", "def f", "-n", "1"];
+        args.extend(["-c", "262144"]);
+        args.extend(extra);
+        let o = run(&args);
         assert!(o.status.success(), "{}", stderr(&o));
-        let line = stderr(&o).lines().next().unwrap_or_default().to_string();
+        stderr(&o).lines().next().unwrap_or_default().to_string()
+    };
+    let mib = |ty: &str| -> (f64, f64) {
+        let line = load_line(&["-ctk", ty, "-ctv", ty, "--spec-type", "nextn"]);
         let number_before = |marker: &str| -> f64 {
             let head = &line[..line.find(marker).unwrap_or_else(|| panic!("{line}"))];
             head.rsplit(' ').next().unwrap().parse().unwrap()
@@ -1074,19 +1065,7 @@ fn run_reports_the_kv_memory_of_the_full_context_with_the_head() {
     );
     assert!(q4_total < f16_total / 3.0, "{q4_total} vs {f16_total}");
     // Without drafting the head keeps no cache, and the line counts the trunk's alone.
-    let o = run(&[
-        "run",
-        "-m",
-        m.to_str().unwrap(),
-        "-p",
-        "def f",
-        "-n",
-        "1",
-        "-c",
-        "262144",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let line = stderr(&o).lines().next().unwrap_or_default().to_string();
+    let line = load_line(&[]);
     let trunk_only = format!("{:.1} MiB at full context,", f16_total - f16_head);
     assert!(line.contains(&trunk_only), "{line}");
     assert!(!line.contains("NextN head's"), "{line}");
