@@ -4,6 +4,7 @@
 //! agent deep into a conversation. With `--depth-fill M` only M tokens are prefilled and the
 //! attention caches are filled up to N with copies of them ([`fill_to_depth`]).
 
+use std::io::IsTerminal;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -15,6 +16,59 @@ use crate::cmd::common::Loaded;
 
 /// Rows per prefill pass, as plain generation uses.
 pub const PREFILL_BATCH: usize = 512;
+
+/// Where a long prefill has got to, on stderr: nothing for the first two seconds, then on a
+/// terminal one line rewritten after every pass, elsewhere (a log) a line every ten seconds.
+pub struct PrefillProgress {
+    what: String,
+    total: usize,
+    start: Instant,
+    last_line: Option<Instant>,
+    tty: bool,
+}
+
+impl PrefillProgress {
+    pub fn new(what: impl Into<String>, total: usize) -> Self {
+        PrefillProgress {
+            what: what.into(),
+            total,
+            start: Instant::now(),
+            last_line: None,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// `done` of the tokens are prefilled.
+    pub fn update(&mut self, done: usize) {
+        let elapsed = self.start.elapsed().as_secs_f64();
+        if elapsed < 2.0 || done >= self.total {
+            return;
+        }
+        let line = format!(
+            "{}: {done}/{} tokens prefilled, {elapsed:.0} s, {:.1} tok/s",
+            self.what,
+            self.total,
+            done as f64 / elapsed
+        );
+        if self.tty {
+            eprint!("\r\x1b[2K{line}");
+            self.last_line = Some(Instant::now());
+        } else if self
+            .last_line
+            .is_none_or(|t| t.elapsed().as_secs_f64() >= 10.0)
+        {
+            eprintln!("{line}");
+            self.last_line = Some(Instant::now());
+        }
+    }
+
+    /// Clear a terminal's progress line.
+    pub fn finish(self) {
+        if self.tty && self.last_line.is_some() {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
 
 /// `len` prompt tokens: the given prompt repeated (real text, so MoE routing looks like real
 /// routing).
@@ -45,7 +99,9 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
     let mut head_cache = head.map(|h| h.new_cache(loaded.k_type, loaded.v_type));
     let mut h_prev = vec![0.0f32; e];
     let mut prefill_ms = 0.0;
+    let mut progress = PrefillProgress::new("prefill", tokens.len());
     for (c, chunk) in tokens.chunks(PREFILL_BATCH).enumerate() {
+        progress.update(c * PREFILL_BATCH);
         let start = c * PREFILL_BATCH;
         let t = Instant::now();
         let out = model.forward(chunk, &mut state, LogitRows::None, pool)?;
@@ -58,6 +114,7 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
         }
         h_prev = out.hidden[(chunk.len() - 1) * e..chunk.len() * e].to_vec();
     }
+    progress.finish();
     Ok(Prefilled {
         state,
         head_cache,

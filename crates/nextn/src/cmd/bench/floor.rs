@@ -13,7 +13,7 @@ use nextn_model::traffic::{self, PassBytes, PassShape};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::depth::{prefill, synthetic_prompt, PREFILL_BATCH};
+use super::depth::{prefill, synthetic_prompt, PrefillProgress, PREFILL_BATCH};
 use super::{median, time_draft_step};
 use crate::cmd::common::Loaded;
 
@@ -237,7 +237,7 @@ fn measure_passes(
 }
 
 /// Milliseconds to prefill `len` synthetic tokens and pick the first token greedily.
-fn time_prefill(loaded: &Loaded, prompt: &[u32], len: usize) -> Result<Option<f64>> {
+fn time_prefill(loaded: &Loaded, prompt: &[u32], len: usize, what: &str) -> Result<Option<f64>> {
     if len == 0 || len >= loaded.n_ctx {
         return Ok(None);
     }
@@ -246,7 +246,9 @@ fn time_prefill(loaded: &Loaded, prompt: &[u32], len: usize) -> Result<Option<f6
     let t = Instant::now();
     let chunks: Vec<&[u32]> = tokens.chunks(PREFILL_BATCH).collect();
     let mut logits = Vec::new();
+    let mut progress = PrefillProgress::new(what, len);
     for (i, chunk) in chunks.iter().enumerate() {
+        progress.update(i * PREFILL_BATCH);
         let rows = if i + 1 == chunks.len() {
             LogitRows::Last
         } else {
@@ -257,6 +259,7 @@ fn time_prefill(loaded: &Loaded, prompt: &[u32], len: usize) -> Result<Option<f6
             .forward(chunk, &mut st, rows, &loaded.pool)?
             .logits;
     }
+    progress.finish();
     black_box(argmax(&logits));
     Ok(Some(t.elapsed().as_secs_f64() * 1e3))
 }
@@ -323,7 +326,7 @@ pub fn report(
             }
         }
     }
-    let pp_ms = time_prefill(loaded, prompt, args.pp)?;
+    let pp_ms = time_prefill(loaded, prompt, args.pp, &format!("pp{}", args.pp))?;
     if let Some(ms) = pp_ms {
         println!(
             "  prefill pp{}: {:.1} tok/s ({:.0} ms)",
@@ -337,7 +340,7 @@ pub fn report(
             args.pp, loaded.n_ctx
         );
     }
-    let ttft_ms = time_prefill(loaded, prompt, args.ttft)?;
+    let ttft_ms = time_prefill(loaded, prompt, args.ttft, "time to first token")?;
     if let Some(ms) = ttft_ms {
         println!(
             "  time to first token, {}-token prompt: {:.0} ms ({:.1} tok/s)",
