@@ -280,6 +280,14 @@ fn bad_slot_files_and_requests_are_refused_and_nothing_else_changes() {
 
     // Without --slot-save-path the actions are not offered.
     let plain = Server::start(&[]);
+    // Without --spec-type the load line says how to draft with the file's head.
+    assert!(
+        plain
+            .log_text()
+            .contains("the file has a NextN head: --spec-type nextn drafts with it"),
+        "{}",
+        plain.log_text()
+    );
     let r = post(
         &plain,
         "/slots/0?action=save",

@@ -422,6 +422,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mib(loaded.model.file.file_size() as usize),
             match &head {
                 Some(_) => format!("NextN head for drafting (n_max {}, drafting slots {})", spec_args.n_max, describe_policy(policy)),
+                None if cfg.n_nextn > 0 => {
+                    "no speculative decoding (the file has a NextN head: --spec-type nextn drafts with it)".to_string()
+                }
                 None => "no speculative decoding".to_string(),
             },
             mib(kv_per_token * n_ctx_slot),
