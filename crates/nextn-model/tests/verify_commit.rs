@@ -249,19 +249,23 @@ fn multi_sequence_batch_equals_separate_passes() {
 /// Past one value chunk of attention (1,024 positions) decode and verify rows share each kv
 /// head's positions out over the threads by chunk when a model has fewer kv heads than threads,
 /// while a prefill's rows run one task per block of rows: every row still gets the other paths'
-/// bits, whatever the thread count. On the bundled model (one kv head, Q8_0) and the F32 dense
-/// fixture (two kv heads; f32 products carry any difference in the attention output through).
+/// bits, whatever the thread count. On the bundled model (one kv head, Q8_0) with every cache type
+/// and the F32 dense fixture (two kv heads; f32 products carry any difference in the attention
+/// output through). Three chunks, so that a changed order of the chunk sums shows.
 #[test]
 fn long_context_rows_agree_whatever_the_split() {
-    long_context_rows_agree(&bundled(), &[2, 3]);
+    let model = bundled();
+    for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        long_context_rows_agree(&model, kv, &[2, 3]);
+    }
     if let Some(golden) = nextn_testdata::shared("golden") {
         let p = golden.join("q35-dense-a/q35-dense-a-F32.gguf");
         let model = Model::load(Arc::new(GgufFile::open(p).expect("fixture"))).expect("load");
-        long_context_rows_agree(&model, &[3, 4]);
+        long_context_rows_agree(&model, KvType::F16, &[3, 4]);
     }
 }
 
-fn long_context_rows_agree(model: &Model, thread_counts: &[usize]) {
+fn long_context_rows_agree(model: &Model, kv: KvType, thread_counts: &[usize]) {
     let n_prompt = 2_300;
     let vocab = model.n_vocab as u32;
     let prompt: Vec<u32> = (0..n_prompt as u32)
@@ -270,13 +274,13 @@ fn long_context_rows_agree(model: &Model, thread_counts: &[usize]) {
     let rows: Vec<u32> = vec![258, 581, 672, 198, 17];
     let all: Vec<u32> = prompt.iter().chain(&rows).copied().collect();
     let one = ThreadPool::new(1);
-    let mut whole = model.new_sequence(4096, KvType::F16, KvType::F16);
+    let mut whole = model.new_sequence(4096, kv, kv);
     let prefilled = model
         .forward(&all, &mut whole, LogitRows::All, &one)
         .unwrap();
     for &threads in thread_counts {
         let pool = ThreadPool::new(threads);
-        let mut seq = model.new_sequence(4096, KvType::F16, KvType::F16);
+        let mut seq = model.new_sequence(4096, kv, kv);
         model
             .forward(&prompt, &mut seq, LogitRows::None, &pool)
             .unwrap();
@@ -288,11 +292,11 @@ fn long_context_rows_agree(model: &Model, thread_counts: &[usize]) {
                 .unwrap();
             assert!(
                 decoded.logits == prefilled.logits_row(n_prompt + i),
-                "{threads} threads: decode row {i} differs from the prefill's"
+                "{kv:?}, {threads} threads: decode row {i} differs from the prefill's"
             );
             assert!(
                 verify.logits_row(i) == prefilled.logits_row(n_prompt + i),
-                "{threads} threads: verify row {i} differs from the prefill's"
+                "{kv:?}, {threads} threads: verify row {i} differs from the prefill's"
             );
         }
     }
