@@ -5,6 +5,8 @@ two servers on the same model, one drafting with the MTP head and one decoding p
 - tool calls (non-streaming and streaming), forced by a named `tool_choice` whose parameters admit
   one value each, come back as structured `tool_calls` with typed arguments, `finish_reason`
   "tool_calls", no markup in `content`, and the same calls from both servers;
+- a streamed call's string argument arrives in pieces as the model writes it (a file's contents
+  growing in an agent's view), and the pieces join to the arguments of the same call unstreamed;
 - a conversation carrying an assistant `tool_calls` message and a `tool` message is accepted;
 - a `json_schema` response validates against its schema in 20 seeded runs at temperature 1.0;
 - `top_logprobs: 5` gives 5 alternatives per token, and both servers agree on them.
@@ -60,6 +62,21 @@ GET_WEATHER = {
     },
 }
 WANT_ARGS = {"mode": "fast", "level": 3, "ratio": 0.5, "flag": True, "tags": ["a", 1]}
+FILE_TEXT = "def main():\n    print('hello, world')\n    return 0\n\n\nif __name__ == '__main__':\n    main()\n"
+WRITE_FILE = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "enum": ["hello.py"]},
+                "content": {"type": "string", "enum": [FILE_TEXT]},
+            },
+            "required": ["path", "content"],
+        },
+    },
+}
 MESSAGES = [{"role": "user", "content": "Switch the machine to fast mode."}]
 MODEL = None
 MARKUP = ("<tool_call>", "</tool_call>", "<function=", "<parameter=")
@@ -123,6 +140,34 @@ def tool_calls_stream(client, name):
     args = json.loads(c["arguments"])
     check(args == WANT_ARGS, f"{name}: streamed argument fragments join to the arguments: {args}")
     return [(c["name"], args)]
+
+
+def write_file_request(client, stream):
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write hello.py."}],
+        tools=[WRITE_FILE],
+        tool_choice={"type": "function", "function": {"name": "write_file"}},
+        temperature=0,
+        max_tokens=400,
+        stream=stream,
+    )
+
+
+def arguments_grow_while_written(client, name):
+    whole = write_file_request(client, False).choices[0].message.tool_calls[0].function.arguments
+    pieces = []
+    for chunk in write_file_request(client, True):
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if tc.function and tc.function.arguments:
+                pieces.append(tc.function.arguments)
+    check("".join(pieces) == whole, f"{name}: streamed pieces join to the unstreamed arguments")
+    check(json.loads(whole) == {"path": "hello.py", "content": FILE_TEXT}, f"{name}: the file's arguments")
+    inside = [p for p in pieces if "hello" in p or "print" in p or "main" in p]
+    check(
+        len(pieces) >= 8 and len(inside) >= 2,
+        f"{name}: the contents arrive in pieces as they are written ({len(pieces)} pieces)",
+    )
 
 
 def round_trip(client, name):
@@ -226,6 +271,7 @@ def main():
             "streamed_calls": tool_calls_stream(client, name),
             "logprobs": logprobs(client, name),
         }
+        arguments_grow_while_written(client, name)
         round_trip(client, name)
         if name == "mtp":
             structured(client, name)

@@ -71,7 +71,17 @@ pub(crate) struct Shaping {
 enum Part {
     Reasoning(String),
     Content(String),
-    Call(usize, String, ToolCall),
+    /// Tool call `index` begins: its id and function name.
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// The next piece of tool call `index`'s arguments JSON.
+    CallArguments {
+        index: usize,
+        text: String,
+    },
 }
 
 /// How one request's answer is shaped.
@@ -84,6 +94,12 @@ pub(crate) struct Reply {
     include_usage: bool,
     shaping: Shaping,
     calls: Vec<(String, ToolCall)>,
+    /// The call being streamed as it is written: its index, id and the bytes of its arguments
+    /// sent.
+    open_call: Option<(usize, String, usize)>,
+    /// The answer goes out as a stream (a started call has been shown already when generation
+    /// leaves it unfinished).
+    streaming: bool,
     /// A call's markup was cut off by the end of generation.
     unfinished_call: bool,
     /// Log probabilities not yet sent with a chunk.
@@ -114,6 +130,8 @@ impl Reply {
             include_usage,
             shaping,
             calls: Vec::new(),
+            open_call: None,
+            streaming: false,
             unfinished_call: false,
             pending_logprobs: Vec::new(),
             text_offset: 0,
@@ -160,14 +178,51 @@ impl Reply {
     }
 
     fn route(&mut self, events: Vec<ToolEvent>, parts: &mut Vec<Part>) {
+        let fresh_id = || format!("call_{:016x}", crate::request::fresh_seed());
         for e in events {
             match e {
                 ToolEvent::Text(t) => self.split(&t, parts),
+                // A stream has shown the markup as the call; a whole answer returns it as text.
+                ToolEvent::Unfinished(_) if self.streaming => {}
+                ToolEvent::Unfinished(t) => self.split(&t, parts),
+                ToolEvent::CallStart(name) => {
+                    let (index, id) = (self.calls.len(), fresh_id());
+                    self.open_call = Some((index, id.clone(), 0));
+                    parts.push(Part::CallStart { index, id, name });
+                }
+                ToolEvent::ArgumentsDelta(text) => {
+                    if let Some((index, _, sent)) = &mut self.open_call {
+                        *sent += text.len();
+                        parts.push(Part::CallArguments {
+                            index: *index,
+                            text,
+                        });
+                    }
+                }
                 ToolEvent::Call(c) => {
-                    let index = self.calls.len();
-                    let id = format!("call_{:016x}", crate::request::fresh_seed());
-                    self.calls.push((id.clone(), c.clone()));
-                    parts.push(Part::Call(index, id, c));
+                    let json = c.arguments_json();
+                    // The call that was being streamed gets the rest of its arguments (the
+                    // parser keeps what was sent a prefix of them).
+                    let (index, id, sent) = match self.open_call.take() {
+                        Some(open) => open,
+                        None => {
+                            let (index, id) = (self.calls.len(), fresh_id());
+                            parts.push(Part::CallStart {
+                                index,
+                                id: id.clone(),
+                                name: c.name.clone(),
+                            });
+                            (index, id, 0)
+                        }
+                    };
+                    let rest = json.get(sent..).unwrap_or_default();
+                    if !rest.is_empty() {
+                        parts.push(Part::CallArguments {
+                            index,
+                            text: rest.to_string(),
+                        });
+                    }
+                    self.calls.push((id, c));
                 }
             }
         }
@@ -380,7 +435,7 @@ pub(crate) async fn collect(
         match p {
             Part::Reasoning(r) => reasoning.push_str(r),
             Part::Content(c) => content.push_str(c),
-            Part::Call(..) => {}
+            Part::CallStart { .. } | Part::CallArguments { .. } => {}
         }
     }
     let finish = reply.finish_reason(&completion);
@@ -505,7 +560,10 @@ impl SseState {
                     let v = self.reply.envelope(true, json!([choice]));
                     self.frames.push_back(sse(&v));
                 }
-                (Endpoint::Completion | Endpoint::Native, Part::Call(..)) => {}
+                (
+                    Endpoint::Completion | Endpoint::Native,
+                    Part::CallStart { .. } | Part::CallArguments { .. },
+                ) => {}
                 (Endpoint::Native, Part::Content(text) | Part::Reasoning(text)) => {
                     let mut v = json!({"index": 0, "content": text, "tokens": [], "stop": false});
                     if self.reply.shaping.logprobs {
@@ -515,25 +573,25 @@ impl SseState {
                 }
                 (Endpoint::Chat, Part::Content(c)) => self.chunk(json!({"content": c})),
                 (Endpoint::Chat, Part::Reasoning(r)) => self.chunk(json!({"reasoning_content": r})),
-                (Endpoint::Chat, Part::Call(index, id, call)) => {
-                    if self.reply.shaping.legacy_functions {
-                        if index == 0 {
-                            self.chunk(
-                                json!({"function_call": {"name": call.name, "arguments": ""}}),
-                            );
-                            self.chunk(
-                                json!({"function_call": {"arguments": call.arguments_json()}}),
-                            );
-                        }
-                    } else {
+                // A legacy `function_call` answer carries the first call alone.
+                (Endpoint::Chat, Part::CallStart { index, id, name }) => {
+                    if !self.reply.shaping.legacy_functions {
                         self.chunk(json!({"tool_calls": [{
                             "index": index, "id": id, "type": "function",
-                            "function": {"name": call.name, "arguments": ""},
+                            "function": {"name": name, "arguments": ""},
                         }]}));
+                    } else if index == 0 {
+                        self.chunk(json!({"function_call": {"name": name, "arguments": ""}}));
+                    }
+                }
+                (Endpoint::Chat, Part::CallArguments { index, text }) => {
+                    if !self.reply.shaping.legacy_functions {
                         self.chunk(json!({"tool_calls": [{
                             "index": index,
-                            "function": {"arguments": call.arguments_json()},
+                            "function": {"arguments": text},
                         }]}));
+                    } else if index == 0 {
+                        self.chunk(json!({"function_call": {"arguments": text}}));
                     }
                 }
             }
@@ -618,6 +676,8 @@ pub(crate) async fn stream(
     reply: Reply,
 ) -> Result<Response, ApiError> {
     started(&mut rx).await?;
+    let mut reply = reply;
+    reply.streaming = true;
     let mut state = SseState {
         rx,
         reply,

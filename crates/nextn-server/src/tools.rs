@@ -17,7 +17,11 @@
 //! Both are understood in every answer; parameter values are converted to the types the tool's
 //! JSON Schema declares. A call is reported once its markup is complete, so no markup ever
 //! reaches the answer's text, however the text is cut into pieces; markup left unfinished when
-//! generation stops is returned as text.
+//! generation stops is returned as text. For a stream, an XML call to an offered tool is also
+//! announced as soon as its name is written, and its arguments follow as they are written (a
+//! string parameter character by character, other types when their value is complete), so a
+//! client sees a long argument such as a file's contents grow; the complete call then carries
+//! the rest.
 
 use serde_json::{json, Map, Value};
 
@@ -277,7 +281,17 @@ const PARAM_CLOSE: &str = "</parameter>";
 pub enum ToolEvent {
     /// Text outside any call (may still contain reasoning tags).
     Text(String),
+    /// A call whose name is written and whose arguments are being written: the next
+    /// [`ToolEvent::Call`] completes it.
+    CallStart(String),
+    /// The next piece of the started call's arguments JSON.
+    ArgumentsDelta(String),
+    /// A complete call. After a [`ToolEvent::CallStart`], its arguments JSON begins with the
+    /// deltas sent so far.
     Call(ToolCall),
+    /// The markup of a started call that generation left unfinished (text for a whole answer;
+    /// a stream has shown it as the call already).
+    Unfinished(String),
 }
 
 /// Splits a streamed answer into text and complete calls.
@@ -288,8 +302,64 @@ pub struct ToolCallParser {
     held: String,
     /// Inside a call that started with this marker.
     open: Option<&'static str>,
+    /// The call of the open block whose arguments are being streamed.
+    streaming: Option<StreamedCall>,
     max_calls: Option<usize>,
     calls: usize,
+}
+
+/// The first call of an open XML block, announced and streamed while it is written. Offsets are
+/// into the parser's `held` text, which begins with the block.
+#[derive(Clone, Debug)]
+struct StreamedCall {
+    name: String,
+    /// The arguments JSON sent so far.
+    sent: String,
+    /// Where the markup not yet turned into arguments begins.
+    scan: usize,
+    /// The parameter whose value is being written.
+    param: Option<OpenParam>,
+    /// The keys of the parameters sent so far.
+    keys: Vec<String>,
+    /// The markup took a form that is not streamed (arguments as one JSON object, a second
+    /// function): the complete call sends the rest.
+    stopped: bool,
+}
+
+#[derive(Clone, Debug)]
+struct OpenParam {
+    key: String,
+    /// The schema makes the value a plain string, so it is sent as it is written.
+    as_string: bool,
+    /// Where the value's text begins.
+    start: usize,
+    /// Bytes of the value's text already sent.
+    sent: usize,
+}
+
+impl StreamedCall {
+    /// The arguments sent so far, closed as a JSON object: what the call is when its markup
+    /// turns out not to parse after it was announced.
+    fn closed(&self) -> Map<String, Value> {
+        let mut text = self.sent.clone();
+        match &self.param {
+            Some(p) if p.as_string => text.push_str("\"}"),
+            Some(_) => text.push_str("null}"),
+            None if text.is_empty() => text.push_str("{}"),
+            None => text.push('}'),
+        }
+        match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        }
+    }
+}
+
+/// `s` as the inside of a JSON string (without the quotes). JSON escapes each character on its
+/// own, so the pieces of a string escaped one by one join into the string escaped whole.
+fn json_string_body(s: &str) -> String {
+    let quoted = Value::String(s.to_string()).to_string();
+    quoted[1..quoted.len() - 1].to_string()
 }
 
 /// The length of the longest suffix of `text` that begins `marker` (a possible marker cut off
@@ -310,6 +380,7 @@ impl ToolCallParser {
             tools,
             held: String::new(),
             open: None,
+            streaming: None,
             max_calls,
             calls: 0,
         }
@@ -348,11 +419,31 @@ impl ToolCallParser {
                 }
                 Some(marker) => {
                     let Some(end) = self.block_end(marker) else {
+                        self.stream_arguments(&mut events);
                         return events;
                     };
+                    // What is written of the call's arguments goes out before the whole call.
+                    self.stream_arguments(&mut events);
                     let block: String = self.held.drain(..end).collect();
                     self.open = None;
-                    match self.parse_block(&block) {
+                    let streamed = self.streaming.take();
+                    let mut calls = self.parse_block(&block);
+                    if let Some(s) = &streamed {
+                        // The announced call must stay the first call, with arguments that
+                        // begin with what was sent; markup that does not parse that way ends
+                        // it with the arguments sent.
+                        let consistent = calls.as_ref().is_some_and(|c| {
+                            c[0].name == s.name && c[0].arguments_json().starts_with(&s.sent)
+                        });
+                        if !consistent {
+                            let first = ToolCall {
+                                name: s.name.clone(),
+                                arguments: s.closed(),
+                            };
+                            calls = Some(vec![first]);
+                        }
+                    }
+                    match calls {
                         Some(calls) => {
                             for call in calls {
                                 if self.max_calls.is_none_or(|m| self.calls < m) {
@@ -394,13 +485,151 @@ impl ToolCallParser {
     pub fn finish(&mut self) -> (Vec<ToolEvent>, bool) {
         let unfinished = self.open.is_some();
         self.open = None;
+        let started = self.streaming.take().is_some();
         let rest = std::mem::take(&mut self.held);
         let events = if rest.is_empty() {
             Vec::new()
+        } else if started {
+            vec![ToolEvent::Unfinished(rest)]
         } else {
             vec![ToolEvent::Text(rest)]
         };
         (events, unfinished)
+    }
+
+    /// Announce the open block's call once its name is written, then send what is certain of
+    /// its arguments: a parameter's key when its value begins, a string value as it is written
+    /// (holding back what may be the newline and tag that close it), another value when it is
+    /// complete.
+    fn stream_arguments(&mut self, events: &mut Vec<ToolEvent>) {
+        if self.streaming.is_none() && !self.start_stream(events) {
+            return;
+        }
+        let Some(mut s) = self.streaming.take() else {
+            return;
+        };
+        while !s.stopped {
+            let rest = &self.held[s.scan..];
+            match &mut s.param {
+                None => {
+                    let trimmed = rest.trim_start();
+                    let at = s.scan + (rest.len() - trimmed.len());
+                    if let Some(p) = trimmed.strip_prefix(PARAM_OPEN) {
+                        let Some(name_end) = p.find('>') else {
+                            break;
+                        };
+                        // The value begins after the tag's newline: wait to see it.
+                        let after = &p[name_end + 1..];
+                        if after.is_empty() {
+                            break;
+                        }
+                        let key = p[..name_end].trim().to_string();
+                        if s.keys.contains(&key) {
+                            // A repeated parameter replaces the earlier value in the whole
+                            // call; the stream ends before it.
+                            s.stopped = true;
+                            break;
+                        }
+                        let as_string = schema_types(self.schema_of(&s.name, &key)) == ["string"];
+                        let mut start = at + PARAM_OPEN.len() + name_end + 1;
+                        if after.starts_with('\n') {
+                            start += 1;
+                        }
+                        let mut piece = String::from(if s.keys.is_empty() { "{" } else { "," });
+                        piece.push_str(&Value::String(key.clone()).to_string());
+                        piece.push(':');
+                        if as_string {
+                            piece.push('"');
+                        }
+                        s.sent.push_str(&piece);
+                        events.push(ToolEvent::ArgumentsDelta(piece));
+                        s.param = Some(OpenParam {
+                            key,
+                            as_string,
+                            start,
+                            sent: 0,
+                        });
+                        s.scan = start;
+                    } else if trimmed.is_empty()
+                        || PARAM_OPEN.starts_with(trimmed)
+                        || trimmed.starts_with(FUNCTION_CLOSE)
+                        || FUNCTION_CLOSE.starts_with(trimmed)
+                    {
+                        // More parameters may follow, or the call ends (the complete call
+                        // closes the object).
+                        break;
+                    } else {
+                        s.stopped = true;
+                    }
+                }
+                Some(param) => {
+                    let value = &self.held[param.start..];
+                    match value.find(PARAM_CLOSE) {
+                        Some(close) => {
+                            let raw = &value[..close];
+                            let raw = raw.strip_suffix('\n').unwrap_or(raw);
+                            let piece = if param.as_string {
+                                let mut piece = json_string_body(&raw[param.sent..]);
+                                piece.push('"');
+                                piece
+                            } else {
+                                typed_value(raw, self.schema_of(&s.name, &param.key)).to_string()
+                            };
+                            s.sent.push_str(&piece);
+                            events.push(ToolEvent::ArgumentsDelta(piece));
+                            s.scan = param.start + close + PARAM_CLOSE.len();
+                            s.keys.push(std::mem::take(&mut param.key));
+                            s.param = None;
+                        }
+                        None => {
+                            if param.as_string {
+                                let keep = partial_suffix(value, "\n</parameter>")
+                                    .max(partial_suffix(value, PARAM_CLOSE));
+                                let ready = value.len() - keep;
+                                if ready > param.sent {
+                                    let piece = json_string_body(&value[param.sent..ready]);
+                                    param.sent = ready;
+                                    s.sent.push_str(&piece);
+                                    events.push(ToolEvent::ArgumentsDelta(piece));
+                                }
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.streaming = Some(s);
+    }
+
+    /// Announce the open block's call when it is an XML call to an offered tool whose name is
+    /// complete (and another call is allowed). Returns whether it was announced.
+    fn start_stream(&mut self, events: &mut Vec<ToolEvent>) -> bool {
+        let body = self.held.strip_prefix(CALL_OPEN).unwrap_or(&self.held);
+        let trimmed = body.trim_start();
+        let Some(after) = trimmed.strip_prefix(FUNCTION_OPEN) else {
+            return false;
+        };
+        let Some(name_end) = after.find('>') else {
+            return false;
+        };
+        let name = after[..name_end].trim();
+        if !self.tools.iter().any(|t| t.name == name)
+            || self.max_calls.is_some_and(|m| self.calls >= m)
+        {
+            return false;
+        }
+        let scan = self.held.len() - after.len() + name_end + 1;
+        events.push(ToolEvent::CallStart(name.to_string()));
+        self.streaming = Some(StreamedCall {
+            name: name.to_string(),
+            sent: String::new(),
+            scan,
+            param: None,
+            keys: Vec::new(),
+            stopped: false,
+        });
+        true
     }
 
     /// Calls parsed so far (including those beyond `max_calls`).

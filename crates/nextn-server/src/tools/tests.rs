@@ -31,7 +31,9 @@ fn parser() -> ToolCallParser {
     ToolCallParser::new(vec![weather(), now()], None)
 }
 
-/// All events of a transcript fed in one piece, with adjacent texts joined.
+/// All events of a transcript fed in these pieces, with adjacent texts joined and the streamed
+/// arguments checked and left out: every call announced with `CallStart` is the next `Call`, and
+/// the deltas sent for it begin its arguments JSON. Unfinished markup counts as text.
 fn run(p: &mut ToolCallParser, pieces: &[&str]) -> (Vec<ToolEvent>, bool) {
     let mut events = Vec::new();
     for piece in pieces {
@@ -39,7 +41,75 @@ fn run(p: &mut ToolCallParser, pieces: &[&str]) -> (Vec<ToolEvent>, bool) {
     }
     let (rest, unfinished) = p.finish();
     events.extend(rest);
-    (join_text(events), unfinished)
+    (join_text(check_streamed(events)), unfinished)
+}
+
+/// The events with the streaming ones checked (see [`run`]) and removed.
+fn check_streamed(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
+    let mut open: Option<(String, String)> = None;
+    let mut out = Vec::new();
+    for e in events {
+        match e {
+            ToolEvent::CallStart(name) => {
+                assert!(open.is_none(), "a call started inside another");
+                open = Some((name, String::new()));
+            }
+            ToolEvent::ArgumentsDelta(d) => {
+                open.as_mut()
+                    .expect("arguments outside a started call")
+                    .1
+                    .push_str(&d);
+            }
+            ToolEvent::Call(c) => {
+                if let Some((name, sent)) = open.take() {
+                    assert_eq!(c.name, name);
+                    assert!(
+                        c.arguments_json().starts_with(&sent),
+                        "{sent:?} does not begin {:?}",
+                        c.arguments_json()
+                    );
+                }
+                out.push(ToolEvent::Call(c));
+            }
+            ToolEvent::Unfinished(t) => {
+                assert!(
+                    open.take().is_some(),
+                    "unfinished markup of no started call"
+                );
+                out.push(ToolEvent::Text(t));
+            }
+            ToolEvent::Text(t) => out.push(ToolEvent::Text(t)),
+        }
+    }
+    out
+}
+
+/// What a stream client assembles from the events: each call's name and arguments, from its
+/// start, deltas and the rest the complete call carries.
+fn assembled(events: &[ToolEvent]) -> Vec<(String, String)> {
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let mut open = false;
+    for e in events {
+        match e {
+            ToolEvent::CallStart(name) => {
+                calls.push((name.clone(), String::new()));
+                open = true;
+            }
+            ToolEvent::ArgumentsDelta(d) => calls.last_mut().unwrap().1.push_str(d),
+            ToolEvent::Call(c) => {
+                let json = c.arguments_json();
+                if open {
+                    let sent = calls.last().unwrap().1.len();
+                    calls.last_mut().unwrap().1.push_str(&json[sent..]);
+                    open = false;
+                } else {
+                    calls.push((c.name.clone(), json));
+                }
+            }
+            _ => {}
+        }
+    }
+    calls
 }
 
 fn join_text(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
@@ -140,6 +210,150 @@ fn every_split_point_gives_the_same_events() {
         let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
         assert_eq!(run(&mut parser(), &pieces).0, want);
     }
+}
+
+/// Fed one character at a time, an XML call is announced when its name is written, a string
+/// argument goes out as it is written (never the newline and tag that close it), other values
+/// when they are complete, and the pieces join into the complete call's arguments.
+#[test]
+fn arguments_stream_as_they_are_written() {
+    let mut p = parser();
+    let mut events = Vec::new();
+    let mut announced_at = None;
+    let mut city_seen_at = None;
+    let mut sent = String::new();
+    for (i, ch) in TWO_CALLS.char_indices() {
+        let new = p.push(&ch.to_string());
+        for e in &new {
+            match e {
+                ToolEvent::CallStart(_) if announced_at.is_none() => announced_at = Some(i),
+                ToolEvent::ArgumentsDelta(d) => {
+                    sent.push_str(d);
+                    if sent.contains("Paulo") && city_seen_at.is_none() {
+                        city_seen_at = Some(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        events.extend(new);
+    }
+    events.extend(p.finish().0);
+    let function_tag = TWO_CALLS.find("<function=get_weather>").unwrap();
+    assert_eq!(
+        announced_at,
+        Some(function_tag + "<function=get_weather>".len() - 1)
+    );
+    let value_end = TWO_CALLS.find("東京").unwrap();
+    assert!(
+        city_seen_at.unwrap() < value_end,
+        "the city went out only at its end"
+    );
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            ToolEvent::ArgumentsDelta(d) => Some(d.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(deltas.len() > 10, "{deltas:?}");
+    assert!(deltas
+        .iter()
+        .all(|d| !d.contains("</parameter") && !d.contains("\\n\"")));
+    let calls = assembled(&events);
+    let want: Vec<(String, String)> = two_calls_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            ToolEvent::Call(c) => Some((c.name.clone(), c.arguments_json())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls, want);
+    assert_eq!(join_text(check_streamed(events)), two_calls_events());
+}
+
+/// Values that end in newlines or hold pieces of the closing tag, a call to a tool not offered
+/// (not streamed), a repeated parameter and markup that stops parsing after the call was
+/// announced: at every split the stream assembles the complete call's arguments.
+#[test]
+fn streamed_arguments_join_into_the_call_at_every_split() {
+    let texts = [
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nline one\n\n</parame\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n\"quoted\" \\ back</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=unknown_tool>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=city>\nB\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\njunk\n</function>\n</tool_call>",
+    ];
+    for text in texts {
+        let whole = {
+            let mut p = parser();
+            let mut ev = p.push(text);
+            ev.extend(p.finish().0);
+            ev
+        };
+        let want: Vec<(String, String)> = whole
+            .iter()
+            .filter_map(|e| match e {
+                ToolEvent::Call(c) => Some((c.name.clone(), c.arguments_json())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(want.len(), 1, "{text}: {whole:?}");
+        let bounds: Vec<usize> = (0..=text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .collect();
+        for &a in &bounds {
+            let mut p = parser();
+            let mut ev = p.push(&text[..a]);
+            ev.extend(p.push(&text[a..]));
+            ev.extend(p.finish().0);
+            assert_eq!(assembled(&ev), want, "{text}: split at {a}");
+            check_streamed(ev);
+        }
+        let mut p = parser();
+        let mut ev = Vec::new();
+        for ch in text.chars() {
+            ev.extend(p.push(&ch.to_string()));
+        }
+        ev.extend(p.finish().0);
+        assert_eq!(assembled(&ev), want, "{text}: by characters");
+    }
+    // The repeated parameter: the first value stands; the junk: the parameters before it.
+    let args = |text: &str| {
+        let mut p = parser();
+        let mut ev = p.push(text);
+        ev.extend(p.finish().0);
+        assembled(&ev)[0].1.clone()
+    };
+    assert_eq!(args(texts[3]), r#"{"city":"A"}"#);
+    assert_eq!(args(texts[4]), r#"{"city":"Oslo"}"#);
+    assert_eq!(
+        args(texts[0]),
+        r#"{"city":"line one\n\n</parame","days":2}"#
+    );
+}
+
+/// Generation that stops inside a started call: the markup comes back as unfinished (text in a
+/// whole answer), after the arguments written so far.
+#[test]
+fn a_started_call_left_unfinished() {
+    let mut p = parser();
+    let mut ev = p.push("Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar");
+    let (rest, unfinished) = p.finish();
+    ev.extend(rest);
+    assert!(unfinished);
+    assert_eq!(ev[0], ToolEvent::Text("Sure.\n".into()));
+    assert_eq!(ev[1], ToolEvent::CallStart("get_weather".into()));
+    assert_eq!(
+        ev.last(),
+        Some(&ToolEvent::Unfinished(
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar".into()
+        ))
+    );
+    assert_eq!(
+        assembled(&ev),
+        [("get_weather".to_string(), r#"{"city":"Par"#.to_string())]
+    );
 }
 
 #[test]
