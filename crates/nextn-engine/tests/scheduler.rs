@@ -89,6 +89,7 @@ fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Reque
         cache_prompt: false,
         cache_points: Vec::new(),
         forced_acceptance: None,
+        prompt_progress: false,
         sink: Box::new(sink),
     };
     (r, Pending { rx, closed })
@@ -103,7 +104,7 @@ fn wait(p: &Pending) -> Result<(String, Completion), (FailKind, String)> {
             .recv_timeout(Duration::from_secs(300))
             .expect("the scheduler answers")
         {
-            Event::Started { .. } | Event::Logprobs(_) => {}
+            Event::Started { .. } | Event::Logprobs(_) | Event::PromptProgress { .. } => {}
             Event::Text(t) => text.push_str(&t),
             Event::Done(c) => return Ok((text, c)),
             Event::Failed { kind, message } => return Err((kind, message)),
@@ -268,6 +269,52 @@ fn output_does_not_depend_on_what_else_runs() {
         h.shutdown(Duration::ZERO);
         t.join().unwrap();
     }
+}
+
+/// A request that asks for prompt progress hears when it starts (nothing processed yet) and
+/// after every prompt chunk (the loop's `n_batch` rows), all before its first text; one that
+/// does not ask hears none.
+#[test]
+fn prompt_progress_comes_per_chunk_before_the_answer() {
+    let (h, t) = start(engine(true), config(1, Some(DraftPolicy::Auto)));
+    let prompt = tokenizer().encode(&PROMPTS[2].repeat(16), true);
+    assert!(prompt.len() > 3 * 64, "{} tokens", prompt.len());
+    let (mut r, p) = request(prompt.clone(), SamplerConfig::greedy(), 4);
+    r.prompt_progress = true;
+    h.submit(r).unwrap();
+    let mut seen = Vec::new();
+    loop {
+        match p.rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::PromptProgress {
+                total,
+                cache,
+                processed,
+                time_ms,
+            } => {
+                assert_eq!((total, cache), (prompt.len(), 0));
+                assert!(time_ms >= 0.0);
+                seen.push(processed);
+            }
+            Event::Text(_) | Event::Done(_) => break,
+            Event::Started { .. } | Event::Logprobs(_) => {}
+            Event::Failed { message, .. } => panic!("{message}"),
+        }
+    }
+    let want: Vec<usize> = std::iter::once(0)
+        .chain((64..prompt.len()).step_by(64))
+        .chain(std::iter::once(prompt.len()))
+        .collect();
+    assert_eq!(seen, want);
+    let (plain, plain_p) = request(prompt, SamplerConfig::greedy(), 4);
+    h.submit(plain).unwrap();
+    while let Ok(e) = plain_p.rx.recv_timeout(Duration::from_secs(60)) {
+        assert!(!matches!(e, Event::PromptProgress { .. }), "{e:?}");
+        if matches!(e, Event::Done(_)) {
+            break;
+        }
+    }
+    h.shutdown(Duration::ZERO);
+    t.join().unwrap();
 }
 
 #[test]

@@ -45,6 +45,9 @@ pub struct GenParams {
     pub reasoning: Option<ReasoningFormat>,
     /// `cache_prompt`: resume from and add to the prefix cache (default true).
     pub cache_prompt: bool,
+    /// `return_progress` (llama-server): a stream reports how far the prompt has been
+    /// processed (`prompt_progress`) before the answer.
+    pub return_progress: bool,
     /// `forced_acceptance_reference`: the plain output this request's drafts are steered
     /// towards on a server started with `--force-acceptance` (measurement only).
     pub forced_reference: Option<Vec<u32>>,
@@ -70,6 +73,8 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Fields the server reads (or checks), for telling unknown ones apart.
 const KNOWN_FIELDS: &[&str] = &[
     "return_tokens",
+    "return_progress",
+    "cache_prompt",
     "forced_acceptance_reference",
     "model",
     "messages",
@@ -388,6 +393,7 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         grammar,
         reasoning,
         cache_prompt: boolean(o, "cache_prompt")?.unwrap_or(true),
+        return_progress: boolean(o, "return_progress")?.unwrap_or(false),
         forced_reference: token_ids(o, "forced_acceptance_reference")?,
     })
 }

@@ -420,7 +420,7 @@ pub(crate) async fn collect(
             Some(Event::Logprobs(l)) => logprobs.extend(l),
             Some(Event::Done(c)) => break c,
             Some(Event::Failed { kind, message }) => return Err(failure(kind, message)),
-            Some(Event::Started { .. }) => {}
+            Some(Event::Started { .. } | Event::PromptProgress { .. }) => {}
             None => {
                 return Err(ApiError::internal(
                     "the engine stopped before the request finished",
@@ -648,6 +648,32 @@ impl SseState {
             }
             Some(Event::Failed { kind, message }) => {
                 self.end_with_error(failure(kind, message));
+            }
+            Some(Event::PromptProgress {
+                total,
+                cache,
+                processed,
+                time_ms,
+            }) => {
+                // llama-server's shape: an empty delta (or text) carrying `prompt_progress`.
+                let progress = json!({
+                    "total": total, "cache": cache, "processed": processed, "time_ms": time_ms,
+                });
+                let mut v = match self.reply.endpoint {
+                    Endpoint::Chat => self.reply.envelope(
+                        true,
+                        json!([{"index": 0, "delta": {"role": "assistant", "content": null}, "logprobs": null, "finish_reason": null}]),
+                    ),
+                    Endpoint::Completion => self.reply.envelope(
+                        true,
+                        json!([{"index": 0, "text": "", "logprobs": null, "finish_reason": null}]),
+                    ),
+                    Endpoint::Native => {
+                        json!({"index": 0, "content": "", "tokens": [], "stop": false})
+                    }
+                };
+                v["prompt_progress"] = progress;
+                self.frames.push_back(sse(&v));
             }
             Some(Event::Started { .. }) => {}
             None => {

@@ -616,6 +616,8 @@ async fn submit(
         cache_prompt: params.cache_prompt,
         cache_points: prepared_cache_points,
         forced_acceptance,
+        // As llama-server: progress is part of a stream only.
+        prompt_progress: params.return_progress && params.stream,
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(submit_error)?;

@@ -208,6 +208,88 @@ fn llama_server_endpoints_answer_in_its_shapes() {
         (400, json!("return_tokens"))
     );
 
+    // `return_progress`: a stream reports the prompt's processing before the answer, in
+    // llama-server's `prompt_progress` shape, on every endpoint; without it, nothing.
+    let long_prompt = "def parse(line):\n    return line.split(',')\n".repeat(60);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 2}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": long_prompt, "max_tokens": 2}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": long_prompt, "n_predict": 2}),
+        ),
+    ] {
+        let mut asked = body.clone();
+        asked["stream"] = json!(true);
+        asked["return_progress"] = json!(true);
+        asked["cache_prompt"] = json!(false);
+        let (status, chunks, _) = s.stream(path, &asked);
+        assert_eq!(status, 200);
+        let progress: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c.get("prompt_progress"))
+            .collect();
+        assert!(progress.len() >= 3, "{path}: {chunks:?}");
+        for p in &progress {
+            assert_eq!(
+                keys(p),
+                ["cache", "processed", "time_ms", "total"],
+                "{path}"
+            );
+        }
+        let processed: Vec<u64> = progress
+            .iter()
+            .map(|p| p["processed"].as_u64().unwrap())
+            .collect();
+        assert!(
+            processed.windows(2).all(|w| w[0] < w[1]),
+            "{path}: {processed:?}"
+        );
+        assert_eq!(processed.first(), Some(&0));
+        assert_eq!(
+            Some(processed.last().unwrap()),
+            progress[0]["total"].as_u64().as_ref()
+        );
+        // All of it before the answer's first text.
+        let first_text = chunks
+            .iter()
+            .position(|c| {
+                c["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+                    || c["choices"][0]["text"]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty())
+                    || c["content"].as_str().is_some_and(|t| !t.is_empty())
+            })
+            .unwrap_or(chunks.len());
+        let last_progress = chunks
+            .iter()
+            .rposition(|c| c.get("prompt_progress").is_some());
+        assert!(last_progress < Some(first_text), "{path}");
+        let mut plain = body.clone();
+        plain["stream"] = json!(true);
+        let (_, chunks, _) = s.stream(path, &plain);
+        assert!(
+            chunks.iter().all(|c| c.get("prompt_progress").is_none()),
+            "{path}"
+        );
+    }
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": "x", "stream": true, "return_progress": 1}),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("return_progress"))
+    );
+
     // Any model name is answered.
     let r = s.post(
         "/v1/chat/completions",

@@ -337,6 +337,7 @@ impl<'e> Core<'e> {
         );
         lock(&self.shared.metrics).prompt_tokens_cached_total += cache_n as u64;
         if slot.sink.send(Event::Started { slot: index }) {
+            slot.report_prompt_progress(cache_n);
             self.slots[index] = Some(slot);
             lock(&self.shared.metrics).requests_processing = self.busy();
         } else {

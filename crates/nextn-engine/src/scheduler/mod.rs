@@ -129,6 +129,9 @@ pub struct Request {
     /// Run the speculative loop at a chosen acceptance (measurement only; see
     /// [`crate::spec::forced`]). Needs coupled drafts and no grammar.
     pub forced_acceptance: Option<ForcedAcceptance>,
+    /// Report how far the prompt has been processed ([`Event::PromptProgress`]): when the
+    /// request starts and after each prompt chunk.
+    pub prompt_progress: bool,
     pub sink: Box<dyn EventSink>,
 }
 
@@ -147,6 +150,15 @@ pub enum Event {
     /// The request got a slot and its prompt is being processed.
     Started {
         slot: usize,
+    },
+    /// How far the prompt has been processed (llama-server's `prompt_progress`): `processed`
+    /// of `total` prompt tokens are in the slot's state, `cache` of them resumed from a cache,
+    /// `time_ms` since the request started.
+    PromptProgress {
+        total: usize,
+        cache: usize,
+        processed: usize,
+        time_ms: f64,
     },
     /// Newly complete text (whole UTF-8, never part of a stop string).
     Text(String),

@@ -51,6 +51,8 @@ pub struct Slot<'t> {
     /// Prompt positions to keep a snapshot at, ascending.
     pub cache_points: Vec<usize>,
     pub forced_acceptance: Option<ForcedAcceptance>,
+    /// Send [`Event::PromptProgress`] while the prompt is processed.
+    pub prompt_progress: bool,
     /// Prompt tokens resumed from the prefix cache.
     pub cache_n: usize,
     pub t_start: Instant,
@@ -84,6 +86,7 @@ impl<'t> Slot<'t> {
             cache_prompt,
             mut cache_points,
             forced_acceptance,
+            prompt_progress,
             sink,
             ..
         } = request;
@@ -108,11 +111,24 @@ impl<'t> Slot<'t> {
             cache_prompt,
             cache_points,
             forced_acceptance,
+            prompt_progress,
             cache_n,
             t_start: Instant::now(),
             t_first_token: None,
             prompt_ms: 0.0,
             seq_no,
+        }
+    }
+
+    /// Report that `processed` prompt tokens are in the state, when the request asked.
+    pub fn report_prompt_progress(&mut self, processed: usize) {
+        if self.prompt_progress {
+            self.sink.send(Event::PromptProgress {
+                total: self.prompt.len(),
+                cache: self.cache_n,
+                processed,
+                time_ms: self.t_start.elapsed().as_secs_f64() * 1e3,
+            });
         }
     }
 

@@ -411,6 +411,7 @@ impl<'e> Core<'e> {
             h.commit(start, &slot.prompt[start..end], &out.hidden);
         }
         let last = end == slot.prompt.len();
+        slot.report_prompt_progress(end);
         let keep = slot.cache_prompt && slot.cache_points.contains(&end);
         lock(&self.shared.metrics).prompt_tokens_total += (end - start) as u64;
         if !last {

@@ -67,6 +67,7 @@ fn request(prompt: &[u32], n: usize) -> (Request, mpsc::Receiver<Event>) {
         cache_prompt: false,
         cache_points: Vec::new(),
         forced_acceptance: None,
+        prompt_progress: false,
         sink: Box::new(TestSink(tx)),
     };
     (r, rx)

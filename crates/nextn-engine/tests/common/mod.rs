@@ -223,6 +223,7 @@ pub fn run_jobs_with(
             cache_prompt,
             cache_points: job.cache_points,
             forced_acceptance: None,
+            prompt_progress: false,
             sink: Box::new(Collect(tx)),
         });
         ends.push(rx);

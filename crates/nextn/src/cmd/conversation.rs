@@ -17,7 +17,7 @@ use nextn_engine::scheduler::{
 use nextn_engine::spec::SpecConfig;
 
 use super::common::{self, Loaded};
-use super::run::{Args, Stdout};
+use super::run::{progress_on_terminal, Args, Stdout};
 
 /// A line that ends the conversation (besides end of input).
 const EXIT: &[&str] = &["/exit", "/quit"];
@@ -93,10 +93,8 @@ pub fn chat(
             cache_prompt: true,
             cache_points,
             forced_acceptance: None,
-            sink: Box::new(Stdout {
-                streaming: true,
-                events,
-            }),
+            prompt_progress: progress_on_terminal(),
+            sink: Box::new(Stdout::new(true, events)),
         });
         scheduler.run();
         let completion = loop {

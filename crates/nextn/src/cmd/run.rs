@@ -1,7 +1,7 @@
 //! `nextn run`: generate text from a prompt (raw, or as a chat turn through the model's template).
 //! One request through the generation loop (`nextn_engine::scheduler`), on one slot.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -73,16 +73,75 @@ pub struct Args {
 }
 
 /// Streams text to stdout as it comes, or (for one JSON object at the end) hands it back with
-/// the end of the request.
+/// the end of the request. On a terminal, a prompt that takes more than two seconds shows how
+/// far it has been processed on stderr until the answer begins.
 pub(super) struct Stdout {
     pub streaming: bool,
     pub events: mpsc::Sender<Event>,
+    /// A progress line is on the terminal.
+    pub progress_drawn: bool,
+}
+
+/// The progress line for a prompt still being processed after two seconds.
+fn progress_line(total: usize, cache: usize, processed: usize, time_ms: f64) -> Option<String> {
+    if time_ms < 2000.0 || processed >= total {
+        return None;
+    }
+    let cached = if cache > 0 {
+        format!(", {cache} from the cache")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "prompt: {processed}/{total} tokens ({}%{cached}), {:.0} s",
+        // Rounded down: 100% only when it is done.
+        100 * processed / total.max(1),
+        time_ms / 1e3
+    ))
+}
+
+/// Whether prompt progress can be shown: stderr is a terminal.
+pub(super) fn progress_on_terminal() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+impl Stdout {
+    pub fn new(streaming: bool, events: mpsc::Sender<Event>) -> Self {
+        Stdout {
+            streaming,
+            events,
+            progress_drawn: false,
+        }
+    }
+
+    fn clear_progress(&mut self) {
+        if std::mem::take(&mut self.progress_drawn) {
+            eprint!("\r\x1b[2K");
+        }
+    }
 }
 
 impl EventSink for Stdout {
     fn send(&mut self, event: Event) -> bool {
         match event {
+            Event::PromptProgress {
+                total,
+                cache,
+                processed,
+                time_ms,
+            } => {
+                match progress_line(total, cache, processed, time_ms) {
+                    Some(line) => {
+                        eprint!("\r\x1b[2K{line}");
+                        self.progress_drawn = true;
+                    }
+                    None if processed >= total => self.clear_progress(),
+                    None => {}
+                }
+                true
+            }
             Event::Text(piece) if self.streaming => {
+                self.clear_progress();
                 let mut out = std::io::stdout().lock();
                 // A closed pipe (e.g. `| head`) ends generation instead of failing.
                 out.write_all(piece.as_bytes())
@@ -90,7 +149,10 @@ impl EventSink for Stdout {
                     .is_ok()
             }
             Event::Started { .. } => true,
-            event => self.events.send(event).is_ok(),
+            event => {
+                self.clear_progress();
+                self.events.send(event).is_ok()
+            }
         }
     }
 
@@ -206,10 +268,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Vec::new()
         },
         forced_acceptance: None,
-        sink: Box::new(Stdout {
-            streaming: !args.json,
-            events,
-        }),
+        prompt_progress: progress_on_terminal(),
+        sink: Box::new(Stdout::new(!args.json, events)),
     });
     scheduler.run();
     let mut text = String::new();
@@ -319,4 +379,28 @@ fn save_prompt_cache(
         bytes.len() as f64 / (1024.0 * 1024.0)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_line;
+
+    /// Nothing for a prompt done within two seconds or finished; then where it stands.
+    #[test]
+    fn prompt_progress_line() {
+        assert_eq!(progress_line(4096, 0, 512, 1500.0), None);
+        assert_eq!(progress_line(4096, 0, 4096, 9000.0), None);
+        assert_eq!(
+            progress_line(720, 0, 719, 9000.0).as_deref(),
+            Some("prompt: 719/720 tokens (99%), 9 s")
+        );
+        assert_eq!(
+            progress_line(4096, 0, 1024, 2500.0).as_deref(),
+            Some("prompt: 1024/4096 tokens (25%), 2 s")
+        );
+        assert_eq!(
+            progress_line(4000, 1000, 3000, 12_400.0).as_deref(),
+            Some("prompt: 3000/4000 tokens (75%, 1000 from the cache), 12 s")
+        );
+    }
 }

@@ -370,6 +370,7 @@ fn run_depth(
             cache_prompt: false,
             cache_points: Vec::new(),
             forced_acceptance,
+            prompt_progress: false,
             sink: Box::new(Collect(tx.clone())),
         });
     }
