@@ -3,8 +3,9 @@
 //
 //   node tools/browser/chat_page_check.mjs URL SCREENSHOT.png [PROMPT]
 //
-// Prints one JSON object (the answer text, the statistics line, the bubbles shown) and exits 1
-// with the reason when the page does not show an answer with its statistics.
+// Prints one JSON object (the answer text, the statistics line, the bubbles shown, whether the
+// answer's place showed how much of the prompt had been read) and exits 1 with the reason when
+// the page does not show an answer with its statistics.
 import { chromium } from "playwright-core";
 
 const [url, screenshot, prompt = "Write a Python function that reverses a string."] = process.argv.slice(2);
@@ -24,6 +25,13 @@ try {
   page.on("pageerror", (e) => errors.push(String(e)));
   await page.goto(url);
   await page.waitForFunction(() => document.getElementById("model").textContent.length > 0, null, { timeout: 30000 });
+  // Every text the answer's place shows on the way, such as the prompt's progress.
+  await page.evaluate(() => {
+    window.shownTexts = [];
+    new MutationObserver(() => {
+      for (const e of document.querySelectorAll(".msg.assistant .content")) window.shownTexts.push(e.textContent);
+    }).observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+  });
   await page.fill("#prompt", prompt);
   await page.click("#send");
   await page.waitForSelector(".msg.assistant .stats", { timeout: 120000 });
@@ -33,6 +41,7 @@ try {
     answer: document.querySelector(".msg.assistant .content").textContent,
     stats: document.querySelector(".msg.assistant .stats").textContent,
     error: !!document.querySelector(".msg.error"),
+    prompt_progress_shown: window.shownTexts.some((t) => t.startsWith("reading the prompt")),
   }));
   await page.screenshot({ path: screenshot });
   result.page_errors = errors;

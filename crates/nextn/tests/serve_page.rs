@@ -1,7 +1,7 @@
 //! The chat page at `/` in a real headless Chromium (Debian's `chromium`, driven by
 //! `tools/browser/chat_page_check.mjs` through playwright-core): it loads, sends a prompt, shows
 //! the streamed answer and its statistics (speed, draft acceptance), and the screenshot is saved
-//! under target/ for the log.
+//! under target/ for the log; a long prompt shows how much of it has been read before the answer.
 
 mod serve_common;
 
@@ -92,6 +92,27 @@ fn the_chat_page_streams_an_answer_with_its_statistics() {
         shown["model"].as_str().unwrap().contains("MTP drafting"),
         "{shown}"
     );
+    assert_eq!(shown["prompt_progress_shown"], false, "{shown}");
+    // A prompt of a few thousand tokens takes several prompt chunks: the answer's place shows
+    // how far it has been read until the answer begins.
+    let long = "Here is a log line: GET /index.html 200 0.12 ms. ".repeat(100);
+    let long_shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page-long.png");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}/", s.port))
+        .arg(&long_shot)
+        .arg(format!("{long}\nSummarise the log."))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(shown["prompt_progress_shown"], true, "{shown}");
     let png = std::fs::read(&shot).expect("a screenshot");
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 10_000,
