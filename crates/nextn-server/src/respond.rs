@@ -699,10 +699,9 @@ impl SseState {
 
 pub(crate) async fn stream(
     mut rx: UnboundedReceiver<Event>,
-    reply: Reply,
+    mut reply: Reply,
 ) -> Result<Response, ApiError> {
     started(&mut rx).await?;
-    let mut reply = reply;
     reply.streaming = true;
     let mut state = SseState {
         rx,

@@ -28,6 +28,28 @@ fn missing_browser() -> Option<String> {
     None
 }
 
+/// What the page showed for `prompt` (tools/browser/chat_page_check.mjs), with its screenshot
+/// saved at `shot`.
+fn page_check(s: &Server, shot: &Path, prompt: &str) -> serde_json::Value {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/browser/chat_page_check.mjs");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}/", s.port))
+        .arg(shot)
+        .arg(prompt)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
 #[test]
 fn the_chat_page_streams_an_answer_with_its_statistics() {
     if let Some(why) = missing_browser() {
@@ -53,23 +75,7 @@ fn the_chat_page_streams_an_answer_with_its_statistics() {
         .starts_with("text/html"));
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page.png");
     let _ = std::fs::remove_file(&shot);
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/browser/chat_page_check.mjs");
-    let out = Command::new("node")
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}/", s.port))
-        .arg(&shot)
-        .arg("Write a Python function that reverses a string.")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let shown: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let shown = page_check(&s, &shot, "Write a Python function that reverses a string.");
     // The page shows the model's answer as the API gives it.
     let api = s.post(
         "/v1/chat/completions",
@@ -97,21 +103,7 @@ fn the_chat_page_streams_an_answer_with_its_statistics() {
     // how far it has been read until the answer begins.
     let long = "Here is a log line: GET /index.html 200 0.12 ms. ".repeat(100);
     let long_shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page-long.png");
-    let out = Command::new("node")
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{}/", s.port))
-        .arg(&long_shot)
-        .arg(format!("{long}\nSummarise the log."))
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let shown: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let shown = page_check(&s, &long_shot, &format!("{long}\nSummarise the log."));
     assert_eq!(shown["prompt_progress_shown"], true, "{shown}");
     let png = std::fs::read(&shot).expect("a screenshot");
     assert!(
