@@ -9,6 +9,7 @@
 //! - a row's result never depends on the other rows of its dispatch: every output is reduced
 //!   in a fixed order that depends only on its own shape.
 
+pub mod elementwise;
 pub mod norm;
 
 /// One WGSL entry point.
@@ -22,6 +23,7 @@ pub struct Kernel {
 /// Every kernel, for the tests that validate and translate them all.
 pub fn all() -> Vec<&'static Kernel> {
     let mut v: Vec<&'static Kernel> = Vec::new();
+    v.extend(elementwise::KERNELS);
     v.extend(norm::KERNELS);
     v
 }

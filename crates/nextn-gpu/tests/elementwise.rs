@@ -1,0 +1,110 @@
+//! The small kernels against their scalar definitions.
+
+use nextn_gpu::kernels::elementwise::{
+    add_rows, copy_rows, gather_rows, moe_combine, moe_route, scale, swiglu, Rows,
+};
+use nextn_gpu::validation::{assert_clean, test_device};
+use nextn_gpu::{Gpu, Recorder};
+
+fn values(n: usize, salt: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7919 + salt * 104729) % 2003) as f32 - 1001.0) / 300.0)
+        .collect()
+}
+
+fn up(gpu: &Gpu, v: &[f32]) -> wgpu::Buffer {
+    gpu.upload("t", bytemuck::cast_slice(v)).unwrap()
+}
+
+#[test]
+fn rows_add_copy_gather_swiglu_scale() {
+    let Some(gpu) = test_device() else { return };
+    let (n, w, stride) = (5usize, 37usize, 50usize);
+    let a = values(n * stride, 1);
+    let b = values(n * w, 2);
+    let (ab, bb) = (up(&gpu, &a), up(&gpu, &b));
+    let cb = gpu.buffer("c", (n * w * 4) as u64).unwrap();
+    let gb = gpu.buffer("g", (n * w * 4) as u64).unwrap();
+    let idx: Vec<u32> = vec![3, 0, 4, 4, 1];
+    let ib = gpu.upload("idx", bytemuck::cast_slice(&idx)).unwrap();
+    let sb = gpu.buffer("s", (n * w * 4) as u64).unwrap();
+    let mut rec = Recorder::new(&gpu);
+    add_rows(&mut rec, Rows::new(&ab, 3, stride as u32), Rows::new(&bb, 0, w as u32), n as u32, w as u32).unwrap();
+    copy_rows(&mut rec, Rows::new(&ab, 3, stride as u32), Rows::new(&cb, 0, w as u32), n as u32, w as u32).unwrap();
+    gather_rows(&mut rec, &cb, &ib, &gb, n as u32, w as u32).unwrap();
+    swiglu(&mut rec, Rows::new(&ab, 3, stride as u32), Rows::new(&bb, 0, w as u32), &sb, n as u32, w as u32).unwrap();
+    scale(&mut rec, &sb, 2, 10, 0.5).unwrap();
+    rec.submit(false).unwrap();
+    let got_c = gpu.read_f32(&cb, 0, n * w).unwrap();
+    let got_g = gpu.read_f32(&gb, 0, n * w).unwrap();
+    let got_s = gpu.read_f32(&sb, 0, n * w).unwrap();
+    for r in 0..n {
+        for c in 0..w {
+            let sum = a[3 + r * stride + c] + b[r * w + c];
+            assert_eq!(got_c[r * w + c], sum);
+            let x = sum;
+            let mut s = x / (1.0 + (-x).exp()) * b[r * w + c];
+            let i = r * w + c;
+            if (2..12).contains(&i) {
+                s *= 0.5;
+            }
+            assert!((got_s[i] - s).abs() <= 1e-5 * s.abs().max(1.0), "swiglu {i}");
+        }
+    }
+    for (r, &src) in idx.iter().enumerate() {
+        assert_eq!(got_g[r * w..(r + 1) * w], got_c[src as usize * w..(src as usize + 1) * w]);
+    }
+    assert_clean(&gpu);
+}
+
+#[test]
+fn moe_routing_and_combination() {
+    let Some(gpu) = test_device() else { return };
+    let (n, ne, k, w) = (4usize, 64usize, 8usize, 24usize);
+    let mut logits = values(n * ne, 3);
+    // A tie: the lower expert id goes first.
+    logits[5] = 9.0;
+    logits[9] = 9.0;
+    let lb = up(&gpu, &logits);
+    let ids = gpu.buffer("ids", (n * k * 4) as u64).unwrap();
+    let wts = gpu.buffer("w", (n * k * 4) as u64).unwrap();
+    let y = values(n * k * w, 4);
+    let shared = values(n * w, 5);
+    let gate = values(n, 6);
+    let (yb, sb, gb) = (up(&gpu, &y), up(&gpu, &shared), up(&gpu, &gate));
+    let out = gpu.buffer("out", (n * w * 4) as u64).unwrap();
+    let mut rec = Recorder::new(&gpu);
+    moe_route(&mut rec, &lb, &ids, &wts, n as u32, ne as u32, k as u32).unwrap();
+    moe_combine(&mut rec, &yb, &wts, Some((&sb, &gb)), &out, n as u32, k as u32, w as u32).unwrap();
+    rec.submit(false).unwrap();
+    let got_ids = gpu.read_u32(&ids, 0, n * k).unwrap();
+    let got_w = gpu.read_f32(&wts, 0, n * k).unwrap();
+    let got_out = gpu.read_f32(&out, 0, n * w).unwrap();
+    for r in 0..n {
+        let row = &logits[r * ne..(r + 1) * ne];
+        let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f64> = row.iter().map(|v| ((v - mx) as f64).exp()).collect();
+        let s: f64 = e.iter().sum();
+        let p: Vec<f64> = e.iter().map(|v| v / s).collect();
+        let mut order: Vec<usize> = (0..ne).collect();
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let chosen: f64 = order[..k].iter().map(|&i| p[i]).sum();
+        for slot in 0..k {
+            assert_eq!(got_ids[r * k + slot] as usize, order[slot], "row {r} slot {slot}");
+            let want = p[order[slot]] / chosen;
+            assert!((got_w[r * k + slot] as f64 - want).abs() < 1e-5, "weight");
+        }
+        if r == 0 {
+            assert_eq!(&got_ids[..2], &[5, 9]);
+        }
+        for c in 0..w {
+            let mut want = 0.0f64;
+            for slot in 0..k {
+                want += got_w[r * k + slot] as f64 * y[(r * k + slot) * w + c] as f64;
+            }
+            want += 1.0 / (1.0 + (-gate[r] as f64).exp()) * shared[r * w + c] as f64;
+            assert!((got_out[r * w + c] as f64 - want).abs() < 1e-4, "combine {r} {c}");
+        }
+    }
+    assert_clean(&gpu);
+}
