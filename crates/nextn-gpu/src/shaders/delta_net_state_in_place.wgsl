@@ -1,0 +1,27 @@
+// The delta-rule recurrence updating its state in place (decode, and the replay of kept rows at
+// commit). The body follows in delta_net_recurrence.wgsl.
+
+struct Params {
+    n: u32,
+    hk: u32,
+    hv: u32,
+    dk: u32,
+    dv: u32,
+    conv_dim: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> state: array<f32>;
+@group(0) @binding(2) var<storage, read> conv: array<f32>;
+@group(0) @binding(3) var<storage, read> beta: array<f32>;
+@group(0) @binding(4) var<storage, read> decay: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+fn state_load(i: u32) -> f32 {
+    return state[i];
+}
+
+fn state_store(i: u32, v: f32) {
+    state[i] = v;
+}
