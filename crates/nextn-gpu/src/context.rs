@@ -86,7 +86,7 @@ fn adapters(inst: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
                 driver,
                 device_type: info.device_type,
                 software: info.device_type == wgpu::DeviceType::Cpu,
-                max_binding_bytes: a.limits().max_storage_buffer_binding_size as u64,
+                max_binding_bytes: a.limits().max_storage_buffer_binding_size,
             },
             a,
         ));
@@ -209,7 +209,7 @@ impl Gpu {
 
     /// The largest buffer one kernel binding may see, in bytes.
     pub fn max_binding_bytes(&self) -> u64 {
-        self.limits.max_storage_buffer_binding_size as u64
+        self.limits.max_storage_buffer_binding_size
     }
 
     /// The most workgroups one dispatch may have along x.
@@ -259,7 +259,7 @@ impl Gpu {
         if data.is_empty() {
             return;
         }
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, data);
         } else {
             let mut padded = data.to_vec();
