@@ -6,6 +6,7 @@
 
 pub mod context;
 pub mod kernels;
+pub mod kv;
 pub mod pass;
 pub mod validation;
 

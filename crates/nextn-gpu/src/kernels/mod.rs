@@ -9,6 +9,7 @@
 //! - a row's result never depends on the other rows of its dispatch: every output is reduced
 //!   in a fixed order that depends only on its own shape.
 
+pub mod attention;
 pub mod delta_net;
 pub mod elementwise;
 pub mod norm;
@@ -27,5 +28,6 @@ pub fn all() -> Vec<&'static Kernel> {
     v.extend(elementwise::KERNELS);
     v.extend(norm::KERNELS);
     v.extend(delta_net::KERNELS);
+    v.extend(attention::KERNELS);
     v
 }
