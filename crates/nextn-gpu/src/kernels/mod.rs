@@ -9,6 +9,7 @@
 //! - a row's result never depends on the other rows of its dispatch: every output is reduced
 //!   in a fixed order that depends only on its own shape.
 
+pub mod matvec;
 pub mod norm;
 
 /// One WGSL entry point.
@@ -23,5 +24,6 @@ pub struct Kernel {
 pub fn all() -> Vec<&'static Kernel> {
     let mut v: Vec<&'static Kernel> = Vec::new();
     v.extend(norm::KERNELS);
+    v.extend(matvec::kernels());
     v
 }
