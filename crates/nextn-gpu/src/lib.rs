@@ -9,9 +9,11 @@ pub mod kernels;
 pub mod kv;
 pub mod pass;
 pub mod validation;
+pub mod weights;
 
 pub use context::{list_devices, DeviceInfo, Gpu, OpenOptions};
 pub use pass::{groups_1d, Recorder};
+pub use weights::{is_device_type, DeviceExperts, DeviceMatrix};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {

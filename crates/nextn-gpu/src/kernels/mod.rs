@@ -12,6 +12,7 @@
 pub mod attention;
 pub mod delta_net;
 pub mod elementwise;
+pub mod matvec;
 pub mod norm;
 
 /// One WGSL entry point.
@@ -29,5 +30,6 @@ pub fn all() -> Vec<&'static Kernel> {
     v.extend(norm::KERNELS);
     v.extend(delta_net::KERNELS);
     v.extend(attention::KERNELS);
+    v.extend(matvec::kernels());
     v
 }

@@ -1,0 +1,50 @@
+// Q5_1: as Q5_0 (nibbles in w, fifth bits in the first side array), with the f16 scale and
+// f16 minimum in one word of the second side array.
+
+struct Unit {
+    d: f32,
+    m: f32,
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+}
+
+struct XUnit {
+    v: array<vec4<f32>, 8>,
+}
+
+fn type_init(lid: u32) {}
+
+fn q5_codes(q: vec4<u32>, qh: u32) -> vec4<u32> {
+    return (q & vec4<u32>(0x0f0f0f0fu)) | (vec4<u32>(spread4(qh & 15u), spread4((qh >> 4u) & 15u),
+        spread4((qh >> 8u) & 15u), spread4((qh >> 12u) & 15u)) << vec4<u32>(4u));
+}
+
+fn load_unit(row: u32, u: u32) -> Unit {
+    let g = row * p.bpr + u;
+    let q = w[g];
+    let qh = word(p.aux_off + g);
+    let dm = unpack2x16float(word(p.aux2_off + g));
+    return Unit(dm.x, dm.y, q5_codes(q, qh), q5_codes(q >> vec4<u32>(4u), qh >> 16u));
+}
+
+fn load_x(xb: u32, u: u32) -> XUnit {
+    let c = xb + u * 32u;
+    return XUnit(array<vec4<f32>, 8>(x4(c), x4(c + 4u), x4(c + 8u), x4(c + 12u),
+        x4(c + 16u), x4(c + 20u), x4(c + 24u), x4(c + 28u)));
+}
+
+fn dot_unit(a: Unit, b: XUnit, acc: f32) -> f32 {
+    var s = dot4(u8x4(a.lo.x), b.v[0], 0.0);
+    s = dot4(u8x4(a.lo.y), b.v[1], s);
+    s = dot4(u8x4(a.lo.z), b.v[2], s);
+    s = dot4(u8x4(a.lo.w), b.v[3], s);
+    s = dot4(u8x4(a.hi.x), b.v[4], s);
+    s = dot4(u8x4(a.hi.y), b.v[5], s);
+    s = dot4(u8x4(a.hi.z), b.v[6], s);
+    s = dot4(u8x4(a.hi.w), b.v[7], s);
+    var sx = sum4(b.v[0], 0.0);
+    for (var k = 1u; k < 8u; k++) {
+        sx = sum4(b.v[k], sx);
+    }
+    return fma(a.m, sx, fma(a.d, s, acc));
+}
