@@ -113,7 +113,7 @@ impl SavedState {
     ) -> Result<SavedState, ModelError> {
         let recurrent = state.recurrent_snapshot()?;
         Ok(SavedState {
-            rows: state.attention_rows(0, state.n_past),
+            rows: state.attention_rows(0, state.n_past)?,
             tokens,
             recurrent,
             head,
@@ -121,7 +121,12 @@ impl SavedState {
     }
 
     /// The file's bytes.
-    pub fn encode(&self, identity: &ModelIdentity, k_type: KvType, v_type: KvType) -> Vec<u8> {
+    pub fn encode(
+        &self,
+        identity: &ModelIdentity,
+        k_type: KvType,
+        v_type: KvType,
+    ) -> Result<Vec<u8>, ModelError> {
         let mut w = StateWriter::new();
         w.bytes(&MAGIC);
         w.u32(VERSION);
@@ -138,12 +143,12 @@ impl SavedState {
         }
         self.recurrent.encode(&mut w);
         if let Some(h) = &self.head {
-            h.encode(&mut w);
+            h.encode(&mut w)?;
         }
         let mut sum = Fnv1a::new();
         sum.write(w.as_slice());
         w.u64(sum.finish());
-        w.into_bytes()
+        Ok(w.into_bytes())
     }
 
     /// Read a file written by [`SavedState::encode`] for this model and KV types. The attention
@@ -252,6 +257,7 @@ impl SavedState {
                     target.model.config.n_embd,
                     target.k_type,
                     target.v_type,
+                    target.n_ctx,
                 )?),
                 // A server without drafting has no use for the head's state.
                 None => None,

@@ -266,7 +266,7 @@ fn draft_chains_match_llamacpp_at_every_position() {
                     .model
                     .forward(&ext[..p], &mut state, LogitRows::None, &l.pool)
                     .unwrap();
-                let mut head = HeadState::new(&l.head, e, KvType::F32, KvType::F32);
+                let mut head = HeadState::new(&l.head, e, KvType::F32, KvType::F32, 4096);
                 let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
                 head.commit(0, &ext[..p], &out.hidden);
                 let mut jobs = [DraftJob {

@@ -33,7 +33,7 @@ fn exact(model: &Model, head: &NextnHead, prompt: &[u32], pool: &ThreadPool) -> 
     let mut sampler = Sampler::new(config(0)).unwrap();
     let p1 = sampler.distribution(&out.logits).to_vec();
     let h_last = out.hidden[(prompt.len() - 1) * e..].to_vec();
-    let mut head_cache = head.new_cache(KvType::F32, KvType::F32);
+    let mut head_cache = head.new_cache(KvType::F32, KvType::F32, 4096);
     let mut prev = vec![0.0f32; e];
     prev.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
     head.forward(prompt, &prev, 0, &mut head_cache, LogitRows::None, pool)

@@ -489,12 +489,12 @@ fn reference(c: &Case, s: &Setup) -> Vec<f64> {
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
             let sum: f64 = e.iter().sum();
-            for d in 0..hd {
+            for (d, &g) in gate.iter().enumerate().take(hd) {
                 let o: f64 = (0..seen)
                     .map(|p| e[p] * s.values[at(p) + d] as f64)
                     .sum::<f64>()
                     / sum;
-                out.push(o / (1.0 + (-(gate[d] as f64)).exp()));
+                out.push(o / (1.0 + (-(g as f64)).exp()));
             }
         }
     }

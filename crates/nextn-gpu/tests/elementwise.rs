@@ -29,10 +29,32 @@ fn rows_add_copy_gather_swiglu_scale() {
     let ib = gpu.upload("idx", bytemuck::cast_slice(&idx)).unwrap();
     let sb = gpu.buffer("s", (n * w * 4) as u64).unwrap();
     let mut rec = Recorder::new(&gpu);
-    add_rows(&mut rec, Rows::new(&ab, 3, stride as u32), Rows::new(&bb, 0, w as u32), n as u32, w as u32).unwrap();
-    copy_rows(&mut rec, Rows::new(&ab, 3, stride as u32), Rows::new(&cb, 0, w as u32), n as u32, w as u32).unwrap();
+    add_rows(
+        &mut rec,
+        Rows::new(&ab, 3, stride as u32),
+        Rows::new(&bb, 0, w as u32),
+        n as u32,
+        w as u32,
+    )
+    .unwrap();
+    copy_rows(
+        &mut rec,
+        Rows::new(&ab, 3, stride as u32),
+        Rows::new(&cb, 0, w as u32),
+        n as u32,
+        w as u32,
+    )
+    .unwrap();
     gather_rows(&mut rec, &cb, &ib, &gb, n as u32, w as u32).unwrap();
-    swiglu(&mut rec, Rows::new(&ab, 3, stride as u32), Rows::new(&bb, 0, w as u32), &sb, n as u32, w as u32).unwrap();
+    swiglu(
+        &mut rec,
+        Rows::new(&ab, 3, stride as u32),
+        Rows::new(&bb, 0, w as u32),
+        &sb,
+        n as u32,
+        w as u32,
+    )
+    .unwrap();
     scale(&mut rec, &sb, 2, 10, 0.5).unwrap();
     rec.submit(false).unwrap();
     let got_c = gpu.read_f32(&cb, 0, n * w).unwrap();
@@ -48,11 +70,17 @@ fn rows_add_copy_gather_swiglu_scale() {
             if (2..12).contains(&i) {
                 s *= 0.5;
             }
-            assert!((got_s[i] - s).abs() <= 1e-5 * s.abs().max(1.0), "swiglu {i}");
+            assert!(
+                (got_s[i] - s).abs() <= 1e-5 * s.abs().max(1.0),
+                "swiglu {i}"
+            );
         }
     }
     for (r, &src) in idx.iter().enumerate() {
-        assert_eq!(got_g[r * w..(r + 1) * w], got_c[src as usize * w..(src as usize + 1) * w]);
+        assert_eq!(
+            got_g[r * w..(r + 1) * w],
+            got_c[src as usize * w..(src as usize + 1) * w]
+        );
     }
     assert_clean(&gpu);
 }
@@ -75,7 +103,17 @@ fn moe_routing_and_combination() {
     let out = gpu.buffer("out", (n * w * 4) as u64).unwrap();
     let mut rec = Recorder::new(&gpu);
     moe_route(&mut rec, &lb, &ids, &wts, n as u32, ne as u32, k as u32).unwrap();
-    moe_combine(&mut rec, &yb, &wts, Some((&sb, &gb)), &out, n as u32, k as u32, w as u32).unwrap();
+    moe_combine(
+        &mut rec,
+        &yb,
+        &wts,
+        Some((&sb, &gb)),
+        &out,
+        n as u32,
+        k as u32,
+        w as u32,
+    )
+    .unwrap();
     rec.submit(false).unwrap();
     let got_ids = gpu.read_u32(&ids, 0, n * k).unwrap();
     let got_w = gpu.read_f32(&wts, 0, n * k).unwrap();
@@ -90,7 +128,11 @@ fn moe_routing_and_combination() {
         order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
         let chosen: f64 = order[..k].iter().map(|&i| p[i]).sum();
         for slot in 0..k {
-            assert_eq!(got_ids[r * k + slot] as usize, order[slot], "row {r} slot {slot}");
+            assert_eq!(
+                got_ids[r * k + slot] as usize,
+                order[slot],
+                "row {r} slot {slot}"
+            );
             let want = p[order[slot]] / chosen;
             assert!((got_w[r * k + slot] as f64 - want).abs() < 1e-5, "weight");
         }
@@ -103,7 +145,10 @@ fn moe_routing_and_combination() {
                 want += got_w[r * k + slot] as f64 * y[(r * k + slot) * w + c] as f64;
             }
             want += 1.0 / (1.0 + (-gate[r] as f64).exp()) * shared[r * w + c] as f64;
-            assert!((got_out[r * w + c] as f64 - want).abs() < 1e-4, "combine {r} {c}");
+            assert!(
+                (got_out[r * w + c] as f64 - want).abs() < 1e-4,
+                "combine {r} {c}"
+            );
         }
     }
     assert_clean(&gpu);

@@ -62,6 +62,17 @@ impl GatedDeltaNet {
         })
     }
 
+    /// `(k heads, v heads, head dim, conv kernel, eps)`.
+    pub fn shape(&self) -> (usize, usize, usize, usize, f32) {
+        (
+            self.k_heads,
+            self.v_heads,
+            self.head_dim,
+            self.kernel,
+            self.eps,
+        )
+    }
+
     pub fn conv_dim(&self) -> usize {
         2 * self.k_heads * self.head_dim + self.v_heads * self.head_dim
     }

@@ -128,21 +128,36 @@ impl DraftLmHead {
         }
     }
 
-    /// Full-vocabulary-shaped logits of `n` input rows: the kept tokens' logits, −∞ elsewhere.
-    pub fn forward(&self, x: &[f32], n: usize, pool: &ThreadPool) -> Result<Vec<f32>, ModelError> {
+    /// The trimmed matrix as stored: its type, rows (one per kept id), width, bytes and scale.
+    pub fn kept_matrix(&self) -> (GgmlType, usize, usize, &[u8], Option<f32>) {
+        match &self.rows {
+            Rows::Prefix(l) => (l.ty, self.ids.len(), self.cols, l.bytes(), l.scale()),
+            Rows::Gathered { bytes, full } => {
+                (full.ty, self.ids.len(), self.cols, bytes, full.scale())
+            }
+        }
+    }
+
+    /// Full-vocabulary logits from the kept tokens' logits (`n × ids().len()`): −∞ elsewhere.
+    pub fn scatter(&self, kept: &[f32], n: usize) -> Vec<f32> {
         let k = self.ids.len();
-        let mut kept = vec![0.0f32; n * k];
-        self.forward_kept(x, n, &mut kept, pool)?;
         let mut logits = vec![f32::NEG_INFINITY; n * self.n_vocab];
         for (row, src) in logits
             .chunks_exact_mut(self.n_vocab)
-            .zip(kept.chunks_exact(k))
+            .zip(kept.chunks_exact(k.max(1)))
         {
             for (&id, &v) in self.ids.iter().zip(src) {
                 row[id as usize] = v;
             }
         }
-        Ok(logits)
+        logits
+    }
+
+    /// Full-vocabulary-shaped logits of `n` input rows: the kept tokens' logits, −∞ elsewhere.
+    pub fn forward(&self, x: &[f32], n: usize, pool: &ThreadPool) -> Result<Vec<f32>, ModelError> {
+        let mut kept = vec![0.0f32; n * self.ids.len()];
+        self.forward_kept(x, n, &mut kept, pool)?;
+        Ok(self.scatter(&kept, n))
     }
 }
 
@@ -501,7 +516,7 @@ mod tests {
             let e = model.config.n_embd;
             let mut prev = vec![0.0f32; e];
             prev.extend_from_slice(&out.hidden[..(tokens.len() - 1) * e]);
-            let mut cache = head.new_cache(KvType::F32, KvType::F32);
+            let mut cache = head.new_cache(KvType::F32, KvType::F32, 64);
             let d = head
                 .forward(&tokens, &prev, 0, &mut cache, LogitRows::All, pool)
                 .unwrap();

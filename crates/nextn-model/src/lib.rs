@@ -5,6 +5,7 @@ pub mod attention;
 pub mod cache;
 pub mod config;
 pub mod delta_net;
+pub mod device;
 pub mod draft_vocab;
 pub mod ffn;
 pub mod graft;
@@ -106,6 +107,8 @@ pub enum ModelError {
         found: usize,
         n_expert: usize,
     },
+    #[error("GPU: {0}")]
+    Device(String),
     #[error("the NextN head got {found} hidden values for {rows} rows of width {width}")]
     HiddenLength {
         found: usize,

@@ -10,6 +10,7 @@ use crate::attention::GatedAttention;
 use crate::cache::{KvLayer, KvType, LayerCache, SequenceState};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::delta_net::GatedDeltaNet;
+use crate::device::DeviceModel;
 use crate::ffn::Ffn;
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
@@ -168,6 +169,9 @@ pub struct Model {
     /// `output.weight`, or `token_embd` when the file ties them.
     pub lm_head: Linear,
     pub n_vocab: usize,
+    /// The trunk's weights on a GPU, when [`Model::offload`] put them there: every pass, commit
+    /// and new sequence then runs on the device.
+    pub device: Option<Arc<DeviceModel>>,
 }
 
 impl Model {
@@ -181,12 +185,30 @@ impl Model {
         file: Arc<GgufFile>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model, ModelError> {
+        let w = WeightLoader::new(file.clone());
+        Self::load_from(w, progress)
+    }
+
+    /// [`Model::load_with_progress`] for a model that will be offloaded: the matrices stay as
+    /// mapped (no host copy in the CPU kernels' layout).
+    pub fn load_for_device(
+        file: Arc<GgufFile>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model, ModelError> {
+        let w = WeightLoader::mapped_only(file.clone());
+        Self::load_from(w, progress)
+    }
+
+    fn load_from(
+        w: WeightLoader,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model, ModelError> {
+        let file = w.file().clone();
         let valid = crate::validate::validate(&file)?;
         if valid.sidecar {
             return Err(ModelError::SidecarOnly);
         }
         let config = valid.config;
-        let w = WeightLoader::new(file.clone());
         let e = config.n_embd;
         let embd_info = file
             .tensor("token_embd.weight")
@@ -224,11 +246,49 @@ impl Model {
             output_norm,
             lm_head,
             n_vocab,
+            device: None,
         })
+    }
+
+    /// Run the whole trunk on `gpu` from now on (llama.cpp's `-ngl` all layers): every weight is
+    /// uploaded (the embedding table stays in host memory), and sequences made after this keep
+    /// their caches on the device. A tensor type the device kernels do not read is an error
+    /// naming the tensor.
+    pub fn offload(&mut self, gpu: Arc<nextn_gpu::Gpu>) -> Result<(), ModelError> {
+        self.device = Some(Arc::new(DeviceModel::upload(self, gpu)?));
+        Ok(())
+    }
+
+    /// Whether a sequence of `n_ctx` positions fits where the model runs: on the device its caches
+    /// are allocated once and dropped (host caches grow as they fill, so there it always does).
+    pub fn check_sequence(
+        &self,
+        n_ctx: usize,
+        k_type: KvType,
+        v_type: KvType,
+    ) -> Result<(), ModelError> {
+        if let Some(d) = &self.device {
+            let caches = d.new_caches(self, n_ctx, k_type, v_type)?;
+            d.gpu().check().map_err(crate::device::gpu_err)?;
+            drop(caches);
+        }
+        Ok(())
     }
 
     /// Fresh caches for one sequence of at most `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize, k_type: KvType, v_type: KvType) -> SequenceState {
+        if let Some(d) = &self.device {
+            // The sizes were checked when the device was chosen; what fails here is the device.
+            let layers = d
+                .new_caches(self, n_ctx, k_type, v_type)
+                .unwrap_or_else(|e| panic!("allocating a sequence's caches on the device: {e}"));
+            return SequenceState {
+                layers,
+                n_past: 0,
+                n_ctx,
+                pending_rows: 0,
+            };
+        }
         let cfg = &self.config;
         let layers = self
             .layers
@@ -301,9 +361,13 @@ impl Model {
         if keep > pending {
             return Err(ModelError::KeepBeyondPending { keep, pending });
         }
-        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
-            if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
-                d.commit(c, keep)?;
+        if let Some(d) = &self.device {
+            d.commit(state, keep)?;
+        } else {
+            for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+                if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
+                    d.commit(c, keep)?;
+                }
             }
         }
         state.n_past = state.n_past - pending + keep;
@@ -361,6 +425,9 @@ impl Model {
             it.state.check_room(it.tokens.len())?;
             starts.push(tokens.len());
             tokens.extend_from_slice(it.tokens);
+        }
+        if let Some(d) = &self.device {
+            return d.forward_batch(self, items);
         }
         let n = tokens.len();
         let mut h = if n > 0 {

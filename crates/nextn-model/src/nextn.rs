@@ -10,6 +10,7 @@ use nextn_quant::kernels::ThreadPool;
 
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
+use crate::device::DeviceHead;
 use crate::draft_vocab::DraftLmHead;
 use crate::model::{gather_logit_rows, DecoderLayer, ForwardOutput, LogitRows, Model, Segment};
 use crate::ops;
@@ -35,6 +36,8 @@ pub struct NextnHead {
     eps: f32,
     /// Kv heads and their dimension, for the head's own cache.
     kv_heads: (usize, usize),
+    /// The head on the device, when the trunk is there.
+    device: Option<DeviceHead>,
 }
 
 /// One sequence's rows in a head pass: `tokens[i]` at position `start_pos + i`, paired with
@@ -79,23 +82,26 @@ impl NextnHead {
         let Some(n) = cfg.nextn_block() else {
             return Err(ModelError::NoNextnHead(cfg.arch.name().to_string()));
         };
-        let w = WeightLoader::new(file);
+        let w = if model.device.is_some() {
+            WeightLoader::mapped_only(file)
+        } else {
+            WeightLoader::new(file)
+        };
         let e = cfg.n_embd;
         let p = |x: &str| format!("blk.{n}.nextn.{x}");
         let embed = match w.optional_embedding(&p("embed_tokens.weight"), model.n_vocab, e)? {
             Some(l) => l,
             None => model.token_embd.clone(),
         };
-        let lm_head = match w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)? {
-            Some(l) => l,
-            None => model.lm_head.clone(),
-        };
+        let own_lm_head = w.optional_linear(&p("shared_head_head.weight"), model.n_vocab, e)?;
+        let lm_head_shared = own_lm_head.is_none();
+        let lm_head = own_lm_head.unwrap_or_else(|| model.lm_head.clone());
         let shared_head_norm =
             match w.optional_vector(&p("shared_head_norm.weight"), &[e as u64])? {
                 Some(v) => v,
                 None => model.output_norm.clone(),
             };
-        Ok(NextnHead {
+        let mut head = NextnHead {
             block: n,
             embed,
             enorm: w.vector(&p("enorm.weight"), &[e as u64])?,
@@ -108,7 +114,18 @@ impl NextnHead {
             n_embd: e,
             eps: cfg.rms_eps,
             kv_heads: (cfg.n_head_kv[n], cfg.head_dim),
-        })
+            device: None,
+        };
+        if let Some(d) = &model.device {
+            let shared = lm_head_shared.then(|| d.lm_head());
+            head.device = Some(DeviceHead::upload(d.gpu().clone(), &head, cfg, shared)?);
+        }
+        Ok(head)
+    }
+
+    /// Device memory of the head's own weights, when it runs on the device.
+    pub fn device_weight_bytes(&self) -> Option<u64> {
+        self.device.as_ref().map(|d| d.weight_bytes())
     }
 
     /// Restrict drafting to the token ids in `ids` (any order; duplicates ignored): the LM head
@@ -116,12 +133,19 @@ impl NextnHead {
     /// whole vocabulary, so speculative output is unchanged; only acceptance can drop.
     pub fn restrict_vocab(&mut self, ids: &[u32]) -> Result<(), ModelError> {
         self.draft = Some(DraftLmHead::new(&self.lm_head, ids)?);
+        if let Some(d) = &mut self.device {
+            d.set_draft_vocab(self.draft.as_ref())?;
+        }
         Ok(())
     }
 
     /// Draft over the full vocabulary again.
     pub fn clear_draft_vocab(&mut self) {
         self.draft = None;
+        if let Some(d) = &mut self.device {
+            // Dropping the trimmed matrix cannot fail.
+            let _ = d.set_draft_vocab(None);
+        }
     }
 
     /// The trimmed LM head, when a draft vocabulary is set.
@@ -164,14 +188,18 @@ impl NextnHead {
 
     /// Drop the head's cache entries at positions `>= pos`.
     pub fn truncate(cache: &mut LayerCache, pos: usize) {
-        if let LayerCache::Attention(kv) = cache {
-            kv.truncate(pos);
-        }
+        cache.truncate_attention(pos);
     }
 
-    /// The head's own single-layer KV cache.
-    pub fn new_cache(&self, k_type: KvType, v_type: KvType) -> LayerCache {
+    /// The head's own single-layer KV cache for a sequence of at most `n_ctx` positions (on the
+    /// device when the head runs there; the sizes were checked when it was loaded).
+    pub fn new_cache(&self, k_type: KvType, v_type: KvType, n_ctx: usize) -> LayerCache {
         let (n_heads, head_dim) = self.kv_heads;
+        if let Some(d) = &self.device {
+            return d
+                .new_cache(k_type, v_type, n_ctx, self.kv_heads)
+                .unwrap_or_else(|e| panic!("allocating the head's cache on the device: {e}"));
+        }
         LayerCache::Attention(KvLayer::new(k_type, v_type, n_heads, head_dim))
     }
 
@@ -221,6 +249,9 @@ impl NextnHead {
         items: &mut [HeadBatchItem],
         pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
+        if let Some(d) = &self.device {
+            return d.forward_batch(self, items);
+        }
         let e = self.n_embd;
         let n_vocab = self.n_vocab();
         let n: usize = items.iter().map(|it| it.tokens.len()).sum();

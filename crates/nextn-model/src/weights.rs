@@ -26,6 +26,15 @@ impl WeightLoader {
         WeightLoader { file, repack }
     }
 
+    /// A loader that leaves every matrix as mapped: for a model whose products run on a device,
+    /// where a host copy in the CPU kernels' layout would only take memory.
+    pub fn mapped_only(file: Arc<GgufFile>) -> Self {
+        WeightLoader {
+            file,
+            repack: false,
+        }
+    }
+
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
     }
@@ -274,6 +283,11 @@ pub struct Linear {
 impl Linear {
     pub fn row_bytes(&self) -> usize {
         self.ty.row_bytes(self.cols as u64).unwrap_or(0) as usize
+    }
+
+    /// The per-tensor scale the product is multiplied by, when the file stores one.
+    pub fn scale(&self) -> Option<f32> {
+        self.scale
     }
 
     pub fn bytes(&self) -> &[u8] {

@@ -60,7 +60,7 @@ fn check_fixture(name: &str, variant: &str) {
         let target = model
             .forward(&toks, &mut st, LogitRows::All, &pool)
             .unwrap();
-        let mut head_kv = head.new_cache(KvType::F32, KvType::F32);
+        let mut head_kv = head.new_cache(KvType::F32, KvType::F32, 4096);
         let hprev = shifted_hidden(&target.hidden, n, e);
         let out = head
             .forward(&toks, &hprev, 0, &mut head_kv, LogitRows::All, &pool)
@@ -145,7 +145,7 @@ fn tiny_model_head_matches_jax() {
         let target = model
             .forward(&toks, &mut st, LogitRows::All, &pool)
             .unwrap();
-        let mut kv = head.new_cache(KvType::F32, KvType::F32);
+        let mut kv = head.new_cache(KvType::F32, KvType::F32, 4096);
         let out = head
             .forward(
                 &toks,

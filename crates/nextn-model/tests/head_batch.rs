@@ -35,7 +35,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
         .collect();
     let mut alone = Vec::new();
     for (t, h) in &seqs {
-        let mut cache = head.new_cache(KvType::F16, KvType::F16);
+        let mut cache = head.new_cache(KvType::F16, KvType::F16, 4096);
         head.forward(&t[..1], &h[..n_embd], 0, &mut cache, LogitRows::Last, pool)
             .unwrap();
         alone.push(
@@ -45,7 +45,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
     }
     let mut caches: Vec<_> = seqs
         .iter()
-        .map(|_| head.new_cache(KvType::F16, KvType::F16))
+        .map(|_| head.new_cache(KvType::F16, KvType::F16, 4096))
         .collect();
     for ((t, h), c) in seqs.iter().zip(caches.iter_mut()) {
         head.forward(&t[..1], &h[..n_embd], 0, c, LogitRows::Last, pool)
@@ -74,7 +74,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
     let infinite = batched[0].logits.iter().filter(|v| v.is_infinite()).count();
     assert_eq!(infinite > 0, trimmed, "{infinite} −∞ logits");
     // Wrong hidden widths are refused, naming the numbers.
-    let mut cache = head.new_cache(KvType::F16, KvType::F16);
+    let mut cache = head.new_cache(KvType::F16, KvType::F16, 4096);
     let err = head
         .forward(&[1, 2], &[0.0; 3], 0, &mut cache, LogitRows::Last, pool)
         .unwrap_err();

@@ -37,7 +37,7 @@ fn resume(model: &Model, from: &SequenceState, cuts: &[usize], kv: KvType) -> Se
     let snapshot = from.recurrent_snapshot().expect("committed state");
     let segments: Vec<Vec<KvRows>> = cuts
         .windows(2)
-        .map(|w| from.attention_rows(w[0], w[1]))
+        .map(|w| from.attention_rows(w[0], w[1]).unwrap())
         .collect();
     let mut s = model.new_sequence(256, kv, kv);
     s.restore(segments.iter().map(|v| v.as_slice()), &snapshot)
@@ -121,7 +121,7 @@ fn pieces_that_do_not_fit_are_refused() {
         .forward(&prompt, &mut s, LogitRows::None, &pool)
         .unwrap();
     let snapshot = s.recurrent_snapshot().unwrap();
-    let rows = s.attention_rows(0, 12);
+    let rows = s.attention_rows(0, 12).unwrap();
 
     // Other KV element types.
     let mut other = model.new_sequence(256, KvType::F32, KvType::F32);
@@ -130,7 +130,7 @@ fn pieces_that_do_not_fit_are_refused() {
         Err(ModelError::SnapshotKvType)
     ));
     // Rows that do not reach the snapshot's position.
-    let short = s.attention_rows(0, 10);
+    let short = s.attention_rows(0, 10).unwrap();
     let mut fresh = model.new_sequence(256, KvType::F16, KvType::F16);
     assert!(matches!(
         fresh.restore([short.as_slice()], &snapshot),
@@ -152,10 +152,10 @@ fn pieces_that_do_not_fit_are_refused() {
         Err(ModelError::ContextFull { .. })
     ));
     // Splitting rows keeps every value.
-    let mut head = s.attention_rows(0, 12).remove(0);
+    let mut head = s.attention_rows(0, 12).unwrap().remove(0);
     let tail = head.split_off(5);
     assert_eq!((head.len(), tail.len()), (5, 7));
-    assert_eq!(head, s.attention_rows(0, 5)[0]);
-    assert_eq!(tail, s.attention_rows(5, 12)[0]);
+    assert_eq!(head, s.attention_rows(0, 5).unwrap()[0]);
+    assert_eq!(tail, s.attention_rows(5, 12).unwrap()[0]);
     assert_eq!(head.bytes() + tail.bytes(), rows[0].bytes());
 }

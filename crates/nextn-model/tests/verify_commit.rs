@@ -19,7 +19,7 @@ fn recurrent(s: &SequenceState) -> Vec<RecurrentState> {
         .iter()
         .filter_map(|l| match l {
             LayerCache::DeltaNet(c) => Some(c.state.clone()),
-            LayerCache::Attention(_) => None,
+            _ => None,
         })
         .collect()
 }

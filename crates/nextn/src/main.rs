@@ -13,8 +13,11 @@ use clap::{Parser, Subcommand};
     about = "Qwen3.5/3.6 GGUF inference with built-in MTP (NextN) speculative decoding"
 )]
 struct Cli {
+    /// List the GPUs the device backend can use (as llama.cpp's --list-devices) and exit.
+    #[arg(long = "list-devices")]
+    list_devices: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -50,7 +53,14 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse_from(cmd::common::normalize_args(std::env::args()));
-    let result = match cli.command {
+    if cli.list_devices {
+        return cmd::common::list_devices();
+    }
+    let Some(command) = cli.command else {
+        eprintln!("error: a command is needed (nextn --help lists them)");
+        return ExitCode::from(2);
+    };
+    let result = match command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Run(a) => cmd::run::run(a),
@@ -79,7 +89,10 @@ mod tests {
         let args =
             std::iter::once("nextn".to_string()).chain(line.split_whitespace().map(str::to_string));
         match Cli::try_parse_from(cmd::common::normalize_args(args)) {
-            Ok(cli) => cli.command,
+            Ok(Cli {
+                command: Some(c), ..
+            }) => c,
+            Ok(_) => panic!("`{line}` names no command"),
             Err(e) => panic!("`{line}` was refused: {e}"),
         }
     }

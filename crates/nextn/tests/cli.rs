@@ -683,7 +683,8 @@ fn llama_env_variables_and_cpu_only_flags() {
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("context 64"), "{err}");
-    assert_eq!(err.matches("-ngl 99: no effect").count(), 1, "{err}");
+    // No hardware GPU here, and lavapipe is used only when named with -dev.
+    assert_eq!(err.matches("-ngl 99: no GPU found").count(), 1, "{err}");
     assert!(err.contains("-fa on: no effect"), "{err}");
     let plain = run(&[
         "run",

@@ -176,14 +176,15 @@ impl<S: Weighed> PrefixTree<S> {
     /// Keep `snapshot` at position `tokens.len()` of the sequence `tokens`. `rows(start, end)`
     /// gives the attention rows of positions the tree does not hold yet. An existing snapshot
     /// there is replaced. Then the least recently used entries are evicted until the tree fits.
-    pub fn insert(
+    /// When `rows` fails (a read from the device) nothing is kept and its error is returned.
+    pub fn insert<E>(
         &mut self,
         tokens: &[u32],
-        mut rows: impl FnMut(usize, usize) -> Vec<KvRows>,
+        mut rows: impl FnMut(usize, usize) -> Result<Vec<KvRows>, E>,
         snapshot: S,
-    ) {
+    ) -> Result<(), E> {
         if tokens.is_empty() {
-            return;
+            return Ok(());
         }
         self.clock += 1;
         let now = self.clock;
@@ -199,7 +200,7 @@ impl<S: Weighed> PrefixTree<S> {
                     parent: at,
                     start: pos,
                     tokens: tokens[pos..].to_vec(),
-                    rows: rows(pos, tokens.len()),
+                    rows: rows(pos, tokens.len())?,
                     snapshot: None,
                     children: HashMap::new(),
                     last_used: now,
@@ -229,6 +230,7 @@ impl<S: Weighed> PrefixTree<S> {
         let added = n.snapshot.as_ref().map_or(0, Weighed::bytes);
         self.bytes = self.bytes + added - old.map_or(0, |s| s.bytes());
         self.evict_to_budget();
+        Ok(())
     }
 
     fn add(&mut self, node: Node<S>) -> usize {

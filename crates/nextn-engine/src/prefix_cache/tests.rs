@@ -24,7 +24,9 @@ fn layer(tokens: &[u32]) -> KvLayer {
 
 fn insert(tree: &mut PrefixTree<Snap>, tokens: &[u32], name: &'static str) {
     let kv = layer(tokens);
-    tree.insert(tokens, |s, e| vec![kv.rows(s, e)], Snap(name));
+    let inserted: Result<(), std::convert::Infallible> =
+        tree.insert(tokens, |s, e| Ok(vec![kv.rows(s, e)]), Snap(name));
+    let Ok(()) = inserted;
 }
 
 /// The lookup's position, snapshot and whether its rows are the prompt's.

@@ -96,7 +96,7 @@ impl<'e> Core<'e> {
             let time_head = |rows: usize, logits: LogitRows| -> Option<f64> {
                 let tokens: Vec<u32> = (0..rows).map(token).collect();
                 let hidden = vec![0.0f32; rows * e];
-                let mut cache = head.new_cache(kt, vt);
+                let mut cache = head.new_cache(kt, vt, rows + 1);
                 let t = Instant::now();
                 head.forward(&tokens, &hidden, 0, &mut cache, logits, pool)
                     .ok()?;

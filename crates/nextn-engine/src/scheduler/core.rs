@@ -264,7 +264,7 @@ impl<'e> Core<'e> {
         let model = self.engine.model;
         let mut state = model.new_sequence(n_ctx, kt, vt);
         let mut head = match (&self.spec, self.engine.head) {
-            (Some(_), Some(h)) => Some(HeadState::new(h, model.config.n_embd, kt, vt)),
+            (Some(_), Some(h)) => Some(HeadState::new(h, model.config.n_embd, kt, vt, n_ctx)),
             _ => None,
         };
         let mut cache_n = 0;
@@ -447,11 +447,18 @@ impl<'e> Core<'e> {
             .clone()
             .and_then(|mut h| h.rewind(n_past).then_some(h));
         let tokens = slot.committed_tokens();
-        tree.insert(
-            &tokens,
-            |start, end| slot.state.attention_rows(start, end),
-            Snapshot { recurrent, head },
-        );
+        if tree
+            .insert(
+                &tokens,
+                |start, end| slot.state.attention_rows(start, end),
+                Snapshot { recurrent, head },
+            )
+            .is_err()
+        {
+            // The rows could not be read back from the device: nothing is kept, and the request
+            // goes on without the cache entry.
+            return;
+        }
         lock(&self.shared.metrics).cache_snapshots_stored_total += 1;
         self.publish_cache_gauges();
     }

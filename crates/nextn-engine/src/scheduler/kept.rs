@@ -9,7 +9,7 @@
 
 use std::sync::mpsc;
 
-use nextn_model::SequenceState;
+use nextn_model::{ModelError, SequenceState};
 
 use super::core::Core;
 use super::slot::Slot;
@@ -218,6 +218,7 @@ impl<'e> Core<'e> {
                         self.engine.model.config.n_embd,
                         k_type,
                         v_type,
+                        self.cfg.n_ctx_slot,
                     )),
                     _ => None,
                 };
@@ -229,14 +230,17 @@ impl<'e> Core<'e> {
             why: e.to_string(),
         })?;
         let n_tokens = saved.tokens.len();
-        Ok(SlotActionDone::Saved {
-            bytes: self.encode_state(&saved),
-            n_tokens,
-        })
+        let bytes = self
+            .encode_state(&saved)
+            .map_err(|e| SlotActionError::Save {
+                slot,
+                why: e.to_string(),
+            })?;
+        Ok(SlotActionDone::Saved { bytes, n_tokens })
     }
 
     /// A state as a slot file of this model and these KV types.
-    pub(super) fn encode_state(&mut self, saved: &SavedState) -> Vec<u8> {
+    pub(super) fn encode_state(&mut self, saved: &SavedState) -> Result<Vec<u8>, ModelError> {
         let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
         self.with_target(|t| saved.encode(t.identity, k_type, v_type))
     }
@@ -259,14 +263,15 @@ impl<'e> Core<'e> {
         let Some(tree) = self.prefix.as_mut() else {
             return;
         };
-        tree.insert(
+        let kept: Result<(), std::convert::Infallible> = tree.insert(
             &saved.tokens,
-            |start, end| saved.rows.iter().map(|r| r.range(start, end)).collect(),
+            |start, end| Ok(saved.rows.iter().map(|r| r.range(start, end)).collect()),
             Snapshot {
                 recurrent: saved.recurrent.clone(),
                 head: saved.head.clone(),
             },
         );
+        let Ok(()) = kept;
         self.publish_cache_gauges();
     }
 

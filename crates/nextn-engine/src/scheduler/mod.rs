@@ -454,7 +454,8 @@ impl<'e> Scheduler<'e> {
     /// as a slot file: its bytes and the tokens it holds.
     pub fn save_prefix(&mut self, tokens: &[u32], max_pos: usize) -> Option<(Vec<u8>, Vec<u32>)> {
         let saved = self.core.export_prefix(tokens, max_pos)?;
-        Some((self.core.encode_state(&saved), saved.tokens))
+        let bytes = self.core.encode_state(&saved).ok()?;
+        Some((bytes, saved.tokens))
     }
 }
 

@@ -38,9 +38,16 @@ pub struct HeadState {
 }
 
 impl HeadState {
-    pub fn new(head: &NextnHead, n_embd: usize, k_type: KvType, v_type: KvType) -> Self {
+    /// A fresh state for a sequence of at most `n_ctx` positions.
+    pub fn new(
+        head: &NextnHead,
+        n_embd: usize,
+        k_type: KvType,
+        v_type: KvType,
+        n_ctx: usize,
+    ) -> Self {
         HeadState {
-            cache: head.new_cache(k_type, v_type),
+            cache: head.new_cache(k_type, v_type, n_ctx),
             pos: 0,
             lag_tokens: Vec::new(),
             lag_hidden: Vec::new(),
@@ -57,9 +64,10 @@ impl HeadState {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        let cache = match &self.cache {
-            LayerCache::Attention(kv) => kv.bytes(),
-            LayerCache::DeltaNet(_) => 0,
+        let cache = if self.cache.is_attention() {
+            self.cache.bytes()
+        } else {
+            0
         };
         cache + (self.lag_hidden.len() + self.last_hidden.len()) * 4 + self.lag_tokens.len() * 4
     }
@@ -105,20 +113,17 @@ impl HeadState {
         if self.pos <= n_past || !self.lag_tokens.is_empty() {
             return false;
         }
-        match &mut self.cache {
-            LayerCache::Attention(kv) => kv.truncate(n_past),
-            LayerCache::DeltaNet(_) => return false,
+        if !self.cache.is_attention() {
+            return false;
         }
+        self.cache.truncate_attention(n_past);
         self.pos = n_past;
         true
     }
 
     /// The state as bytes, for a slot file ([`HeadState::decode`] reads it back).
-    pub fn encode(&self, w: &mut StateWriter) {
-        let rows = match &self.cache {
-            LayerCache::Attention(kv) => Some(kv.rows(0, self.pos)),
-            LayerCache::DeltaNet(_) => None,
-        };
+    pub fn encode(&self, w: &mut StateWriter) -> Result<(), ModelError> {
+        let rows = self.cache.attention_rows(0, self.pos).transpose()?;
         w.u64(self.n_embd as u64);
         w.u64(self.pos as u64);
         if let Some(rows) = rows {
@@ -127,6 +132,7 @@ impl HeadState {
         w.u32s(&self.lag_tokens);
         w.f32s(&self.lag_hidden);
         w.f32s(&self.last_hidden);
+        Ok(())
     }
 
     /// A state written by [`HeadState::encode`], checked against `head`'s shape and the KV types.
@@ -136,8 +142,9 @@ impl HeadState {
         n_embd: usize,
         k_type: KvType,
         v_type: KvType,
+        n_ctx: usize,
     ) -> Result<HeadState, HeadStateError> {
-        let mut state = HeadState::new(head, n_embd, k_type, v_type);
+        let mut state = HeadState::new(head, n_embd, k_type, v_type, n_ctx);
         let found_embd = r.count("head hidden width")?;
         if found_embd != n_embd {
             return Err(HeadStateError::Mismatch {
@@ -147,26 +154,22 @@ impl HeadState {
             });
         }
         state.pos = r.count("head position")?;
-        match &mut state.cache {
-            LayerCache::Attention(kv) => {
-                let rows = KvRows::decode(r)?;
-                if rows.len() != state.pos {
-                    return Err(HeadStateError::Mismatch {
-                        what: "attention rows",
-                        expected: state.pos,
-                        found: rows.len(),
-                    });
-                }
-                kv.append_rows(&rows)?;
-            }
-            LayerCache::DeltaNet(_) => {
-                return Err(HeadStateError::Mismatch {
-                    what: "attention layers",
-                    expected: 0,
-                    found: 1,
-                })
-            }
+        if !state.cache.is_attention() {
+            return Err(HeadStateError::Mismatch {
+                what: "attention layers",
+                expected: 0,
+                found: 1,
+            });
         }
+        let rows = KvRows::decode(r)?;
+        if rows.len() != state.pos {
+            return Err(HeadStateError::Mismatch {
+                what: "attention rows",
+                expected: state.pos,
+                found: rows.len(),
+            });
+        }
+        state.cache.append_attention_rows(&rows)?;
         state.lag_tokens = r.u32s("head lag tokens")?;
         state.lag_hidden = r.f32s("head lag hidden states")?;
         state.last_hidden = r.f32s("head last hidden state")?;
@@ -477,7 +480,7 @@ mod tests {
         let pool = ThreadPool::new(1);
         let e = model.config.n_embd;
         let hidden = |n: usize| vec![0.25f32; n * e];
-        let mut h = HeadState::new(&head, e, KvType::F32, KvType::F32);
+        let mut h = HeadState::new(&head, e, KvType::F32, KvType::F32, 64);
         h.commit(0, &[10, 11, 12], &hidden(3));
         assert_eq!(h.lag(), 3);
         let spec = SpecConfig::default();

@@ -120,7 +120,13 @@ pub fn swiglu(
 }
 
 /// `x[off..off+n] *= s`.
-pub fn scale(rec: &mut Recorder, x: &wgpu::Buffer, off: u32, n: u32, s: f32) -> Result<(), GpuError> {
+pub fn scale(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    off: u32,
+    n: u32,
+    s: f32,
+) -> Result<(), GpuError> {
     let g = elems(rec, n as u64)?;
     rec.dispatch(&SCALE, &[], &[n, off, s.to_bits()], &[x], g)
 }
@@ -146,7 +152,13 @@ pub fn moe_route(
         });
     }
     let g = crate::groups_1d(rec.gpu(), n);
-    rec.dispatch(&MOE_ROUTE, &[], &[n, n_expert, k], &[logits, ids, weights], g)
+    rec.dispatch(
+        &MOE_ROUTE,
+        &[],
+        &[n, n_expert, k],
+        &[logits, ids, weights],
+        g,
+    )
 }
 
 /// `out[r] = Σ_s weights[r·k+s] · y[r·k+s]` in slot order, plus `sigmoid(shared_gate[r]) ·

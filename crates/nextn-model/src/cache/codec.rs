@@ -240,6 +240,41 @@ impl KvBuf {
         })
     }
 
+    /// The stored bytes as they are in memory (little-endian, ggml blocks): the device cache's
+    /// transfer format.
+    pub(crate) fn raw_bytes(&self) -> Vec<u8> {
+        match self {
+            KvBuf::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+            KvBuf::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            KvBuf::Q8_0(v) => blocks_as_bytes(v).to_vec(),
+            KvBuf::Q4_0(v) => blocks_as_bytes(v).to_vec(),
+        }
+    }
+
+    /// The inverse of [`KvBuf::raw_bytes`]; bytes that are not whole elements or blocks are an
+    /// error.
+    pub(crate) fn from_raw_bytes(ty: KvType, raw: &[u8]) -> Result<KvBuf, StateCodecError> {
+        let bad = StateCodecError::Invalid {
+            what: "device attention rows",
+            value: raw.len() as u64,
+        };
+        Ok(match ty {
+            KvType::F32 if raw.len().is_multiple_of(4) => KvBuf::F32(
+                raw.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            KvType::F16 if raw.len().is_multiple_of(2) => KvBuf::F16(
+                raw.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            ),
+            KvType::Q8_0 => KvBuf::Q8_0(blocks_from_bytes(raw).map_err(|_| bad)?.to_vec()),
+            KvType::Q4_0 => KvBuf::Q4_0(blocks_from_bytes(raw).map_err(|_| bad)?.to_vec()),
+            _ => return Err(bad),
+        })
+    }
+
     /// Values held.
     pub(super) fn len(&self) -> usize {
         match self {

@@ -10,6 +10,7 @@ use nextn_quant::formats::legacy;
 
 use crate::wide;
 
+use crate::device::{DeviceDeltaNetCache, DeviceKvCache};
 use crate::ModelError;
 
 pub use codec::{StateCodecError, StateReader, StateWriter};
@@ -75,7 +76,7 @@ impl KvType {
 /// One tensor of cached vectors, `width` values per position; for the quantized types
 /// `width / 32` blocks per position.
 #[derive(Clone, Debug)]
-enum KvBuf {
+pub(crate) enum KvBuf {
     F16(Vec<f16>),
     F32(Vec<f32>),
     Q8_0(Vec<BlockQ8_0>),
@@ -92,7 +93,7 @@ impl KvBuf {
         }
     }
 
-    fn ty(&self) -> KvType {
+    pub(crate) fn ty(&self) -> KvType {
         match self {
             KvBuf::F16(_) => KvType::F16,
             KvBuf::F32(_) => KvType::F32,
@@ -390,10 +391,10 @@ impl KvLayer {
 /// Keys and values of a run of positions of one attention layer, in the cache's element types.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvRows {
-    k: KvBuf,
-    v: KvBuf,
-    width: usize,
-    len: usize,
+    pub(crate) k: KvBuf,
+    pub(crate) v: KvBuf,
+    pub(crate) width: usize,
+    pub(crate) len: usize,
 }
 
 impl PartialEq for KvBuf {
@@ -529,11 +530,82 @@ pub struct DeltaNetCache {
     pub pending: Option<RowInputs>,
 }
 
-/// What one trunk layer caches for a sequence.
+/// What one trunk layer caches for a sequence: in host memory, or on the device when the model
+/// runs there (`Model::offload`).
 #[derive(Clone, Debug)]
 pub enum LayerCache {
     Attention(KvLayer),
     DeltaNet(DeltaNetCache),
+    DeviceAttention(DeviceKvCache),
+    DeviceDeltaNet(DeviceDeltaNetCache),
+}
+
+impl LayerCache {
+    /// What kind of cache this is, for errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            LayerCache::Attention(_) => "attention",
+            LayerCache::DeltaNet(_) => "delta-net",
+            LayerCache::DeviceAttention(_) => "device attention",
+            LayerCache::DeviceDeltaNet(_) => "device delta-net",
+        }
+    }
+
+    pub fn is_attention(&self) -> bool {
+        matches!(
+            self,
+            LayerCache::Attention(_) | LayerCache::DeviceAttention(_)
+        )
+    }
+
+    /// Positions an attention cache holds (0 for a recurrent layer).
+    pub fn attention_len(&self) -> usize {
+        match self {
+            LayerCache::Attention(kv) => kv.len(),
+            LayerCache::DeviceAttention(kv) => kv.len(),
+            _ => 0,
+        }
+    }
+
+    /// Drop an attention cache's positions `>= pos` (a recurrent layer is left alone).
+    pub fn truncate_attention(&mut self, pos: usize) {
+        match self {
+            LayerCache::Attention(kv) => kv.truncate(pos),
+            LayerCache::DeviceAttention(kv) => kv.truncate(pos),
+            _ => {}
+        }
+    }
+
+    /// An attention cache's rows `start..end` (`None` for a recurrent layer).
+    pub fn attention_rows(&self, start: usize, end: usize) -> Option<Result<KvRows, ModelError>> {
+        match self {
+            LayerCache::Attention(kv) => Some(Ok(kv.rows(start, end))),
+            LayerCache::DeviceAttention(kv) => Some(kv.rows(start, end)),
+            _ => None,
+        }
+    }
+
+    /// Append rows to an attention cache.
+    pub fn append_attention_rows(&mut self, rows: &KvRows) -> Result<(), ModelError> {
+        match self {
+            LayerCache::Attention(kv) => kv.append_rows(rows),
+            LayerCache::DeviceAttention(kv) => kv.append_rows(rows),
+            other => Err(ModelError::WrongCacheKind {
+                layer: "attention",
+                found: other.kind_name(),
+            }),
+        }
+    }
+
+    /// Bytes the cache holds now (host or device memory).
+    pub fn bytes(&self) -> usize {
+        match self {
+            LayerCache::Attention(kv) => kv.bytes(),
+            LayerCache::DeltaNet(c) => (c.state.conv.len() + c.state.ssm.len() + c.spare.len()) * 4,
+            LayerCache::DeviceAttention(kv) => kv.bytes(),
+            LayerCache::DeviceDeltaNet(c) => c.bytes(),
+        }
+    }
 }
 
 /// The recurrent state of every delta-net layer of a sequence after `n_past` committed
@@ -591,20 +663,16 @@ impl SequenceState {
     /// on their own: [`crate::Model::commit`] pairs this with the delta-net commit of the kept rows.
     pub fn truncate_kv(&mut self, pos: usize) {
         for l in &mut self.layers {
-            if let LayerCache::Attention(kv) = l {
-                kv.truncate(pos);
-            }
+            l.truncate_attention(pos);
         }
     }
 
-    /// The attention rows of positions `start..end` of every attention layer, in layer order.
-    pub fn attention_rows(&self, start: usize, end: usize) -> Vec<KvRows> {
+    /// The attention rows of positions `start..end` of every attention layer, in layer order
+    /// (read back from the device when the caches are there).
+    pub fn attention_rows(&self, start: usize, end: usize) -> Result<Vec<KvRows>, ModelError> {
         self.layers
             .iter()
-            .filter_map(|l| match l {
-                LayerCache::Attention(kv) => Some(kv.rows(start, end)),
-                LayerCache::DeltaNet(_) => None,
-            })
+            .filter_map(|l| l.attention_rows(start, end))
             .collect()
     }
 
@@ -622,10 +690,11 @@ impl SequenceState {
                 .layers
                 .iter()
                 .filter_map(|l| match l {
-                    LayerCache::DeltaNet(c) => Some(c.state.clone()),
-                    LayerCache::Attention(_) => None,
+                    LayerCache::DeltaNet(c) => Some(Ok(c.state.clone())),
+                    LayerCache::DeviceDeltaNet(c) => Some(c.snapshot()),
+                    _ => None,
                 })
-                .collect(),
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -652,11 +721,7 @@ impl SequenceState {
                 n_ctx: self.n_ctx,
             });
         }
-        let n_attention = self
-            .layers
-            .iter()
-            .filter(|l| matches!(l, LayerCache::Attention(_)))
-            .count();
+        let n_attention = self.layers.iter().filter(|l| l.is_attention()).count();
         let n_delta = self.layers.len() - n_attention;
         if snapshot.states.len() != n_delta {
             return Err(ModelError::SnapshotMismatch {
@@ -673,27 +738,36 @@ impl SequenceState {
                     found: rows.len(),
                 });
             }
-            let kvs = self.layers.iter_mut().filter_map(|l| match l {
-                LayerCache::Attention(kv) => Some(kv),
-                LayerCache::DeltaNet(_) => None,
-            });
+            let kvs = self.layers.iter_mut().filter(|l| l.is_attention());
             for (kv, r) in kvs.zip(rows) {
-                kv.append_rows(r)?;
+                kv.append_attention_rows(r)?;
             }
         }
         let mut states = snapshot.states.iter();
         for l in &mut self.layers {
             match l {
-                LayerCache::Attention(kv) if kv.len() != snapshot.n_past => {
+                l if l.is_attention() && l.attention_len() != snapshot.n_past => {
                     return Err(ModelError::SnapshotMismatch {
                         what: "attention positions",
                         expected: snapshot.n_past,
-                        found: kv.len(),
+                        found: l.attention_len(),
                     });
                 }
-                LayerCache::Attention(_) => {}
+                LayerCache::Attention(_) | LayerCache::DeviceAttention(_) => {}
+                LayerCache::DeviceDeltaNet(c) => {
+                    let s = states.next().ok_or(ModelError::SnapshotMismatch {
+                        what: "delta-net layers",
+                        expected: n_delta,
+                        found: snapshot.states.len(),
+                    })?;
+                    c.set_state(s)?;
+                }
                 LayerCache::DeltaNet(c) => {
-                    let s = states.next().expect("counted above");
+                    let s = states.next().ok_or(ModelError::SnapshotMismatch {
+                        what: "delta-net layers",
+                        expected: n_delta,
+                        found: snapshot.states.len(),
+                    })?;
                     if s.conv.len() != c.state.conv.len() || s.ssm.len() != c.state.ssm.len() {
                         return Err(ModelError::SnapshotMismatch {
                             what: "recurrent state values",
@@ -712,15 +786,7 @@ impl SequenceState {
 
     /// Bytes held by the caches now.
     pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerCache::Attention(kv) => kv.bytes(),
-                LayerCache::DeltaNet(c) => {
-                    (c.state.conv.len() + c.state.ssm.len() + c.spare.len()) * 4
-                }
-            })
-            .sum()
+        self.layers.iter().map(LayerCache::bytes).sum()
     }
 }
 

@@ -103,11 +103,13 @@ pub struct ModelArgs {
     pub cpu_only: CpuOnlyArgs,
 }
 
-/// llama.cpp flags about GPUs and compute buffers, which change nothing in a CPU-only build. They
-/// are accepted so that llama.cpp command lines run, and each one given is named on stderr.
+/// llama.cpp's flags about GPUs and compute buffers. `-ngl` and `-dev` choose the device; the
+/// others change nothing here and are accepted so that llama.cpp command lines run, each one given
+/// named on stderr.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct CpuOnlyArgs {
-    /// Layers to offload to a GPU (-ngl; no effect: this build runs on the CPU)
+    /// Layers to offload to the GPU (-ngl): 0 keeps the model on the CPU, at least the model's
+    /// layer count (99, 999, all) puts everything there; absent, a hardware GPU gets everything
     #[arg(
         long = "n-gpu-layers",
         visible_alias = "gpu-layers",
@@ -130,8 +132,10 @@ pub struct CpuOnlyArgs {
         allow_hyphen_values = true
     )]
     pub threads_batch: Option<i64>,
-    /// GPU devices (-dev; no effect: this build runs on the CPU)
-    #[arg(long = "device", value_name = "LIST")]
+    /// The GPU to run on (-dev NAME as --list-devices names it, e.g. Vulkan0; `none` for the
+    /// CPU). Without it a hardware GPU is used when there is one; a software one (lavapipe) only
+    /// when named
+    #[arg(long = "device", env = "LLAMA_ARG_DEVICE", value_name = "NAME")]
     pub device: Option<String>,
     /// How to split the model over GPUs (-sm; no effect)
     #[arg(
@@ -166,30 +170,20 @@ impl CpuOnlyArgs {
     pub fn report(&self) {
         let given = [
             (
-                "-ngl",
-                self.n_gpu_layers.as_deref(),
-                "this build runs on the CPU",
-            ),
-            (
                 "-ngld",
                 self.n_gpu_layers_draft.as_deref(),
-                "this build runs on the CPU",
+                "the NextN head runs where the trunk runs",
             ),
-            ("-dev", self.device.as_deref(), "this build runs on the CPU"),
             (
                 "-sm",
                 self.split_mode.as_deref(),
-                "this build runs on the CPU",
+                "the model runs on one device",
             ),
-            (
-                "-mg",
-                self.main_gpu.as_deref(),
-                "this build runs on the CPU",
-            ),
+            ("-mg", self.main_gpu.as_deref(), "-dev names the one device"),
             (
                 "-ts",
                 self.tensor_split.as_deref(),
-                "this build runs on the CPU",
+                "the model runs on one device",
             ),
             (
                 "-fa",
@@ -413,8 +407,22 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
             }
         }
     };
-    let model = Model::load_with_progress(file.clone(), &mut progress)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    // The device is chosen before the weights are bound: with one, no host copies are made for
+    // the CPU kernels. A file whose metadata does not parse is refused by the load below.
+    let n_layer = nextn_model::Qwen35Config::from_gguf(&file).map_or(0, |c| c.n_layer);
+    let device = choose_device(&args.cpu_only, n_layer)?;
+    let mut model = if device.is_some() {
+        Model::load_for_device(file.clone(), &mut progress)
+    } else {
+        Model::load_with_progress(file.clone(), &mut progress)
+    }
+    .with_context(|| format!("cannot load {}", path.display()))?;
+    if let Some(gpu) = device {
+        let name = gpu.info.name.clone();
+        model
+            .offload(gpu)
+            .with_context(|| format!("cannot put {} on {name}", path.display()))?;
+    }
     let tokenizer =
         Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let template = chat_template(args, &file)?;
@@ -479,9 +487,29 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
         }
         Some(n) => (n, ""),
     };
+    let mut device_line = String::new();
+    if let Some(d) = &model.device {
+        let info = d.gpu().info.clone();
+        let dm = d.weight_bytes();
+        // The caches of one sequence at full context, allocated once so that a context the
+        // device cannot hold is refused now, not when the first request comes.
+        model
+            .check_sequence(n_ctx, k_type, v_type)
+            .with_context(|| format!("context {n_ctx} on {}", info.name))?;
+        device_line = format!(
+            ", on {}: {:.1} MiB of weights{}",
+            info,
+            dm as f64 / (1 << 20) as f64,
+            if info.software {
+                " (a software device: its timings are not a GPU's)"
+            } else {
+                ""
+            }
+        );
+    }
     // One line on what was loaded and what the context will cost.
     eprintln!(
-        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {}/{} {:.1} MiB at full context{}, {} threads",
+        "loaded {} in {:.0} ms: {} ({} layers, {} full attention, n_embd {}, vocab {}){}, context {n_ctx}{ctx_note}, KV {}/{} {:.1} MiB at full context{}, {} threads{device_line}",
         path.display(),
         t0.elapsed().as_secs_f64() * 1e3,
         cfg.arch.name(),
@@ -514,6 +542,66 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
         k_type,
         v_type,
     })
+}
+
+/// `nextn --list-devices`: every adapter, one per line, as llama.cpp prints them.
+pub fn list_devices() -> std::process::ExitCode {
+    let devices = nextn_gpu::list_devices();
+    println!("Available devices:");
+    for d in &devices {
+        println!("  {d}");
+    }
+    if devices.is_empty() {
+        println!("  (none: no Vulkan, Metal or DX12 adapter; on Linux without a GPU, Mesa's lavapipe (Debian: mesa-vulkan-drivers) provides one)");
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// Where the model runs: `-dev NAME` opens that device (`none`: the CPU); `-ngl 0` keeps the CPU;
+/// otherwise the first hardware GPU, when there is one, gets the whole model (llama.cpp offloads
+/// everything by default; like its Vulkan backend, a software device is used only when named).
+fn choose_device(args: &CpuOnlyArgs, n_layer: usize) -> Result<Option<Arc<nextn_gpu::Gpu>>> {
+    let ngl =
+        match args.n_gpu_layers.as_deref() {
+            None | Some("auto") | Some("all") => None,
+            Some(v) => Some(v.parse::<i64>().with_context(|| {
+                format!("-ngl {v}: expected a number of layers, `auto` or `all`")
+            })?),
+        };
+    let dev = args.device.as_deref().map(str::trim);
+    if let Some(list) = dev {
+        if list.contains(',') {
+            bail!("-dev {list}: the model runs on one device; name one (nextn --list-devices)");
+        }
+    }
+    if matches!(dev, Some(d) if d.eq_ignore_ascii_case("none")) || ngl == Some(0) {
+        return Ok(None);
+    }
+    if let Some(n) = ngl {
+        // llama.cpp counts the output layer too: n_layer + 1 offloads everything.
+        if n > 0 && (n as usize) < n_layer {
+            bail!(
+                "-ngl {n}: this model has {n_layer} layers and partial offload is not supported yet; -ngl 0 keeps it on the CPU, -ngl 99 puts all of it on the GPU"
+            );
+        }
+    }
+    let name = match dev {
+        Some(d) => d.to_string(),
+        None => {
+            let hardware = nextn_gpu::list_devices().into_iter().find(|d| !d.software);
+            match (hardware, ngl) {
+                (Some(d), _) => d.name,
+                (None, None) => return Ok(None),
+                (None, Some(n)) => {
+                    eprintln!("-ngl {n}: no GPU found (nextn --list-devices); running on the CPU");
+                    return Ok(None);
+                }
+            }
+        }
+    };
+    let gpu =
+        nextn_model::device::open_device(Some(&name)).with_context(|| format!("-dev {name}"))?;
+    Ok(Some(gpu))
 }
 
 #[derive(clap::Args, Clone, Debug)]

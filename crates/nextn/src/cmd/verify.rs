@@ -111,7 +111,7 @@ fn dry_run(file: &Arc<GgufFile>, valid: &ValidModel) -> Result<(), String> {
         ));
     }
     let hidden_prev = vec![0.0f32; valid.config.n_embd];
-    let mut cache = head.new_cache(KvType::F32, KvType::F32);
+    let mut cache = head.new_cache(KvType::F32, KvType::F32, 8);
     let out = head
         .forward(&[token], &hidden_prev, 0, &mut cache, LogitRows::All, &pool)
         .map_err(|e| format!("one-token forward of the NextN head: {e}"))?;

@@ -96,7 +96,7 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
     }
     let mut state = loaded.new_sequence();
     state.check_room(tokens.len() + 8)?;
-    let mut head_cache = head.map(|h| h.new_cache(loaded.k_type, loaded.v_type));
+    let mut head_cache = head.map(|h| h.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx));
     let mut h_prev = vec![0.0f32; e];
     let mut prefill_ms = 0.0;
     let mut progress = PrefillProgress::new("prefill", tokens.len());
@@ -138,12 +138,12 @@ pub fn fill_to_depth(at: &mut Prefilled, depth: usize) -> Result<()> {
     let mut caches: Vec<&mut LayerCache> = at.state.layers.iter_mut().collect();
     caches.extend(at.head_cache.as_mut());
     for cache in caches {
-        if let LayerCache::Attention(kv) = cache {
-            let rows = kv.rows(0, base);
+        if let Some(rows) = cache.attention_rows(0, base) {
+            let rows = rows?;
             let mut len = base;
             while len < depth {
                 let take = (depth - len).min(base);
-                kv.append_rows(&rows.range(0, take))?;
+                cache.append_attention_rows(&rows.range(0, take))?;
                 len += take;
             }
         }

@@ -456,7 +456,7 @@ fn head_agreement(
         .forward(tokens, &mut st, LogitRows::All, pool)?;
     let mut prev = vec![0.0f32; e];
     prev.extend_from_slice(&target.hidden[..(tokens.len() - 1) * e]);
-    let mut cache = head.new_cache(loaded.k_type, loaded.v_type);
+    let mut cache = head.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx);
     let drafts = head.forward(tokens, &prev, 0, &mut cache, LogitRows::All, pool)?;
     let (mut agree, mut kl) = (0, 0.0);
     // Row 0 has no real hidden state behind it; skip it.

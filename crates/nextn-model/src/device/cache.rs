@@ -1,0 +1,291 @@
+//! A sequence's caches on the device: attention K/V per layer and the delta-net states, with the
+//! rows a verify pass keeps until commit. Everything here mirrors `crate::cache`; rows and
+//! snapshots leave and enter through the same host types, so the prefix cache and slot files
+//! work unchanged.
+
+use std::sync::Arc;
+
+use nextn_gpu::kv::{DeviceKv, KvElem};
+use nextn_gpu::Gpu;
+
+use crate::cache::{KvBuf, KvRows, KvType, RecurrentState};
+use crate::ModelError;
+
+use super::gpu_err;
+
+pub(crate) fn kv_elem(t: KvType) -> Result<KvElem, ModelError> {
+    match t {
+        KvType::F32 => Ok(KvElem::F32),
+        KvType::F16 => Ok(KvElem::F16),
+        KvType::Q8_0 => Ok(KvElem::Q8_0),
+        other => Err(ModelError::BadValue {
+            key: "cache-type".into(),
+            why: format!(
+                "the GPU keeps K/V as f32, f16 or q8_0, not {}",
+                other.name()
+            ),
+        }),
+    }
+}
+
+/// One attention layer's K/V for one sequence, on the device.
+pub struct DeviceKvCache {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) kv: DeviceKv,
+    pub(crate) k_type: KvType,
+    pub(crate) v_type: KvType,
+    pub(crate) width: usize,
+}
+
+impl std::fmt::Debug for DeviceKvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceKvCache")
+            .field("len", &self.kv.len())
+            .field("width", &self.width)
+            .finish()
+    }
+}
+
+impl DeviceKvCache {
+    pub(crate) fn new(
+        gpu: &Arc<Gpu>,
+        k_type: KvType,
+        v_type: KvType,
+        n_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+    ) -> Result<Self, ModelError> {
+        let kv = DeviceKv::new(
+            gpu,
+            kv_elem(k_type)?,
+            kv_elem(v_type)?,
+            n_heads,
+            head_dim,
+            capacity,
+        )
+        .map_err(gpu_err)?;
+        Ok(DeviceKvCache {
+            gpu: gpu.clone(),
+            kv,
+            k_type,
+            v_type,
+            width: n_heads * head_dim,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kv.len() == 0
+    }
+
+    pub fn truncate(&mut self, pos: usize) {
+        self.kv.truncate(pos);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.kv.bytes() as usize
+    }
+
+    /// Positions `start..end` as host rows in the stored element types.
+    pub fn rows(&self, start: usize, end: usize) -> Result<KvRows, ModelError> {
+        let end = end.min(self.len());
+        let start = start.min(end);
+        let (k, v) = self.kv.read_rows(&self.gpu, start, end).map_err(gpu_err)?;
+        let conv = |e: crate::StateCodecError| ModelError::BadValue {
+            key: "device KV cache".into(),
+            why: e.to_string(),
+        };
+        Ok(KvRows {
+            k: KvBuf::from_raw_bytes(self.k_type, &k).map_err(conv)?,
+            v: KvBuf::from_raw_bytes(self.v_type, &v).map_err(conv)?,
+            width: self.width,
+            len: end - start,
+        })
+    }
+
+    pub fn append_rows(&mut self, rows: &KvRows) -> Result<(), ModelError> {
+        if rows.width != self.width || rows.k.ty() != self.k_type || rows.v.ty() != self.v_type {
+            return Err(ModelError::SnapshotKvType);
+        }
+        self.kv
+            .append_rows(
+                &self.gpu,
+                &rows.k.raw_bytes(),
+                &rows.v.raw_bytes(),
+                rows.len,
+            )
+            .map_err(gpu_err)
+    }
+
+    /// A copy on the device (the prefix cache clones a head's state).
+    pub fn try_clone(&self) -> Result<Self, ModelError> {
+        let mut other = DeviceKvCache::new(
+            &self.gpu,
+            self.k_type,
+            self.v_type,
+            self.kv.n_kv_heads(),
+            self.kv.head_dim(),
+            self.kv.capacity(),
+        )?;
+        if !self.is_empty() {
+            let rows = self.rows(0, self.len())?;
+            other.append_rows(&rows)?;
+        }
+        Ok(other)
+    }
+}
+
+/// One delta-net layer's state for one sequence, on the device: the committed state, a spare
+/// that a verify pass writes its final state into, the conv window, and the verify rows'
+/// recurrence inputs until commit.
+pub struct DeviceDeltaNetCache {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) state: wgpu::Buffer,
+    pub(crate) spare: wgpu::Buffer,
+    pub(crate) window: wgpu::Buffer,
+    /// Verify rows kept for commit: raw projections, conv outputs, β, decay, and a discard buffer
+    /// for the outputs of a replay.
+    pub(crate) raw: wgpu::Buffer,
+    pub(crate) conv: wgpu::Buffer,
+    pub(crate) beta: wgpu::Buffer,
+    pub(crate) decay: wgpu::Buffer,
+    pub(crate) replay_out: wgpu::Buffer,
+    /// Rows the pending buffers have room for.
+    pub(crate) capacity: usize,
+    pub(crate) pending: usize,
+    pub(crate) conv_len: usize,
+    pub(crate) ssm_len: usize,
+    pub(crate) conv_dim: usize,
+    pub(crate) v_heads: usize,
+    pub(crate) inner: usize,
+}
+
+impl std::fmt::Debug for DeviceDeltaNetCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceDeltaNetCache")
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+impl DeviceDeltaNetCache {
+    pub(crate) fn new(
+        gpu: &Arc<Gpu>,
+        conv_len: usize,
+        ssm_len: usize,
+        conv_dim: usize,
+        v_heads: usize,
+        inner: usize,
+    ) -> Result<Self, ModelError> {
+        let b = |label: &str, n: usize| gpu.buffer(label, (n * 4) as u64).map_err(gpu_err);
+        let capacity = 1;
+        Ok(DeviceDeltaNetCache {
+            gpu: gpu.clone(),
+            state: b("ssm-state", ssm_len)?,
+            spare: b("ssm-spare", ssm_len)?,
+            window: b("conv-window", conv_len)?,
+            raw: b("verify-raw", capacity * conv_dim)?,
+            conv: b("verify-conv", capacity * conv_dim)?,
+            beta: b("verify-beta", capacity * v_heads)?,
+            decay: b("verify-decay", capacity * v_heads)?,
+            replay_out: b("replay-out", capacity * inner)?,
+            capacity,
+            pending: 0,
+            conv_len,
+            ssm_len,
+            conv_dim,
+            v_heads,
+            inner,
+        })
+    }
+
+    /// Room for `n` verify rows.
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<(), ModelError> {
+        if n <= self.capacity {
+            return Ok(());
+        }
+        let g = &self.gpu;
+        let b = |label: &str, m: usize| g.buffer(label, (m * 4) as u64).map_err(gpu_err);
+        self.raw = b("verify-raw", n * self.conv_dim)?;
+        self.conv = b("verify-conv", n * self.conv_dim)?;
+        self.beta = b("verify-beta", n * self.v_heads)?;
+        self.decay = b("verify-decay", n * self.v_heads)?;
+        self.replay_out = b("replay-out", n * self.inner)?;
+        self.capacity = n;
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> usize {
+        (2 * self.ssm_len + self.conv_len) * 4
+            + self.capacity * (3 * self.conv_dim + 2 * self.v_heads) * 4
+    }
+
+    /// The committed state, read back.
+    pub fn snapshot(&self) -> Result<RecurrentState, ModelError> {
+        Ok(RecurrentState {
+            conv: self
+                .gpu
+                .read_f32(&self.window, 0, self.conv_len)
+                .map_err(gpu_err)?,
+            ssm: self
+                .gpu
+                .read_f32(&self.state, 0, self.ssm_len)
+                .map_err(gpu_err)?,
+        })
+    }
+
+    pub fn set_state(&mut self, s: &RecurrentState) -> Result<(), ModelError> {
+        if s.conv.len() != self.conv_len || s.ssm.len() != self.ssm_len {
+            return Err(ModelError::SnapshotMismatch {
+                what: "recurrent state values",
+                expected: self.conv_len + self.ssm_len,
+                found: s.conv.len() + s.ssm.len(),
+            });
+        }
+        self.gpu.write_f32(&self.window, 0, &s.conv);
+        self.gpu.write_f32(&self.state, 0, &s.ssm);
+        self.pending = 0;
+        Ok(())
+    }
+
+    pub fn try_clone(&self) -> Result<Self, ModelError> {
+        let mut other = DeviceDeltaNetCache::new(
+            &self.gpu,
+            self.conv_len,
+            self.ssm_len,
+            self.conv_dim,
+            self.v_heads,
+            self.inner,
+        )?;
+        self.gpu
+            .copy(&self.state, 0, &other.state, 0, (self.ssm_len * 4) as u64);
+        self.gpu.copy(
+            &self.window,
+            0,
+            &other.window,
+            0,
+            (self.conv_len * 4) as u64,
+        );
+        other.pending = 0;
+        Ok(other)
+    }
+}
+
+// The prefix cache and kept slots clone a head's state between steps. A device copy can fail
+// only when the device itself fails (the sizes are those of a cache that exists).
+impl Clone for DeviceKvCache {
+    fn clone(&self) -> Self {
+        self.try_clone()
+            .unwrap_or_else(|e| panic!("copying a KV cache on the device failed: {e}"))
+    }
+}
+
+impl Clone for DeviceDeltaNetCache {
+    fn clone(&self) -> Self {
+        self.try_clone()
+            .unwrap_or_else(|e| panic!("copying a recurrent state on the device failed: {e}"))
+    }
+}

@@ -1,0 +1,321 @@
+//! The forward pass on a GPU (`-dev`, `-ngl`): the same trunk, NextN head, verify and commit as
+//! the CPU path, over `nextn-gpu`'s kernels, with every weight and every cache on the device.
+//!
+//! `Model::offload` uploads the trunk; from then on `Model::forward_batch`, `Model::commit` and
+//! `Model::new_sequence` run here, and `NextnHead::load` uploads the head beside it. The engine
+//! does not know which path runs. One pass is one submission: the token embeddings go up (the
+//! embedding table stays in host memory, as llama.cpp keeps it), and what comes back is what the
+//! sampler and the head need: the logits of the rows asked for, and every row's post-norm hidden
+//! state (`n × n_embd` floats) that seeds the head.
+
+mod cache;
+mod layer;
+mod nextn;
+
+use std::sync::Arc;
+
+use nextn_gpu::kernels::elementwise::gather_rows;
+use nextn_gpu::kernels::matvec::matvec;
+use nextn_gpu::kernels::norm::rms_norm;
+use nextn_gpu::weights::DeviceMatrix;
+use nextn_gpu::{Gpu, GpuError, Recorder};
+
+pub use cache::{DeviceDeltaNetCache, DeviceKvCache};
+pub(crate) use layer::DeviceLayer;
+pub(crate) use nextn::DeviceHead;
+
+use crate::cache::{KvType, LayerCache, SequenceState};
+use crate::model::{BatchItem, ForwardOutput, LogitRows, Model};
+use crate::weights::Linear;
+use crate::ModelError;
+
+pub(crate) fn gpu_err(e: GpuError) -> ModelError {
+    ModelError::Device(e.to_string())
+}
+
+/// A weight matrix on the device with the tensor's scale.
+pub(crate) struct Mat {
+    pub(crate) m: DeviceMatrix,
+    scale: Option<f32>,
+}
+
+impl Mat {
+    pub(crate) fn upload(gpu: &Gpu, l: &Linear) -> Result<Mat, ModelError> {
+        Ok(Mat {
+            m: DeviceMatrix::upload(gpu, &l.name, l.ty, l.rows, l.cols, l.bytes())
+                .map_err(gpu_err)?,
+            scale: l.scale(),
+        })
+    }
+
+    pub(crate) fn from_parts(
+        gpu: &Gpu,
+        name: &str,
+        ty: nextn_gguf::GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        scale: Option<f32>,
+    ) -> Result<Mat, ModelError> {
+        Ok(Mat {
+            m: DeviceMatrix::upload(gpu, name, ty, rows, cols, bytes).map_err(gpu_err)?,
+            scale,
+        })
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.m.rows()
+    }
+
+    pub(crate) fn device_bytes(&self) -> u64 {
+        self.m.device_bytes()
+    }
+
+    /// `y[i][r] = scale · W[r] · x[i]` for `n` rows; `x` rows `cols` apart from `x_off`, `y` rows
+    /// `y_stride` apart from `y_off`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        rec: &mut Recorder,
+        x: &wgpu::Buffer,
+        x_off: usize,
+        x_stride: usize,
+        n: usize,
+        y: &wgpu::Buffer,
+        y_off: usize,
+        y_stride: usize,
+    ) -> Result<(), ModelError> {
+        matvec(
+            rec,
+            &self.m,
+            x,
+            u(x_off)?,
+            u(x_stride)?,
+            u(n)?,
+            y,
+            u(y_off)?,
+            u(y_stride)?,
+        )
+        .map_err(gpu_err)?;
+        if let Some(s) = self.scale {
+            for i in 0..n {
+                nextn_gpu::kernels::elementwise::scale(
+                    rec,
+                    y,
+                    u(y_off + i * y_stride)?,
+                    u(self.m.rows())?,
+                    s,
+                )
+                .map_err(gpu_err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A size as the kernels' u32 parameter.
+pub(crate) fn u(v: usize) -> Result<u32, ModelError> {
+    u32::try_from(v).map_err(|_| ModelError::Device(format!("{v} is too large for a kernel")))
+}
+
+/// An f32 vector (norm weights, biases) on the device.
+pub(crate) fn vector(gpu: &Gpu, name: &str, v: &[f32]) -> Result<wgpu::Buffer, ModelError> {
+    gpu.upload(name, bytemuck::cast_slice(v)).map_err(gpu_err)
+}
+
+/// A zeroed f32 scratch buffer of `n` values.
+pub(crate) fn scratch(gpu: &Gpu, label: &str, n: usize) -> Result<wgpu::Buffer, ModelError> {
+    gpu.buffer(label, (n.max(1) * 4) as u64).map_err(gpu_err)
+}
+
+/// The trunk on the device.
+pub struct DeviceModel {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) layers: Vec<DeviceLayer>,
+    output_norm: wgpu::Buffer,
+    lm_head: Arc<Mat>,
+    bytes: u64,
+}
+
+impl DeviceModel {
+    /// Upload every trunk weight of `model` (the embedding table stays in host memory).
+    pub fn upload(model: &Model, gpu: Arc<Gpu>) -> Result<DeviceModel, ModelError> {
+        let cfg = &model.config;
+        let mut bytes = 0;
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for l in &model.layers {
+            let d = DeviceLayer::upload(&gpu, l, cfg)?;
+            bytes += d.device_bytes();
+            layers.push(d);
+        }
+        let lm_head = Arc::new(Mat::upload(&gpu, &model.lm_head)?);
+        bytes += lm_head.device_bytes();
+        let output_norm = vector(&gpu, "output_norm", &model.output_norm)?;
+        gpu.check().map_err(gpu_err)?;
+        Ok(DeviceModel {
+            gpu,
+            layers,
+            output_norm,
+            lm_head,
+            bytes,
+        })
+    }
+
+    /// Device memory the weights take.
+    pub fn weight_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub(crate) fn lm_head(&self) -> Arc<Mat> {
+        self.lm_head.clone()
+    }
+
+    /// Fresh device caches for one sequence of at most `n_ctx` positions.
+    pub(crate) fn new_caches(
+        &self,
+        model: &Model,
+        n_ctx: usize,
+        k_type: KvType,
+        v_type: KvType,
+    ) -> Result<Vec<LayerCache>, ModelError> {
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| l.new_cache(&self.gpu, &model.config, il, n_ctx, k_type, v_type))
+            .collect()
+    }
+
+    /// [`Model::forward_batch`] on the device.
+    pub(crate) fn forward_batch(
+        &self,
+        model: &Model,
+        items: &mut [BatchItem],
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
+        let gpu = &*self.gpu;
+        let cfg = &model.config;
+        let e = cfg.n_embd;
+        let mut tokens = Vec::new();
+        let mut starts = Vec::with_capacity(items.len());
+        for it in items.iter() {
+            starts.push(tokens.len());
+            tokens.extend_from_slice(it.tokens);
+        }
+        let n = tokens.len();
+        let n_vocab = model.n_vocab;
+        if n == 0 {
+            return Ok(items
+                .iter()
+                .map(|_| ForwardOutput {
+                    hidden: Vec::new(),
+                    logits: Vec::new(),
+                    n_vocab,
+                })
+                .collect());
+        }
+        let h_host = model.embed(&tokens)?;
+        let h = gpu
+            .upload("h", bytemuck::cast_slice(&h_host))
+            .map_err(gpu_err)?;
+        let mut pass = layer::PassBuffers::new(&self.gpu, cfg, n)?;
+        let mut rec = Recorder::new(gpu);
+        for (il, layer) in self.layers.iter().enumerate() {
+            let mut segments = Vec::new();
+            for (it, &s) in items.iter_mut().zip(&starts) {
+                if it.tokens.is_empty() {
+                    continue;
+                }
+                segments.push(layer::DeviceSegment {
+                    rows: s..s + it.tokens.len(),
+                    start_pos: it.state.n_past,
+                    cache: &mut it.state.layers[il],
+                    verify: it.verify,
+                });
+            }
+            layer.forward(&mut rec, &h, n, &mut segments, &mut pass)?;
+        }
+        let hidden = scratch(gpu, "hidden", n * e)?;
+        rms_norm(
+            &mut rec,
+            &h,
+            0,
+            &self.output_norm,
+            0,
+            &hidden,
+            0,
+            u(n)?,
+            u(e)?,
+            u(e)?,
+            cfg.rms_eps,
+        )
+        .map_err(gpu_err)?;
+        // One LM-head product over every requested row of every sequence.
+        let mut picked = Vec::new();
+        let mut ranges = Vec::with_capacity(items.len());
+        for (it, &s) in items.iter().zip(&starts) {
+            let len = it.tokens.len();
+            let (first, count) = match it.logits {
+                _ if len == 0 => (0, 0),
+                LogitRows::None => (0, 0),
+                LogitRows::Last => (len - 1, 1),
+                LogitRows::All => (0, len),
+            };
+            ranges.push((picked.len(), count));
+            picked.extend((s + first..s + first + count).map(|r| r as u32));
+        }
+        let n_picked = picked.len();
+        let logits_buf = scratch(gpu, "logits", n_picked * n_vocab)?;
+        if n_picked > 0 {
+            let idx = gpu
+                .upload("picked", bytemuck::cast_slice(&picked))
+                .map_err(gpu_err)?;
+            let rows = scratch(gpu, "picked-rows", n_picked * e)?;
+            gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, u(e)?).map_err(gpu_err)?;
+            self.lm_head
+                .forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, n_vocab)?;
+        }
+        rec.submit(false).map_err(gpu_err)?;
+        let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
+        let logits = gpu
+            .read_f32(&logits_buf, 0, n_picked * n_vocab)
+            .map_err(gpu_err)?;
+        let mut outs = Vec::with_capacity(items.len());
+        for ((it, &s), &(lr, count)) in items.iter_mut().zip(&starts).zip(&ranges) {
+            let len = it.tokens.len();
+            it.state.n_past += len;
+            if it.verify {
+                it.state.pending_rows = len;
+            }
+            outs.push(ForwardOutput {
+                hidden: hidden_host[s * e..(s + len) * e].to_vec(),
+                logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
+                n_vocab,
+            });
+        }
+        Ok(outs)
+    }
+
+    /// [`Model::commit`] on the device: keep `keep` of the pending rows.
+    pub(crate) fn commit(&self, state: &mut SequenceState, keep: usize) -> Result<(), ModelError> {
+        let pending = state.pending_rows;
+        let mut rec = Recorder::new(&self.gpu);
+        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+            layer.commit(&mut rec, cache, keep, pending)?;
+        }
+        rec.submit(false).map_err(gpu_err)?;
+        Ok(())
+    }
+}
+
+/// What `-dev` / `-ngl` choose: a device to open, or the CPU.
+pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
+    Gpu::open(&nextn_gpu::OpenOptions {
+        name: name.map(str::to_string),
+        validation: std::env::var("NEXTN_GPU_VALIDATION").as_deref() == Ok("1"),
+    })
+    .map(Arc::new)
+    .map_err(gpu_err)
+}

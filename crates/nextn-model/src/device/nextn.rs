@@ -1,0 +1,258 @@
+//! The NextN head on the device: `[RMSNorm(embed(x_p); enorm) ‖ RMSNorm(H_{p−1}; hnorm)]`,
+//! `eh_proj`, one full-attention decoder block on its own KV cache, the shared head norm and the
+//! LM head (the trimmed one when a draft vocabulary is set). The LM head is the trunk's own
+//! device matrix when the file ties them, so the 248k-row matrix is on the device once.
+
+use std::sync::Arc;
+
+use nextn_gpu::kernels::elementwise::gather_rows;
+use nextn_gpu::kernels::norm::rms_norm;
+use nextn_gpu::{Gpu, Recorder};
+
+use super::layer::{DeviceLayer, DeviceSegment, PassBuffers};
+use super::{gpu_err, scratch, u, vector, Mat};
+use crate::cache::{KvType, LayerCache};
+use crate::config::Qwen35Config;
+use crate::draft_vocab::DraftLmHead;
+use crate::model::{ForwardOutput, LogitRows};
+use crate::nextn::{HeadBatchItem, NextnHead};
+use crate::ModelError;
+
+pub(crate) struct DeviceHead {
+    gpu: Arc<Gpu>,
+    enorm: wgpu::Buffer,
+    hnorm: wgpu::Buffer,
+    eh_proj: Mat,
+    layer: DeviceLayer,
+    shared_head_norm: wgpu::Buffer,
+    lm_head: Arc<Mat>,
+    lm_head_shared: bool,
+    /// The trimmed LM head of a draft vocabulary.
+    draft: Option<Mat>,
+    config: Qwen35Config,
+}
+
+impl DeviceHead {
+    /// Upload `head`'s weights; `trunk_lm_head` is reused when the head's LM head is the trunk's.
+    pub(crate) fn upload(
+        gpu: Arc<Gpu>,
+        head: &NextnHead,
+        cfg: &Qwen35Config,
+        trunk_lm_head: Option<Arc<Mat>>,
+    ) -> Result<DeviceHead, ModelError> {
+        let lm_head_shared = trunk_lm_head.is_some();
+        let lm_head = match trunk_lm_head {
+            Some(m) => m,
+            None => Arc::new(Mat::upload(&gpu, &head.lm_head)?),
+        };
+        let d = DeviceHead {
+            enorm: vector(&gpu, "nextn.enorm", &head.enorm)?,
+            hnorm: vector(&gpu, "nextn.hnorm", &head.hnorm)?,
+            eh_proj: Mat::upload(&gpu, &head.eh_proj)?,
+            layer: DeviceLayer::upload(&gpu, &head.layer, cfg)?,
+            shared_head_norm: vector(&gpu, "nextn.shared_head_norm", &head.shared_head_norm)?,
+            lm_head,
+            lm_head_shared,
+            draft: None,
+            config: cfg.clone(),
+            gpu,
+        };
+        d.gpu.check().map_err(gpu_err)?;
+        Ok(d)
+    }
+
+    /// Device memory of the head's own weights (an LM head shared with the trunk not counted).
+    pub(crate) fn weight_bytes(&self) -> u64 {
+        self.eh_proj.device_bytes()
+            + self.layer.device_bytes()
+            + if self.lm_head_shared {
+                0
+            } else {
+                self.lm_head.device_bytes()
+            }
+            + self.draft.as_ref().map_or(0, Mat::device_bytes)
+    }
+
+    pub(crate) fn set_draft_vocab(&mut self, d: Option<&DraftLmHead>) -> Result<(), ModelError> {
+        self.draft = match d {
+            None => None,
+            Some(d) => {
+                let (ty, rows, cols, bytes, scale) = d.kept_matrix();
+                let rb = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+                let bytes = bytes.get(..rows * rb).ok_or_else(|| {
+                    ModelError::Device(
+                        "the draft vocabulary's rows are shorter than its ids".into(),
+                    )
+                })?;
+                Some(Mat::from_parts(
+                    &self.gpu,
+                    "nextn.draft_lm_head",
+                    ty,
+                    rows,
+                    cols,
+                    bytes,
+                    scale,
+                )?)
+            }
+        };
+        Ok(())
+    }
+
+    pub(crate) fn new_cache(
+        &self,
+        k_type: KvType,
+        v_type: KvType,
+        n_ctx: usize,
+        kv_heads: (usize, usize),
+    ) -> Result<LayerCache, ModelError> {
+        Ok(LayerCache::DeviceAttention(super::DeviceKvCache::new(
+            &self.gpu, k_type, v_type, kv_heads.0, kv_heads.1, n_ctx,
+        )?))
+    }
+
+    /// [`NextnHead::forward_batch`] on the device.
+    pub(crate) fn forward_batch(
+        &self,
+        head: &NextnHead,
+        items: &mut [HeadBatchItem],
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
+        let gpu = &*self.gpu;
+        let e = self.config.n_embd;
+        let eps = self.config.rms_eps;
+        let n_vocab = head.n_vocab();
+        let n: usize = items.iter().map(|it| it.tokens.len()).sum();
+        if n == 0 {
+            return Ok(items
+                .iter()
+                .map(|_| ForwardOutput {
+                    hidden: Vec::new(),
+                    logits: Vec::new(),
+                    n_vocab,
+                })
+                .collect());
+        }
+        // [embedding row ‖ previous hidden row] per row, normed on the device.
+        let mut cat_raw = vec![0.0f32; n * 2 * e];
+        let mut starts = Vec::with_capacity(items.len());
+        let mut at = 0;
+        for it in items.iter() {
+            if it.hidden_prev.len() != it.tokens.len() * e {
+                return Err(ModelError::HiddenLength {
+                    found: it.hidden_prev.len(),
+                    rows: it.tokens.len(),
+                    width: e,
+                });
+            }
+            starts.push(at);
+            for (i, &t) in it.tokens.iter().enumerate() {
+                if t as usize >= head.embed.rows {
+                    return Err(ModelError::TokenOutOfRange {
+                        token: t as u64,
+                        n_vocab: head.embed.rows,
+                    });
+                }
+                let dst = &mut cat_raw[(at + i) * 2 * e..(at + i + 1) * 2 * e];
+                head.embed.dequantize_row(t as usize, &mut dst[..e])?;
+                dst[e..].copy_from_slice(&it.hidden_prev[i * e..(i + 1) * e]);
+            }
+            at += it.tokens.len();
+        }
+        let raw = gpu
+            .upload("nextn-in", bytemuck::cast_slice(&cat_raw))
+            .map_err(gpu_err)?;
+        let cat = scratch(gpu, "nextn-cat", n * 2 * e)?;
+        let h = scratch(gpu, "nextn-h", n * e)?;
+        let mut pass = PassBuffers::new(&self.gpu, &self.config, n)?;
+        let mut rec = Recorder::new(gpu);
+        let (nu, eu, e2) = (u(n)?, u(e)?, u(2 * e)?);
+        rms_norm(&mut rec, &raw, 0, &self.enorm, 0, &cat, 0, nu, eu, e2, eps).map_err(gpu_err)?;
+        rms_norm(
+            &mut rec,
+            &raw,
+            eu,
+            &self.hnorm,
+            0,
+            &cat,
+            eu,
+            nu,
+            eu,
+            e2,
+            eps,
+        )
+        .map_err(gpu_err)?;
+        self.eh_proj
+            .forward(&mut rec, &cat, 0, 2 * e, n, &h, 0, e)?;
+        let mut segments: Vec<DeviceSegment> = items
+            .iter_mut()
+            .zip(&starts)
+            .filter(|(it, _)| !it.tokens.is_empty())
+            .map(|(it, &s)| DeviceSegment {
+                rows: s..s + it.tokens.len(),
+                start_pos: it.start_pos,
+                cache: &mut *it.cache,
+                verify: false,
+            })
+            .collect();
+        self.layer
+            .forward(&mut rec, &h, n, &mut segments, &mut pass)?;
+        drop(segments);
+        let hidden = scratch(gpu, "nextn-hidden", n * e)?;
+        rms_norm(
+            &mut rec,
+            &h,
+            0,
+            &self.shared_head_norm,
+            0,
+            &hidden,
+            0,
+            nu,
+            eu,
+            eu,
+            eps,
+        )
+        .map_err(gpu_err)?;
+        let mut picked = Vec::new();
+        let mut ranges = Vec::with_capacity(items.len());
+        for (it, &s) in items.iter().zip(&starts) {
+            let len = it.tokens.len();
+            let (first, count) = match it.logits {
+                _ if len == 0 => (0, 0),
+                LogitRows::None => (0, 0),
+                LogitRows::Last => (len - 1, 1),
+                LogitRows::All => (0, len),
+            };
+            ranges.push((picked.len(), count));
+            picked.extend((s + first..s + first + count).map(|r| r as u32));
+        }
+        let n_picked = picked.len();
+        let lm = self.draft.as_ref().unwrap_or(&self.lm_head);
+        let width = lm.rows();
+        let logits_buf = scratch(gpu, "nextn-logits", n_picked * width)?;
+        if n_picked > 0 {
+            let idx = gpu
+                .upload("nextn-picked", bytemuck::cast_slice(&picked))
+                .map_err(gpu_err)?;
+            let rows = scratch(gpu, "nextn-picked-rows", n_picked * e)?;
+            gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, eu).map_err(gpu_err)?;
+            lm.forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, width)?;
+        }
+        rec.submit(false).map_err(gpu_err)?;
+        let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
+        let mut logits = gpu
+            .read_f32(&logits_buf, 0, n_picked * width)
+            .map_err(gpu_err)?;
+        if let (Some(_), Some(d)) = (&self.draft, head.draft_vocab()) {
+            logits = d.scatter(&logits, n_picked);
+        }
+        Ok(items
+            .iter()
+            .zip(&starts)
+            .zip(&ranges)
+            .map(|((it, &s), &(lr, count))| ForwardOutput {
+                hidden: hidden_host[s * e..(s + it.tokens.len()) * e].to_vec(),
+                logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
+                n_vocab,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,178 @@
+//! The real `nextn` binary on the device backend (Mesa's lavapipe in CI): the device list, and
+//! `run -dev Vulkan0` printing what the CPU prints, with drafting, at the CPU's acceptance.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nextn"));
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        c.env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    c
+}
+
+fn bundled() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The first software Vulkan adapter `--list-devices` names, or `None` (skipped outside CI).
+fn lavapipe() -> Option<String> {
+    let o = bin().arg("--list-devices").output().expect("run nextn");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.starts_with("Available devices:"), "{out}");
+    let found = out
+        .lines()
+        .filter(|l| l.contains("llvmpipe"))
+        .find_map(|l| l.trim().split(':').next().map(str::to_string));
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no lavapipe adapter under CI=true (mesa-vulkan-drivers):\n{out}"
+        );
+        eprintln!("skipped: no lavapipe adapter");
+    }
+    found
+}
+
+fn run_json(args: &[&str]) -> (serde_json::Value, String) {
+    let o: Output = bin().args(args).output().expect("run nextn");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    (
+        serde_json::from_str(&text(&o.stdout)).expect("json"),
+        text(&o.stderr),
+    )
+}
+
+#[test]
+fn list_devices_names_the_software_vulkan_device() {
+    let Some(name) = lavapipe() else { return };
+    assert!(name.starts_with("Vulkan"), "{name}");
+}
+
+#[test]
+fn run_on_the_device_prints_the_cpu_text_with_drafting() {
+    let Some(dev) = lavapipe() else { return };
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let prompt = "import os\nimport sys\n\n\ndef main():\n";
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = vec![
+            "run", "-m", m, "-p", prompt, "-n", "40", "--temp", "0", "--json", "-c", "256",
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a)
+    };
+    // The tiny model decodes this prompt into a loop: a text on which the device and the CPU
+    // agree token for token, so their drafting can be compared step for step.
+    let (cpu_spec, _) = run(&["-dev", "none", "--spec-type", "nextn"]);
+    let (gpu_plain, err) = run(&["-dev", &dev]);
+    assert!(
+        err.contains(&format!("on {dev}:")),
+        "the load line names the device: {err}"
+    );
+    assert!(err.contains("MiB of weights"), "{err}");
+    let (gpu_spec, _) = run(&["-dev", &dev, "--spec-type", "nextn"]);
+    assert_eq!(gpu_spec["tokens"], gpu_plain["tokens"]);
+    assert_eq!(gpu_spec["text"], cpu_spec["text"]);
+    let rate = |v: &serde_json::Value| v["spec"]["acceptance_rate"].as_f64().expect("rate");
+    let (a_cpu, a_gpu) = (rate(&cpu_spec), rate(&gpu_spec));
+    assert!(
+        (a_cpu - a_gpu).abs() <= 0.01,
+        "draft acceptance: CPU {a_cpu}, device {a_gpu}"
+    );
+    assert!(gpu_spec["spec"]["draft_n"].as_u64().unwrap() > 0);
+
+    // Varied text (a repetition penalty): greedy drafting on the device gives plain decoding's
+    // tokens at every draft depth.
+    let varied = |extra: &[&str]| {
+        let mut a: Vec<&str> = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "40",
+            "--temp",
+            "0",
+            "--json",
+            "-c",
+            "256",
+            "--repeat-penalty",
+            "1.3",
+            "-dev",
+            &dev,
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a).0
+    };
+    let plain = varied(&[]);
+    for n_max in ["1", "2", "4"] {
+        let spec = varied(&["--spec-type", "nextn", "--spec-draft-n-max", n_max]);
+        assert_eq!(spec["tokens"], plain["tokens"], "n_max {n_max}");
+    }
+}
+
+/// The head's teacher-forced agreement with the target (what greedy drafting accepts at the first
+/// position) on the same tokens is the CPU's within 0.01 on the device.
+#[test]
+fn head_agreement_on_the_device_is_the_cpus() {
+    let Some(dev) = lavapipe() else { return };
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cmd/run.rs"))
+            .unwrap();
+    let prompt: String = source.lines().take(80).collect::<Vec<_>>().join("\n");
+    let argmax = |d: &str, mtp: bool| -> Vec<u64> {
+        let mut a = vec!["logits", "-m", m, "-p", &prompt, "--json", "-dev", d];
+        if mtp {
+            a.push("--mtp");
+        }
+        let (v, _) = run_json(&a);
+        v["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["argmax"].as_u64().unwrap())
+            .collect()
+    };
+    let agreement = |d: &str| {
+        let (t, h) = (argmax(d, false), argmax(d, true));
+        assert!(t.len() > 1000, "{} positions", t.len());
+        t.iter().zip(&h).filter(|(a, b)| a == b).count() as f64 / t.len() as f64
+    };
+    let (cpu, gpu) = (agreement("none"), agreement(&dev));
+    assert!(
+        (cpu - gpu).abs() <= 0.01,
+        "head agreement: CPU {cpu}, device {gpu}"
+    );
+}
+
+#[test]
+fn device_flags_are_checked() {
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let o = bin()
+        .args(["run", "-m", m, "-p", "x", "-n", "1", "-dev", "Vulkan9"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("Vulkan9"), "{}", text(&o.stderr));
+    let o = bin()
+        .args(["run", "-m", m, "-p", "x", "-n", "1", "-ngl", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("partial offload is not supported"),
+        "{}",
+        text(&o.stderr)
+    );
+}
