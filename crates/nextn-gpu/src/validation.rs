@@ -62,7 +62,16 @@ pub fn test_device() -> Option<crate::Gpu> {
         name,
         validation: true,
     }) {
-        Ok(g) => Some(g),
+        Ok(g) => {
+            if let Ok(want) = std::env::var(WIDTH_CHECK_ENV) {
+                assert!(
+                    g.info.description.contains(&want),
+                    "the adapter '{}' does not run at {want}",
+                    g.info.description
+                );
+            }
+            Some(g)
+        }
         Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
             panic!("no GPU adapter under CI=true (install mesa-vulkan-drivers): {e}")
         }
@@ -84,3 +93,47 @@ pub fn assert_clean(gpu: &crate::Gpu) {
         errs.join("\n")
     );
 }
+
+/// Run every other test of the calling test binary again at each of lavapipe's SIMD widths
+/// (4, 8 and 16 lanes: `LP_NATIVE_VECTOR_WIDTH` 128 / 256 / 512, read when the Vulkan instance is
+/// created, so each width is a process of its own), and fail unless each run passed and its
+/// adapter reported that width. `this_test` is the caller's own name, skipped in the children.
+/// Elsewhere than on lavapipe it says so and returns.
+#[track_caller]
+pub fn rerun_at_lavapipe_widths(this_test: &str) {
+    let Some(gpu) = test_device() else { return };
+    if !gpu.info.description.contains("llvmpipe") {
+        eprintln!(
+            "skipped: the adapter is '{}', not lavapipe",
+            gpu.info.description
+        );
+        return;
+    }
+    drop(gpu);
+    let Ok(exe) = std::env::current_exe() else {
+        panic!("the test binary's path is unknown");
+    };
+    for bits in ["128", "256", "512"] {
+        let out = std::process::Command::new(&exe)
+            .args(["--skip", this_test, "--nocapture", "--test-threads", "1"])
+            .env("LP_NATIVE_VECTOR_WIDTH", bits)
+            .env("MESA_SHADER_CACHE_DISABLE", "true")
+            .env(WIDTH_CHECK_ENV, format!("{bits} bits"))
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "at {bits} bits:\n{text}");
+        assert!(
+            !text.contains(" 0 passed"),
+            "at {bits} bits no test ran:\n{text}"
+        );
+    }
+}
+
+/// Set in the children of [`rerun_at_lavapipe_widths`] to the width the adapter must report;
+/// [`test_device`] checks it, so a child cannot pass at the default width.
+const WIDTH_CHECK_ENV: &str = "NEXTN_TEST_LAVAPIPE_WIDTH";

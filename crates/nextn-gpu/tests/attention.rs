@@ -600,3 +600,9 @@ fn attention_refuses_uncached_rows() {
     assert!(call(4, 0).is_ok());
     assert_clean(&gpu);
 }
+
+/// Every test above again at lavapipe's 4, 8 and 16 lanes.
+#[test]
+fn at_every_lavapipe_width() {
+    nextn_gpu::validation::rerun_at_lavapipe_widths("at_every_lavapipe_width");
+}

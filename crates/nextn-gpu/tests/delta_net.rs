@@ -805,3 +805,9 @@ fn shapes_and_buffers_the_kernels_cannot_take_are_refused() {
     assert_eq!(rec.len(), 1);
     assert_clean(&gpu);
 }
+
+/// Every test above again at lavapipe's 4, 8 and 16 lanes.
+#[test]
+fn at_every_lavapipe_width() {
+    nextn_gpu::validation::rerun_at_lavapipe_widths("at_every_lavapipe_width");
+}

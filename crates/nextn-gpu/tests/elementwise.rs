@@ -153,3 +153,9 @@ fn moe_routing_and_combination() {
     }
     assert_clean(&gpu);
 }
+
+/// Every test above again at lavapipe's 4, 8 and 16 lanes.
+#[test]
+fn at_every_lavapipe_width() {
+    nextn_gpu::validation::rerun_at_lavapipe_widths("at_every_lavapipe_width");
+}

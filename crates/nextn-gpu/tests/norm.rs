@@ -50,3 +50,9 @@ fn rms_norm_matches_the_definition() {
     }
     assert_clean(&gpu);
 }
+
+/// Every test above again at lavapipe's 4, 8 and 16 lanes.
+#[test]
+fn at_every_lavapipe_width() {
+    nextn_gpu::validation::rerun_at_lavapipe_widths("at_every_lavapipe_width");
+}

@@ -118,7 +118,13 @@ impl NextnHead {
         };
         if let Some(d) = &model.device {
             let shared = lm_head_shared.then(|| d.lm_head());
-            head.device = Some(DeviceHead::upload(d.gpu().clone(), &head, cfg, shared)?);
+            head.device = Some(DeviceHead::upload(
+                d.gpu().clone(),
+                &head,
+                cfg,
+                shared,
+                d.counters.clone(),
+            )?);
         }
         Ok(head)
     }

@@ -11,13 +11,40 @@ const KEY: &str = "sk-openai-client-test";
 
 #[test]
 fn official_openai_python_client() {
+    check_with(&[]);
+}
+
+/// The same checks with the model on the device (Mesa's lavapipe in CI).
+#[test]
+fn official_openai_python_client_on_the_device() {
+    let list = std::process::Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .arg("--list-devices")
+        .output()
+        .expect("run nextn");
+    let listing = String::from_utf8_lossy(&list.stdout).into_owned();
+    let Some(dev) = listing
+        .lines()
+        .filter(|l| l.contains("llvmpipe"))
+        .find_map(|l| l.trim().split(':').next().map(str::to_string))
+    else {
+        assert!(
+            !nextn_testdata::in_ci(),
+            "no lavapipe adapter under CI=true:\n{listing}"
+        );
+        eprintln!("skipped: no lavapipe adapter");
+        return;
+    };
+    check_with(&["-dev", &dev]);
+}
+
+fn check_with(extra: &[&str]) {
     if let Some(why) = serve_common::missing_python_modules(&["openai"]) {
         // CI installs the client (.ci/run): there a missing one is a failure, not a skip.
         assert!(!nextn_testdata::in_ci(), "required in CI (CI=true): {why}");
         eprintln!("skipped: {why}");
         return;
     }
-    let s = Server::start(&[
+    let mut args = vec![
         "--spec-type",
         "nextn",
         "-np",
@@ -28,7 +55,9 @@ fn official_openai_python_client() {
         KEY,
         "--alias",
         "tiny-alias",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let s = Server::start(&args);
     let url = format!("http://127.0.0.1:{}/v1", s.port);
     let out = serve_common::run_python_tool(
         "openai_check.py",

@@ -128,9 +128,47 @@ pub(crate) fn scratch(gpu: &Gpu, label: &str, n: usize) -> Result<wgpu::Buffer, 
     gpu.buffer(label, (n.max(1) * 4) as u64).map_err(gpu_err)
 }
 
+/// What the device did since the counters were last reset: passes (target, head and commit
+/// submissions), the dispatches they recorded, and, when timing is on, the device time the
+/// passes took by timestamp queries.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceStats {
+    pub passes: u64,
+    pub dispatches: u64,
+    pub timed_passes: u64,
+    pub gpu_seconds: f64,
+}
+
+/// The counters a model and its head share; timing costs a read-back per pass, so it is on only
+/// when asked for (`nextn bench`).
+#[derive(Default)]
+pub(crate) struct Counters {
+    stats: std::sync::Mutex<DeviceStats>,
+    timing: std::sync::atomic::AtomicBool,
+}
+
+impl Counters {
+    /// Submit `rec`, counting it.
+    pub(crate) fn submit(&self, rec: Recorder) -> Result<(), ModelError> {
+        let dispatches = rec.len() as u64;
+        let timed = self.timing.load(std::sync::atomic::Ordering::Relaxed);
+        let t = rec.submit(timed).map_err(gpu_err)?;
+        if let Ok(mut s) = self.stats.lock() {
+            s.passes += 1;
+            s.dispatches += dispatches;
+            if let Some(t) = t {
+                s.timed_passes += 1;
+                s.gpu_seconds += t;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The trunk on the device.
 pub struct DeviceModel {
     pub(crate) gpu: Arc<Gpu>,
+    pub(crate) counters: Arc<Counters>,
     pub(crate) layers: Vec<DeviceLayer>,
     output_norm: wgpu::Buffer,
     lm_head: Arc<Mat>,
@@ -154,6 +192,7 @@ impl DeviceModel {
         gpu.check().map_err(gpu_err)?;
         Ok(DeviceModel {
             gpu,
+            counters: Arc::new(Counters::default()),
             layers,
             output_norm,
             lm_head,
@@ -168,6 +207,22 @@ impl DeviceModel {
 
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+
+    /// Time every pass on the device from now on (when it has timestamp queries).
+    pub fn set_timing(&self, on: bool) {
+        self.counters
+            .timing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counters since the last call, which resets them.
+    pub fn take_stats(&self) -> DeviceStats {
+        self.counters
+            .stats
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
     }
 
     pub(crate) fn lm_head(&self) -> Arc<Mat> {
@@ -277,7 +332,7 @@ impl DeviceModel {
             self.lm_head
                 .forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, n_vocab)?;
         }
-        rec.submit(false).map_err(gpu_err)?;
+        self.counters.submit(rec)?;
         let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
         let logits = gpu
             .read_f32(&logits_buf, 0, n_picked * n_vocab)
@@ -305,7 +360,7 @@ impl DeviceModel {
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
             layer.commit(&mut rec, cache, keep, pending)?;
         }
-        rec.submit(false).map_err(gpu_err)?;
+        self.counters.submit(rec)?;
         Ok(())
     }
 }

@@ -20,6 +20,7 @@ use crate::ModelError;
 
 pub(crate) struct DeviceHead {
     gpu: Arc<Gpu>,
+    counters: Arc<super::Counters>,
     enorm: wgpu::Buffer,
     hnorm: wgpu::Buffer,
     eh_proj: Mat,
@@ -39,6 +40,7 @@ impl DeviceHead {
         head: &NextnHead,
         cfg: &Qwen35Config,
         trunk_lm_head: Option<Arc<Mat>>,
+        counters: Arc<super::Counters>,
     ) -> Result<DeviceHead, ModelError> {
         let lm_head_shared = trunk_lm_head.is_some();
         let lm_head = match trunk_lm_head {
@@ -56,6 +58,7 @@ impl DeviceHead {
             draft: None,
             config: cfg.clone(),
             gpu,
+            counters,
         };
         d.gpu.check().map_err(gpu_err)?;
         Ok(d)
@@ -236,7 +239,7 @@ impl DeviceHead {
             gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, eu).map_err(gpu_err)?;
             lm.forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, width)?;
         }
-        rec.submit(false).map_err(gpu_err)?;
+        self.counters.submit(rec)?;
         let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
         let mut logits = gpu
             .read_f32(&logits_buf, 0, n_picked * width)

@@ -171,6 +171,76 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// User + system CPU seconds this process has used.
+fn process_cpu_seconds() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes a whole rusage into the pointer it is given.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
+        if rc != 0 {
+            return None;
+        }
+        // SAFETY: initialised by the successful call above.
+        let u = unsafe { u.assume_init() };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        Some(secs(u.ru_utime) + secs(u.ru_stime))
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// What a run cost on the device: per pass (target, head and commit submissions) the device time
+/// by timestamp queries, the dispatches, and per token (prompt and generated) the dispatches and
+/// the host's CPU time. On a software device (lavapipe) the "device" time is CPU time too: labelled so.
+fn device_report(
+    device: &nextn_model::device::DeviceModel,
+    tokens: usize,
+    cpu_seconds: Option<f64>,
+) -> (String, Value) {
+    let s = device.take_stats();
+    let info = &device.gpu().info;
+    let per_pass = |x: f64| x / s.passes.max(1) as f64;
+    let tok = tokens.max(1) as f64;
+    let gpu_ms = (s.timed_passes > 0).then(|| s.gpu_seconds * 1e3 / s.timed_passes as f64);
+    let line = format!(
+        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {} per pass, host CPU {} per token",
+        info.name,
+        if info.software { " (software: its times are CPU times)" } else { "" },
+        s.passes,
+        per_pass(s.dispatches as f64),
+        s.dispatches as f64 / tok,
+        gpu_ms.map_or("no timestamps".to_string(), |m| format!("{m:.2} ms device time")),
+        cpu_seconds.map_or("?".to_string(), |c| format!("{:.2} ms", c * 1e3 / tok)),
+    );
+    let json = json!({
+        "device": info.name,
+        "software": info.software,
+        "passes": s.passes,
+        "dispatches": s.dispatches,
+        "dispatches_per_token": s.dispatches as f64 / tok,
+        "device_ms_per_pass": gpu_ms,
+        "host_cpu_ms_per_token": cpu_seconds.map(|c| c * 1e3 / tok),
+    });
+    (line, json)
+}
+
+/// Which kernels run the passes: the CPU's instruction set, or the device's name.
+fn kernels_label(loaded: &Loaded) -> String {
+    match &loaded.model.device {
+        Some(d) => format!(
+            "{} device{}",
+            d.gpu().info.name,
+            if d.gpu().info.software {
+                " (software)"
+            } else {
+                ""
+            }
+        ),
+        None => format!("{} CPU", nextn_quant::kernels::kernel_isa()),
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -621,7 +691,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         eprintln!(
             "bench at depth: {} threads, {} kernels, KV {}/{}, median of {} reps",
             loaded.pool.n_threads(),
-            nextn_quant::kernels::kernel_isa(),
+            kernels_label(&loaded),
             loaded.k_type.name(),
             loaded.v_type.name(),
             args.reps
@@ -645,7 +715,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         eprintln!(
             "bench --expert-union: {} threads, {} kernels, median of {} reps",
             loaded.pool.n_threads(),
-            nextn_quant::kernels::kernel_isa(),
+            kernels_label(&loaded),
             args.reps
         );
         let report = union::run(
@@ -667,7 +737,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         prompts.len(),
         args.n_predict,
         loaded.pool.n_threads(),
-        nextn_quant::kernels::kernel_isa(),
+        kernels_label(&loaded),
         args.n_max.join(",")
     );
 
@@ -732,6 +802,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let mut decode_reps = Vec::new();
         let mut prefill_reps = Vec::new();
         let mut t = RunTotals::default();
+        let device = loaded.model.device.as_deref();
+        if let Some(d) = device {
+            d.set_timing(true);
+            d.take_stats();
+        }
+        let cpu_before = process_cpu_seconds();
         for rep in 0..args.repetitions {
             run_no += 1;
             let started = Instant::now();
@@ -759,6 +835,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             t.stats.merge(&r.stats);
             t.grammar_ms += r.grammar_ms;
             t.grammar_masks += r.grammar_masks;
+        }
+        let device_cost = device.map(|d| {
+            let cpu = process_cpu_seconds()
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
+            device_report(d, t.prompt_n + t.predicted_n, cpu)
+        });
+        if let Some((line, _)) = &device_cost {
+            eprintln!("{line}");
         }
         let (decode_mean, decode_sd) = mean_sd(&decode_reps);
         let (prefill_mean, prefill_sd) = mean_sd(&prefill_reps);
@@ -834,6 +919,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             per_position: per_pos.clone(),
         });
         rows.push(json!({
+            "device": device_cost.as_ref().map(|(_, j)| j.clone()),
             "n_max": k,
             "policy": policy.kind(),
             "draft_sampling": if k == 0 { "-" } else { mode.as_str() },
@@ -1117,6 +1203,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "model": loaded.path.display().to_string(),
             "threads": loaded.pool.n_threads(),
             "kernels": nextn_quant::kernels::kernel_isa(),
+            "device": loaded.model.device.as_ref().map(|d| d.gpu().info.to_string()),
             "n_predict": args.n_predict,
             "prompts": prompts.iter().map(|p| json!({"name": p.name, "n_tokens": p.tokens.len()})).collect::<Vec<_>>(),
             "runs": rows,
