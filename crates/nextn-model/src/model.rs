@@ -116,7 +116,7 @@ pub enum LogitRows {
 
 impl LogitRows {
     /// The first row and the number of rows that need logits among `len` rows.
-    fn span(self, len: usize) -> (usize, usize) {
+    pub(crate) fn span(self, len: usize) -> (usize, usize) {
         match self {
             _ if len == 0 => (0, 0),
             LogitRows::None => (0, 0),

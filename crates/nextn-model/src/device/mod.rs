@@ -113,6 +113,22 @@ impl Mat {
     }
 }
 
+/// The rows of a pass that need logits, from parts `(first row, rows, which need logits)`: their
+/// indices among the pass's rows (for one gather and one LM-head product), and for each part where
+/// its logit rows start among them and how many there are.
+pub(crate) fn logit_rows(
+    parts: impl Iterator<Item = (usize, usize, LogitRows)>,
+) -> (Vec<u32>, Vec<(usize, usize)>) {
+    let mut picked = Vec::new();
+    let mut ranges = Vec::new();
+    for (start, len, rows) in parts {
+        let (first, count) = rows.span(len);
+        ranges.push((picked.len(), count));
+        picked.extend((start + first..start + first + count).map(|r| r as u32));
+    }
+    (picked, ranges)
+}
+
 /// A size as the kernels' u32 parameter.
 pub(crate) fn u(v: usize) -> Result<u32, ModelError> {
     u32::try_from(v).map_err(|_| ModelError::Device(format!("{v} is too large for a kernel")))
@@ -308,19 +324,12 @@ impl DeviceModel {
         )
         .map_err(gpu_err)?;
         // One LM-head product over every requested row of every sequence.
-        let mut picked = Vec::new();
-        let mut ranges = Vec::with_capacity(items.len());
-        for (it, &s) in items.iter().zip(&starts) {
-            let len = it.tokens.len();
-            let (first, count) = match it.logits {
-                _ if len == 0 => (0, 0),
-                LogitRows::None => (0, 0),
-                LogitRows::Last => (len - 1, 1),
-                LogitRows::All => (0, len),
-            };
-            ranges.push((picked.len(), count));
-            picked.extend((s + first..s + first + count).map(|r| r as u32));
-        }
+        let (picked, ranges) = logit_rows(
+            items
+                .iter()
+                .zip(&starts)
+                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
+        );
         let n_picked = picked.len();
         let logits_buf = scratch(gpu, "logits", n_picked * n_vocab)?;
         if n_picked > 0 {

@@ -10,11 +10,11 @@ use nextn_gpu::kernels::norm::rms_norm;
 use nextn_gpu::{Gpu, Recorder};
 
 use super::layer::{DeviceLayer, DeviceSegment, PassBuffers};
-use super::{gpu_err, scratch, u, vector, Mat};
+use super::{gpu_err, logit_rows, scratch, u, vector, Mat};
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
-use crate::model::{ForwardOutput, LogitRows};
+use crate::model::ForwardOutput;
 use crate::nextn::{HeadBatchItem, NextnHead};
 use crate::ModelError;
 
@@ -214,19 +214,12 @@ impl DeviceHead {
             eps,
         )
         .map_err(gpu_err)?;
-        let mut picked = Vec::new();
-        let mut ranges = Vec::with_capacity(items.len());
-        for (it, &s) in items.iter().zip(&starts) {
-            let len = it.tokens.len();
-            let (first, count) = match it.logits {
-                _ if len == 0 => (0, 0),
-                LogitRows::None => (0, 0),
-                LogitRows::Last => (len - 1, 1),
-                LogitRows::All => (0, len),
-            };
-            ranges.push((picked.len(), count));
-            picked.extend((s + first..s + first + count).map(|r| r as u32));
-        }
+        let (picked, ranges) = logit_rows(
+            items
+                .iter()
+                .zip(&starts)
+                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
+        );
         let n_picked = picked.len();
         let lm = self.draft.as_ref().unwrap_or(&self.lm_head);
         let width = lm.rows();

@@ -81,10 +81,15 @@ macro_rules! kernels {
 use dot_avx2 as d2;
 use dot_avx512 as d5;
 
+// F32, F16 and BF16 rows are summed in the AVX2 kernel's lane order at the AVX-512 level too:
+// that is ggml's order for these types on AVX2, so F32 files give llama.cpp's goldens to float
+// rounding and the same bits on either kind of x86 machine (16-lane sums moved a tied 248k-row
+// head's logits by 0.05 against them). These products are rare in real models (norm-sized
+// tensors; F16/BF16 files are memory bound either way).
 kernels! {
-    F32 => decode_none, d2::dot_f32_row, d5::dot_f32_row;
-    F16 => decode_f16, d2::dot_f32_staged, d5::dot_f32_staged;
-    BF16 => decode_bf16, d2::dot_f32_staged, d5::dot_f32_staged;
+    F32 => decode_none, d2::dot_f32_row, d2::dot_f32_row;
+    F16 => decode_f16, d2::dot_f32_staged, d2::dot_f32_staged;
+    BF16 => decode_bf16, d2::dot_f32_staged, d2::dot_f32_staged;
     Q4_0 => decode_q4_0, d2::dot_legacy::<false, false, 8>, d5::dot_legacy::<false, false, 8>;
     Q4_1 => decode_q4_1, d2::dot_legacy::<false, true, 0>, d5::dot_legacy::<false, true, 0>;
     Q5_0 => decode_q5_0, d2::dot_legacy::<false, false, 16>, d5::dot_legacy::<false, false, 16>;
