@@ -1,9 +1,8 @@
 //! One decoder layer on the device: `h' = h1 + FFN(norm(h1))` with `h1 = h + Mixer(norm(h))`,
 //! the mixer a gated attention or a gated delta net, the FFN dense SwiGLU or MoE with a shared
 //! expert. The projections run once over all rows of the pass; attention and the recurrence run
-//! per sequence on its own cache (one `DeviceSegment` each), as on the CPU.
+//! per sequence on its own cache (one `Segment` each), as on the CPU.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use nextn_gpu::kernels::attention as attn_k;
@@ -21,16 +20,8 @@ use crate::cache::{KvType, LayerCache};
 use crate::config::{Qwen35Config, RopeScaling};
 use crate::delta_net::GatedDeltaNet;
 use crate::ffn::{DenseFfn, Ffn, MoeFfn};
-use crate::model::{DecoderLayer, Mixer};
+use crate::model::{DecoderLayer, Mixer, Segment};
 use crate::ModelError;
-
-/// One sequence's rows of a pass inside a layer.
-pub(crate) struct DeviceSegment<'c> {
-    pub rows: Range<usize>,
-    pub start_pos: usize,
-    pub cache: &'c mut LayerCache,
-    pub verify: bool,
-}
 
 /// The activations of one pass of `n` rows, sized for the widest layer of the model and shared
 /// by every layer in turn (each layer's kernels run after the previous layer's).
@@ -393,7 +384,7 @@ impl DeviceLayer {
         rec: &mut Recorder,
         h: &wgpu::Buffer,
         n: usize,
-        segments: &mut [DeviceSegment],
+        segments: &mut [Segment],
         b: &mut PassBuffers,
     ) -> Result<(), ModelError> {
         let e = self.n_embd;
@@ -474,7 +465,7 @@ impl DeviceAttention {
         &self,
         rec: &mut Recorder,
         n: usize,
-        segments: &mut [DeviceSegment],
+        segments: &mut [Segment],
         b: &mut PassBuffers,
     ) -> Result<(), ModelError> {
         let e = self.wq.m.cols();
@@ -630,7 +621,7 @@ impl DeviceDeltaNet {
         &self,
         rec: &mut Recorder,
         n: usize,
-        segments: &mut [DeviceSegment],
+        segments: &mut [Segment],
         b: &mut PassBuffers,
     ) -> Result<(), ModelError> {
         let e = self.w_qkv.m.cols();

@@ -98,6 +98,12 @@ impl Mat {
         )
         .map_err(gpu_err)?;
         if let Some(s) = self.scale {
+            let rows = self.m.rows();
+            if y_stride == rows {
+                // Contiguous output rows: one dispatch over all of them.
+                return nextn_gpu::kernels::elementwise::scale(rec, y, u(y_off)?, u(n * rows)?, s)
+                    .map_err(gpu_err);
+            }
             for i in 0..n {
                 nextn_gpu::kernels::elementwise::scale(
                     rec,
@@ -299,7 +305,7 @@ impl DeviceModel {
                 if it.tokens.is_empty() {
                     continue;
                 }
-                segments.push(layer::DeviceSegment {
+                segments.push(crate::model::Segment {
                     rows: s..s + it.tokens.len(),
                     start_pos: it.state.n_past,
                     cache: &mut it.state.layers[il],

@@ -9,12 +9,12 @@ use nextn_gpu::kernels::elementwise::gather_rows;
 use nextn_gpu::kernels::norm::rms_norm;
 use nextn_gpu::{Gpu, Recorder};
 
-use super::layer::{DeviceLayer, DeviceSegment, PassBuffers};
+use super::layer::{DeviceLayer, PassBuffers};
 use super::{gpu_err, logit_rows, scratch, u, vector, Mat};
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
-use crate::model::ForwardOutput;
+use crate::model::{ForwardOutput, Segment};
 use crate::nextn::{HeadBatchItem, NextnHead};
 use crate::ModelError;
 
@@ -148,12 +148,7 @@ impl DeviceHead {
             }
             starts.push(at);
             for (i, &t) in it.tokens.iter().enumerate() {
-                if t as usize >= head.embed.rows {
-                    return Err(ModelError::TokenOutOfRange {
-                        token: t as u64,
-                        n_vocab: head.embed.rows,
-                    });
-                }
+                // An id outside the table is refused here (TokenOutOfRange).
                 let dst = &mut cat_raw[(at + i) * 2 * e..(at + i + 1) * 2 * e];
                 head.embed.dequantize_row(t as usize, &mut dst[..e])?;
                 dst[e..].copy_from_slice(&it.hidden_prev[i * e..(i + 1) * e]);
@@ -185,11 +180,11 @@ impl DeviceHead {
         .map_err(gpu_err)?;
         self.eh_proj
             .forward(&mut rec, &cat, 0, 2 * e, n, &h, 0, e)?;
-        let mut segments: Vec<DeviceSegment> = items
+        let mut segments: Vec<Segment> = items
             .iter_mut()
             .zip(&starts)
             .filter(|(it, _)| !it.tokens.is_empty())
-            .map(|(it, &s)| DeviceSegment {
+            .map(|(it, &s)| Segment {
                 rows: s..s + it.tokens.len(),
                 start_pos: it.start_pos,
                 cache: &mut *it.cache,
