@@ -8,5 +8,9 @@ pub mod prefix_cache;
 pub mod sampler;
 pub mod scheduler;
 pub mod slot_file;
-pub mod spec;
+pub mod speculative;
 pub mod tokenizer;
+
+/// The speculative parts under their earlier path, which the server still imports from.
+#[doc(hidden)]
+pub use speculative as spec;

@@ -22,6 +22,25 @@ impl FinishReason {
     }
 }
 
+/// How a request's grammar ended its output (a [`FinishReason::Stop`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrammarEnd {
+    /// The output completes the grammar.
+    Complete,
+    /// The grammar admits no token after the output so far (it cannot be completed from there):
+    /// the request's grammar ran into a dead end, and the output stops before it.
+    DeadEnd,
+}
+
+impl GrammarEnd {
+    pub fn describe(self) -> &'static str {
+        match self {
+            GrammarEnd::Complete => "the output completes the grammar",
+            GrammarEnd::DeadEnd => "the grammar admits no further token",
+        }
+    }
+}
+
 /// llama-server's `timings` fields.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {

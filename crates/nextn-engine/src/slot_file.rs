@@ -21,7 +21,7 @@ use nextn_model::{
     StateCodecError, StateReader, StateWriter,
 };
 
-use crate::spec::draft::{HeadState, HeadStateError};
+use crate::speculative::draft::{HeadState, HeadStateError};
 
 pub const MAGIC: [u8; 8] = *b"NEXTNSLT";
 pub const VERSION: u32 = 1;

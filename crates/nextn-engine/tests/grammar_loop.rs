@@ -9,7 +9,7 @@ use common::{constrained_reference, generate_jobs, Job, Loaded, Setup};
 use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource};
 use nextn_engine::output::FinishReason;
 use nextn_engine::sampler::{SamplerConfig, TokenLogprob};
-use nextn_engine::spec::DraftSampling;
+use nextn_engine::speculative::DraftSampling;
 use serde_json::{json, Value};
 
 fn schema() -> Value {

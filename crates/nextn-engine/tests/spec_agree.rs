@@ -7,8 +7,8 @@ mod common;
 
 use common::{bundled, generate, load, plain_reference, Setup};
 use nextn_engine::sampler::{Sampler, SamplerConfig};
-use nextn_engine::spec::draft::{draft, DraftJob, HeadState};
-use nextn_engine::spec::SpecConfig;
+use nextn_engine::speculative::draft::{draft, DraftJob, HeadState};
+use nextn_engine::speculative::SpecConfig;
 use nextn_model::{KvType, LogitRows};
 use serde_json::Value;
 

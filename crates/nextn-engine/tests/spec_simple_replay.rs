@@ -13,9 +13,9 @@
 use std::sync::Arc;
 
 use nextn_engine::sampler::{Sampler, SamplerConfig};
-use nextn_engine::spec::accept::accept_coupled;
-use nextn_engine::spec::draft::{draft, DraftJob, HeadState};
-use nextn_engine::spec::SpecConfig;
+use nextn_engine::speculative::accept::accept_coupled;
+use nextn_engine::speculative::draft::{draft, DraftJob, HeadState};
+use nextn_engine::speculative::SpecConfig;
 use nextn_gguf::GgufFile;
 use nextn_model::{KvType, LogitRows, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
@@ -90,9 +90,10 @@ fn simple_loop(
         let out = model
             .forward_verify(&rows, &mut state, pool)
             .expect("verify");
-        let (accepted, next) =
-            accept_coupled(&mut sampler, &drafts, &out, emitted.len() as u64, None)
-                .expect("accept");
+        let kept = accept_coupled(&mut sampler, &drafts, &out, emitted.len() as u64, None)
+            .expect("accept");
+        let accepted = kept.drafts;
+        let next = kept.next.expect("without a grammar a token always follows");
         model.commit(&mut state, accepted + 1).expect("commit");
         // The head's entries for the accepted drafts, from the target's hidden states.
         head_state.commit(

@@ -197,7 +197,34 @@ fn grammars_and_refusals() {
         .expect("an integer");
     assert!((0..=9).contains(&n));
 
+    // A grammar that runs into a dead end (nothing matches an empty character class) is the
+    // request's own limit: the output stops cleanly where it ends, on both APIs.
+    let dead_end = "start: \"a\" /[^\\s\\S]/";
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": "x", "grammar": dead_end, "n_predict": 8, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["content"], "a");
+    assert_eq!(r.json()["stop"], true);
+    let r = s.post(
+        "/v1/chat/completions",
+        &chat(
+            "x",
+            json!({"grammar": dead_end, "max_tokens": 8, "seed": 5}),
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "a");
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+
     for (body, param, needle) in [
+        // Known before generation: a grammar that admits no output at all.
+        (
+            json!({"grammar": "start: /[^\\s\\S]/"}),
+            "grammar",
+            "grammar does not compile",
+        ),
         (
             json!({"grammar": "root ::= (\"x\""}),
             "grammar",

@@ -11,7 +11,7 @@ mod gbnf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{StopReason, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
@@ -206,10 +206,18 @@ impl Constraint {
     /// The tokens allowed next (only end-of-generation ones once the grammar is complete).
     pub fn mask(&mut self) -> Result<TokenMask, GrammarError> {
         let t = Instant::now();
-        let vob = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        let vob = self.matcher.compute_mask_or_eos().map_err(|e| {
+            // llguidance reports a state no token continues (the output so far cannot be
+            // completed) as an error whose first line names its stop reason; the text is all
+            // the matcher keeps of it.
+            let message = e.to_string();
+            let reason = StopReason::NoExtensionBias.to_string();
+            if message.lines().next() == Some(reason.as_str()) {
+                GrammarError::NoToken
+            } else {
+                GrammarError::Matcher(message)
+            }
+        })?;
         self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
         self.masks += 1;
         let mask = TokenMask::from_words(vob.as_slice().to_vec(), self.n_vocab);
@@ -286,6 +294,22 @@ mod tests {
             out.push(t);
         }
         tok.decode(&out)
+    }
+
+    /// A grammar whose output cannot be completed after a point (nothing matches an empty
+    /// character class) is a dead end there, not a matcher failure.
+    #[test]
+    fn a_dead_end_admits_no_token() {
+        let (g, tok) = compiler();
+        let mut c = g
+            .compile(&GrammarSource::Grammar("start: \"a\" /[^\\s\\S]/".into()))
+            .unwrap();
+        let a = tok.encode("a", false);
+        assert_eq!(a.len(), 1);
+        assert!(c.mask().unwrap().allows(a[0]));
+        c.consume(a[0]).unwrap();
+        let m = c.mask();
+        assert!(matches!(m, Err(GrammarError::NoToken)), "{m:?}");
     }
 
     #[test]

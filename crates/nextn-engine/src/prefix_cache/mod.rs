@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use nextn_model::{KvRows, RecurrentSnapshot};
 
-use crate::spec::draft::HeadState;
+use crate::speculative::draft::HeadState;
 
 /// What a snapshot weighs, for the budget.
 pub trait Weighed {

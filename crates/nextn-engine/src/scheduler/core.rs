@@ -6,28 +6,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cost::{CostModel, RowCost};
-use super::kept::{Kept, SlotActionError};
-use super::policy::AcceptanceCounts;
+use super::policy::Planner;
 use super::slot::Slot;
+use super::slot_actions::SlotActionError;
+use super::slot_reuse::Kept;
 use super::{
     lock, Completion, DraftSampling, Engine, EngineInfo, EngineRef, Event, FailKind, Phase,
     Request, SchedulerConfig, Shared, SpecConfig,
 };
-use crate::output::{ms_since, FinishReason, Timings};
+use crate::output::{ms_since, FinishReason, GrammarEnd, Timings};
 use crate::prefix_cache::{PrefixTree, Snapshot};
 use crate::sampler::Sampler;
 use crate::slot_file::ModelIdentity;
-use crate::spec::draft::HeadState;
-
-/// Acceptance assumed for a draft position nothing has been measured for yet: optimistic, so
-/// positions get tried and measured.
-pub(super) const PRIOR_ACCEPTANCE: f64 = 0.75;
-/// Pseudo-steps of the global estimate in a slot's own estimate, and of the prior in the global.
-pub(super) const SLOT_PRIOR_WEIGHT: f64 = 4.0;
-pub(super) const GLOBAL_PRIOR_WEIGHT: f64 = 2.0;
-/// Sliding windows (in steps per position) of the acceptance counts.
-pub(super) const GLOBAL_WINDOW: f64 = 400.0;
-pub(super) const SLOT_WINDOW: f64 = 64.0;
+use crate::speculative::draft::HeadState;
+use crate::speculative::speculator::Speculator;
 
 pub(super) fn run<L>(shared: Arc<Shared>, load: L)
 where
@@ -60,10 +52,8 @@ pub(super) struct Core<'e> {
     /// Speculative settings when the engine can draft.
     pub spec: Option<SpecConfig>,
     pub cost: CostModel,
-    pub global_acc: AcceptanceCounts,
+    pub planner: Planner,
     next_seq: u64,
-    /// Steps run, for the exploration schedule of `auto`.
-    pub step_no: u64,
     /// Prompt prefixes kept for later requests.
     pub prefix: Option<PrefixTree<Snapshot>>,
     /// Each free slot's state from its last request.
@@ -84,8 +74,12 @@ impl<'e> Core<'e> {
             .spec
             .clone()
             .filter(|s| s.n_max > 0 && engine.head.is_some());
-        let n_max = spec.as_ref().map_or(0, |s| s.n_max);
         let n_slots = cfg.n_slots;
+        let planner = Planner::new(
+            cfg.policy,
+            spec.as_ref().map(|s| (s.n_max, s.n_min)),
+            cfg.n_batch,
+        );
         let prefix = cfg
             .prefix_cache
             .as_ref()
@@ -104,9 +98,8 @@ impl<'e> Core<'e> {
                 per_slot_ms: 0.05,
                 commit_ms: 0.2,
             },
-            global_acc: AcceptanceCounts::new(n_max),
+            planner,
             next_seq: 0,
-            step_no: 0,
             prefix,
             kept: (0..n_slots).map(|_| None).collect(),
             last_request: vec![(0, 0, 0); n_slots],
@@ -324,12 +317,13 @@ impl<'e> Core<'e> {
             _ => DraftSampling::Coupled,
         };
         self.next_seq += 1;
+        let forced = request.forced_acceptance.take();
+        let spec = Speculator::new(head, draft_sampling, forced, n_max);
         let mut slot = Slot::new(
             request,
             sampler,
-            draft_sampling,
             state,
-            head,
+            spec,
             self.engine.tokenizer,
             n_max,
             self.next_seq,
@@ -385,7 +379,7 @@ impl<'e> Core<'e> {
     }
 
     /// Free a slot after its last token: flush held-back text, report the completion.
-    pub fn finish(&mut self, index: usize, finish: FinishReason) {
+    pub fn finish(&mut self, index: usize, finish: FinishReason, grammar_end: Option<GrammarEnd>) {
         let Some(mut slot) = self.slots[index].take() else {
             return;
         };
@@ -409,6 +403,7 @@ impl<'e> Core<'e> {
             },
             tokens,
             spec: std::mem::take(&mut slot.stats),
+            grammar_end,
             grammar_masks: slot.grammar.as_ref().map(|g| g.mask_time()),
         };
         // Counters first: a client that reads /metrics right after its answer sees itself counted.
@@ -442,10 +437,7 @@ impl<'e> Core<'e> {
         };
         let n_past = slot.state.n_past;
         // The head's state goes along only when it stands exactly at the target's position.
-        let head = slot
-            .head
-            .clone()
-            .and_then(|mut h| h.rewind(n_past).then_some(h));
+        let head = slot.spec.head_at(n_past);
         let tokens = slot.committed_tokens();
         if tree
             .insert(
@@ -474,10 +466,7 @@ impl<'e> Core<'e> {
             .iter()
             .map(|&r| (r, self.cost.head.pass_ms(r, 1)))
             .collect();
-        let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
-        let acceptance = self
-            .global_acc
-            .estimate(&vec![PRIOR_ACCEPTANCE; n_max], GLOBAL_PRIOR_WEIGHT);
+        let acceptance = self.planner.acceptance_estimate();
         let mut m = lock(&self.shared.metrics);
         m.requests_processing = busy;
         if self.spec.is_some() {
@@ -490,5 +479,15 @@ impl<'e> Core<'e> {
         }
         drop(m);
         self.publish_slots();
+    }
+
+    pub(super) fn publish_cache_gauges(&self) {
+        let Some(tree) = self.prefix.as_ref() else {
+            return;
+        };
+        let mut m = lock(&self.shared.metrics);
+        m.cache_bytes = tree.bytes() as u64;
+        m.cache_snapshots = tree.snapshots() as u64;
+        m.cache_evictions_total = tree.evictions();
     }
 }

@@ -17,10 +17,11 @@
 mod calibrate;
 mod core;
 pub mod cost;
-mod kept;
 mod metrics;
 pub mod policy;
 mod slot;
+mod slot_actions;
+mod slot_reuse;
 mod step;
 #[cfg(test)]
 mod tests;
@@ -35,15 +36,16 @@ use nextn_model::{KvType, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
 use crate::grammar::Constraint;
-use crate::output::{FinishReason, Timings};
+use crate::output::{FinishReason, GrammarEnd, Timings};
 use crate::sampler::{SamplerConfig, TokenLogprob};
-use crate::spec::forced::ForcedAcceptance;
-pub use crate::spec::{DraftSampling, SpecConfig, SpecStats, StepTrace};
+use crate::speculative::forced::ForcedAcceptance;
+pub use crate::speculative::{DraftSampling, SpecConfig, SpecStats, StepTrace};
 use crate::tokenizer::Tokenizer;
 
-pub use kept::{SlotAction, SlotActionDone, SlotActionError, SlotStatus};
 pub use metrics::MetricsSnapshot;
 pub use policy::DraftPolicy;
+pub use slot_actions::{SlotAction, SlotActionDone, SlotActionError};
+pub use slot_reuse::SlotStatus;
 
 /// What the inference thread owns, built by the loader once the model is read.
 pub struct Engine {
@@ -127,7 +129,7 @@ pub struct Request {
     /// ([`Event::Logprobs`]).
     pub logprobs: Option<usize>,
     /// Run the speculative loop at a chosen acceptance (measurement only; see
-    /// [`crate::spec::forced`]). Needs coupled drafts and no grammar.
+    /// [`crate::speculative::forced`]). Needs coupled drafts and no grammar.
     pub forced_acceptance: Option<ForcedAcceptance>,
     /// Report how far the prompt has been processed ([`Event::PromptProgress`]): when the
     /// request starts and after each prompt chunk.
@@ -206,6 +208,8 @@ pub struct Completion {
     pub timings: Timings,
     /// What drafting did for this request (`draft_n`, `draft_n_accepted`, per position, times).
     pub spec: SpecStats,
+    /// How the request's grammar ended the output, when it did (with [`FinishReason::Stop`]).
+    pub grammar_end: Option<GrammarEnd>,
     /// With a grammar: milliseconds spent computing its masks, and how many it computed.
     pub grammar_masks: Option<(f64, u64)>,
 }
@@ -248,7 +252,7 @@ pub enum Phase {
 struct Inbox {
     queue: VecDeque<Request>,
     /// Slot actions waiting for their slot to be free.
-    controls: Vec<kept::SlotControl>,
+    controls: Vec<slot_actions::SlotControl>,
     shutdown: Option<Instant>,
 }
 
@@ -363,7 +367,7 @@ impl SchedulerHandle {
         if inbox.shutdown.is_some() {
             return Err(SubmitError::ShuttingDown);
         }
-        inbox.controls.push(kept::SlotControl {
+        inbox.controls.push(slot_actions::SlotControl {
             slot,
             action,
             reply,

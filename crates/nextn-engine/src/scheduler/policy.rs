@@ -1,4 +1,5 @@
-//! How deep each slot drafts this step.
+//! The plan of one step: which prompt chunks run, how deep each decoding slot drafts, whose head
+//! catches up without drafting and whose head is retired ([`Planner::plan`]).
 //!
 //! `Auto` prices every extra draft token with the measured cost curves ([`super::cost`]) and the
 //! slot's measured acceptance: draft `j+1` of a slot is expected to yield `Π_{l≤j} a_l` tokens and
@@ -9,6 +10,32 @@
 //! is the fixed throttle: every slot drafts `n_max` while at most that many slots are busy.
 
 use super::cost::CostModel;
+pub use crate::speculative::AcceptanceCounts;
+
+/// Acceptance assumed for a draft position nothing has been measured for yet: optimistic, so
+/// positions get tried and measured.
+const PRIOR_ACCEPTANCE: f64 = 0.75;
+/// Pseudo-steps of the global estimate in a slot's own estimate, and of the prior in the global.
+const SLOT_PRIOR_WEIGHT: f64 = 4.0;
+const GLOBAL_PRIOR_WEIGHT: f64 = 2.0;
+/// Sliding windows (in steps per position) of the acceptance counts.
+const GLOBAL_WINDOW: f64 = 400.0;
+pub(super) const SLOT_WINDOW: f64 = 64.0;
+/// A slot's head lag is run in a pass of its own once it reaches this many rows while the slot
+/// prefills (under any policy) or decodes without drafting (fixed throttle), so the lag (and the
+/// hidden states it keeps, `n_embd` floats a row) stays bounded however long the prompt, and
+/// drafting can resume at once when load drops.
+pub(super) const LAG_FLUSH: usize = 256;
+/// With `auto`, a slot that has not drafted for this many steps and owes the head this many rows
+/// stops tracking the head for the rest of its request: under sustained load keeping the head
+/// current would cost every token a head row for drafts that never come.
+const ABANDON_IDLE_STEPS: usize = 8;
+const ABANDON_LAG: usize = 64;
+/// Every this many steps `auto` runs one step without drafts, and one where one more slot (with
+/// a short head lag) drafts fully.
+const EXPLORE_PERIOD: u64 = 32;
+/// Only a slot whose head lag is at most this explores.
+const EXPLORE_MAX_LAG: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DraftPolicy {
@@ -21,6 +48,252 @@ pub enum DraftPolicy {
 impl DraftPolicy {
     /// Every slot drafts `n_max` tokens in every step.
     pub const ALWAYS: DraftPolicy = DraftPolicy::MaxSlots(usize::MAX);
+}
+
+/// What the plan needs to know of one busy slot.
+pub(super) struct SlotView<'a> {
+    pub index: usize,
+    /// Admission order: prompts are processed first come, first served.
+    pub seq_no: u64,
+    pub stage: ViewStage<'a>,
+}
+
+pub(super) enum ViewStage<'a> {
+    Prefill {
+        /// The next prompt position to run.
+        next: usize,
+        /// Where this chunk must end at the latest (the next cache point or the prompt's end).
+        chunk_limit: usize,
+        prompt_len: usize,
+        head_lag: Option<usize>,
+    },
+    Decode {
+        /// Most drafts the slot has room for (context and token budget; 0 without a head).
+        room: usize,
+        head_lag: Option<usize>,
+        idle_steps: usize,
+        acceptance: &'a AcceptanceCounts,
+    },
+}
+
+/// A prompt chunk of this step: `prompt[start..end]` of slot `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PromptChunk {
+    pub slot: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// One step's plan.
+#[derive(Clone, Debug, Default)]
+pub(super) struct StepPlan {
+    pub prompt: Vec<PromptChunk>,
+    /// Every decoding slot with its draft depth (0: a plain decode row), in slot order.
+    pub decode: Vec<(usize, usize)>,
+    /// Slots whose head runs (a piece of) its lag this step without drafting.
+    pub catch_up: Vec<usize>,
+    /// Slots whose head is dropped before drafting: they decode plainly from now on.
+    pub retire: Vec<usize>,
+}
+
+/// Plans steps: owns the policy, the server-wide acceptance counts and the step counter that
+/// schedules `auto`'s exploration.
+pub(super) struct Planner {
+    policy: DraftPolicy,
+    /// Drafting settings when the engine drafts (`n_max`, `n_min`).
+    limits: Option<(usize, usize)>,
+    n_batch: usize,
+    acceptance: AcceptanceCounts,
+    step_no: u64,
+}
+
+impl Planner {
+    pub fn new(policy: DraftPolicy, limits: Option<(usize, usize)>, n_batch: usize) -> Self {
+        Planner {
+            policy,
+            limits,
+            n_batch,
+            acceptance: AcceptanceCounts::new(limits.map_or(0, |l| l.0)),
+            step_no: 0,
+        }
+    }
+
+    /// The server-wide acceptance estimate per draft position.
+    pub fn acceptance_estimate(&self) -> Vec<f64> {
+        let n_max = self.limits.map_or(0, |l| l.0);
+        self.acceptance
+            .estimate(&vec![PRIOR_ACCEPTANCE; n_max], GLOBAL_PRIOR_WEIGHT)
+    }
+
+    /// A verify step offered `drafted` drafts and kept `accepted`.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.acceptance.record(drafted, accepted);
+        self.acceptance.decay_to(GLOBAL_WINDOW);
+    }
+
+    /// The plan of the next step over the busy slots.
+    pub fn plan(&mut self, cost: &CostModel, slots: &[SlotView<'_>]) -> StepPlan {
+        self.step_no += 1;
+        let mut plan = StepPlan::default();
+        let shape = self.plan_prompt(slots, &mut plan);
+        let decoding: Vec<&SlotView> = slots
+            .iter()
+            .filter(|s| matches!(s.stage, ViewStage::Decode { .. }))
+            .collect();
+        let depths = self.plan_drafts(cost, &decoding, shape, slots.len());
+        let auto = self.policy == DraftPolicy::Auto && self.limits.is_some();
+        let flush_idle = matches!(self.policy, DraftPolicy::MaxSlots(_));
+        for (s, &k) in decoding.iter().zip(&depths) {
+            let ViewStage::Decode {
+                head_lag: Some(lag),
+                idle_steps,
+                ..
+            } = s.stage
+            else {
+                plan.decode.push((s.index, k));
+                continue;
+            };
+            let idle = if k > 0 { 0 } else { idle_steps + 1 };
+            if auto && idle >= ABANDON_IDLE_STEPS && lag >= ABANDON_LAG {
+                plan.retire.push(s.index);
+            } else if k == 0 && flush_idle && lag >= LAG_FLUSH {
+                plan.catch_up.push(s.index);
+            }
+            plan.decode.push((s.index, k));
+        }
+        for s in slots {
+            if let ViewStage::Prefill {
+                head_lag: Some(lag),
+                ..
+            } = s.stage
+            {
+                if lag >= LAG_FLUSH {
+                    plan.catch_up.push(s.index);
+                }
+            }
+        }
+        plan
+    }
+
+    /// Prompt chunks, first come first served, within the per-step row budget.
+    fn plan_prompt(&self, slots: &[SlotView<'_>], plan: &mut StepPlan) -> StepShape {
+        let mut prefilling: Vec<&SlotView> = slots
+            .iter()
+            .filter(|s| matches!(s.stage, ViewStage::Prefill { .. }))
+            .collect();
+        prefilling.sort_unstable_by_key(|s| (s.seq_no, s.index));
+        let mut budget = self.n_batch;
+        let mut shape = StepShape::default();
+        for s in prefilling {
+            let ViewStage::Prefill {
+                next,
+                chunk_limit,
+                prompt_len,
+                ..
+            } = s.stage
+            else {
+                continue;
+            };
+            if budget == 0 {
+                break;
+            }
+            let end = chunk_limit.min(next + budget);
+            budget -= end - next;
+            shape.prefill_rows += end - next;
+            if end == prompt_len {
+                shape.prefill_logit_rows += 1;
+            }
+            plan.prompt.push(PromptChunk {
+                slot: s.index,
+                start: next,
+                end,
+            });
+        }
+        shape
+    }
+
+    /// Draft depth per decoding slot (aligned with `decoding`).
+    fn plan_drafts(
+        &self,
+        cost: &CostModel,
+        decoding: &[&SlotView<'_>],
+        shape: StepShape,
+        busy: usize,
+    ) -> Vec<usize> {
+        let Some((n_max, n_min)) = self.limits else {
+            return vec![0; decoding.len()];
+        };
+        let max_k: Vec<usize> = decoding
+            .iter()
+            .map(|s| match s.stage {
+                ViewStage::Decode {
+                    room,
+                    head_lag: Some(_),
+                    ..
+                } => {
+                    let k = n_max.min(room);
+                    if k < n_min {
+                        0
+                    } else {
+                        k
+                    }
+                }
+                _ => 0,
+            })
+            .collect();
+        match self.policy {
+            DraftPolicy::MaxSlots(n) => {
+                if busy <= n {
+                    max_k
+                } else {
+                    vec![0; decoding.len()]
+                }
+            }
+            // The cost curves are only learned at the row counts steps actually use: now and then
+            // a step without drafts, and a step where one more slot drafts fully, keep both sides
+            // of the plan measured, so a wrong curve cannot hold the plan at one end for good.
+            DraftPolicy::Auto if self.step_no.is_multiple_of(EXPLORE_PERIOD) => {
+                vec![0; decoding.len()]
+            }
+            DraftPolicy::Auto => {
+                let global = self.acceptance_estimate();
+                let cands: Vec<DraftCandidate> = decoding
+                    .iter()
+                    .zip(&max_k)
+                    .map(|(s, &k)| DraftCandidate {
+                        max_k: k,
+                        accept: match s.stage {
+                            ViewStage::Decode { acceptance, .. } => {
+                                acceptance.estimate(&global, SLOT_PRIOR_WEIGHT)
+                            }
+                            ViewStage::Prefill { .. } => Vec::new(),
+                        },
+                    })
+                    .collect();
+                let mut depths = plan_auto(cost, shape, &cands);
+                if self.step_no % EXPLORE_PERIOD == EXPLORE_PERIOD / 2 {
+                    // A slot that owes the head next to nothing explores, so exploring costs a
+                    // few rows and never a catch-up pass.
+                    let lag_of = |d: usize| match decoding[d].stage {
+                        ViewStage::Decode {
+                            head_lag: Some(lag),
+                            ..
+                        } => lag,
+                        _ => usize::MAX,
+                    };
+                    let pick = (0..decoding.len())
+                        .filter(|&d| depths[d] < max_k[d] && lag_of(d) <= EXPLORE_MAX_LAG)
+                        .min_by_key(|&d| {
+                            (lag_of(d), (d as u64 + self.step_no) % decoding.len() as u64)
+                        });
+                    if let Some(d) = pick {
+                        depths[d] = max_k[d];
+                    }
+                }
+                depths
+            }
+        }
+    }
 }
 
 /// A decoding slot that could draft this step.
@@ -128,54 +401,6 @@ pub fn plan_auto(cost: &CostModel, shape: StepShape, cands: &[DraftCandidate]) -
     k
 }
 
-/// Per-position acceptance counts: `reached[j]` steps drafted position `j` with every earlier
-/// draft accepted, `accepted[j]` of them accepted it too.
-#[derive(Clone, Debug, Default)]
-pub struct AcceptanceCounts {
-    pub reached: Vec<f64>,
-    pub accepted: Vec<f64>,
-}
-
-impl AcceptanceCounts {
-    pub fn new(n: usize) -> Self {
-        AcceptanceCounts {
-            reached: vec![0.0; n],
-            accepted: vec![0.0; n],
-        }
-    }
-
-    /// Record one verify step: `drafted` tokens offered, the first `accepted` of them kept.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
-        for j in 0..drafted.min(accepted + 1).min(self.reached.len()) {
-            self.reached[j] += 1.0;
-            if j < accepted {
-                self.accepted[j] += 1.0;
-            }
-        }
-    }
-
-    /// Keep the counts a sliding window of roughly `window` steps per position.
-    pub fn decay_to(&mut self, window: f64) {
-        for j in 0..self.reached.len() {
-            if self.reached[j] > window {
-                let f = window / self.reached[j];
-                self.reached[j] *= f;
-                self.accepted[j] *= f;
-            }
-        }
-    }
-
-    /// Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-steps.
-    pub fn estimate(&self, prior: &[f64], weight: f64) -> Vec<f64> {
-        (0..self.reached.len())
-            .map(|j| {
-                let p = prior.get(j).copied().unwrap_or(0.5);
-                (self.accepted[j] + weight * p) / (self.reached[j] + weight)
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::cost::RowCost;
@@ -263,26 +488,5 @@ mod tests {
                 k[0]
             );
         }
-    }
-
-    #[test]
-    fn acceptance_counts_condition_on_earlier_positions() {
-        let mut c = AcceptanceCounts::new(3);
-        c.record(3, 1); // positions 0 and 1 reached; 0 accepted
-        c.record(3, 3); // all reached and accepted
-        c.record(1, 0); // position 0 reached, rejected
-        assert_eq!(c.reached, vec![3.0, 2.0, 1.0]);
-        assert_eq!(c.accepted, vec![2.0, 1.0, 1.0]);
-        let est = c.estimate(&[0.5, 0.5, 0.5], 0.0);
-        assert!((est[0] - 2.0 / 3.0).abs() < 1e-12);
-        assert!((est[1] - 0.5).abs() < 1e-12);
-        // With no measurements, the prior; with some, pulled toward it by its weight.
-        assert_eq!(
-            AcceptanceCounts::new(2).estimate(&[0.3, 0.6], 4.0),
-            vec![0.3, 0.6]
-        );
-        assert!((c.estimate(&[0.0; 3], 1.0)[2] - 0.5).abs() < 1e-12);
-        c.decay_to(1.5);
-        assert!((c.reached[0] - 1.5).abs() < 1e-12 && (c.accepted[0] - 1.0).abs() < 1e-12);
     }
 }

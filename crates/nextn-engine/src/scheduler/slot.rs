@@ -1,17 +1,16 @@
-//! One busy slot: a request's sequence state, head state, sampler, text stream and statistics.
+//! One busy slot: a request's sequence state, speculative state, sampler, text stream and
+//! statistics.
 
 use std::time::Instant;
 
 use nextn_model::SequenceState;
 
-use super::policy::AcceptanceCounts;
 use super::{Event, EventSink, Request};
 use crate::grammar::Constraint;
 use crate::output::TextOut;
 use crate::sampler::Sampler;
-use crate::spec::draft::HeadState;
-use crate::spec::forced::ForcedAcceptance;
-use crate::spec::{DraftSampling, SpecStats};
+use crate::speculative::speculator::Speculator;
+use crate::speculative::SpecStats;
 use crate::tokenizer::Tokenizer;
 
 /// Where a slot's sequence stands.
@@ -27,20 +26,14 @@ pub struct Slot<'t> {
     pub prompt: Vec<u32>,
     pub sink: Box<dyn EventSink>,
     pub sampler: Sampler,
-    /// How this request's drafts are picked and verified (`Sample` only when it samples).
-    pub draft_sampling: DraftSampling,
     pub state: SequenceState,
-    /// The NextN head's side; `None` decodes plainly.
-    pub head: Option<HeadState>,
-    /// Decode steps since this slot last drafted.
-    pub idle_steps: usize,
+    /// The head's state and what drafting measured for this request.
+    pub spec: Speculator,
     pub stage: Stage,
     pub out: TextOut<'t>,
     /// Tokens sampled so far: the output index of the next draw.
     pub n_sampled: u64,
     pub stats: SpecStats,
-    /// Windowed acceptance counts for the `auto` policy.
-    pub counts: AcceptanceCounts,
     /// Record every step in `stats.trace`.
     pub trace: bool,
     pub grammar: Option<Constraint>,
@@ -50,7 +43,6 @@ pub struct Slot<'t> {
     pub cache_prompt: bool,
     /// Prompt positions to keep a snapshot at, ascending.
     pub cache_points: Vec<usize>,
-    pub forced_acceptance: Option<ForcedAcceptance>,
     /// Send [`Event::PromptProgress`] while the prompt is processed.
     pub prompt_progress: bool,
     /// Prompt tokens resumed from the prefix cache.
@@ -67,9 +59,8 @@ impl<'t> Slot<'t> {
     pub fn new(
         request: Request,
         sampler: Sampler,
-        draft_sampling: DraftSampling,
         state: SequenceState,
-        head: Option<HeadState>,
+        spec: Speculator,
         tokenizer: &'t Tokenizer,
         n_max: usize,
         seq_no: u64,
@@ -85,7 +76,6 @@ impl<'t> Slot<'t> {
             logprobs,
             cache_prompt,
             mut cache_points,
-            forced_acceptance,
             prompt_progress,
             sink,
             ..
@@ -96,21 +86,17 @@ impl<'t> Slot<'t> {
             prompt,
             sink,
             sampler,
-            draft_sampling,
             state,
-            head,
-            idle_steps: 0,
+            spec,
             stage: Stage::Prefill { next: cache_n },
             out: TextOut::new(tokenizer, &stop, n_predict, ignore_eos),
             n_sampled: 0,
             stats: SpecStats::new(n_max),
-            counts: AcceptanceCounts::new(n_max),
             trace,
             grammar,
             logprobs,
             cache_prompt,
             cache_points,
-            forced_acceptance,
             prompt_progress,
             cache_n,
             t_start: Instant::now(),

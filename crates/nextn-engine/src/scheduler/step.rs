@@ -1,36 +1,32 @@
-//! One step of the generation loop: plan prompt chunks and drafts, draft with the NextN head
-//! ([`crate::spec::draft`]), one batched target pass over every busy slot (prefill chunks, decode
-//! rows and verify rows alike), then accept ([`crate::spec::accept`]), commit and emit per slot.
+//! One step of the generation loop, as a pipeline over data:
+//!
+//! 1. **plan** ([`super::policy::Planner::plan`]): prompt chunks, each decoding slot's draft
+//!    depth, whose head catches up without drafting and whose head is retired;
+//! 2. **draft** ([`crate::speculative::speculator::draft_batch`]): the NextN head over every
+//!    slot that drafts or catches up, one batched pass per depth;
+//! 3. **target pass**: one [`nextn_model::Model::forward_batch`] over every busy slot's rows
+//!    (prompt chunks, decode rows and verify rows alike);
+//! 4. **settle** ([`crate::speculative::speculator::Speculator::settle`]): per slot, accept,
+//!    draw the next token and commit the target's state and the head's together;
+//! 5. **emit**: stream the kept tokens' text and find where requests end;
+//! 6. **record** ([`StepReport`]): statistics, acceptance counts, cost model and metrics, once;
+//!
+//! and then the requests that ended are finished.
 
 use std::time::Instant;
 
 use nextn_model::{BatchItem, ForwardOutput, LogitRows, ModelError};
 
 use super::core::Core;
-use super::policy::{plan_auto, DraftCandidate, DraftPolicy, StepShape};
+use super::policy::{SlotView, StepPlan, ViewStage, SLOT_WINDOW};
 use super::slot::{Slot, Stage};
 use super::{lock, Event, FailKind};
-use crate::output::{ms_since, FinishReason};
+use crate::output::{ms_since, FinishReason, GrammarEnd};
 use crate::sampler::{TokenLogprob, TokenMask, TokenProb};
-use crate::spec::accept::{accept_coupled, accept_sampled, RowGrammar};
-use crate::spec::draft::{draft, DraftJob, Drafts};
-use crate::spec::{DraftSampling, StepTrace};
-
-/// A slot's head lag is run in a pass of its own once it reaches this many rows while the slot
-/// prefills (under any policy) or decodes without drafting (fixed throttle), so the lag (and the
-/// hidden states it keeps, `n_embd` floats a row) stays bounded however long the prompt, and
-/// drafting can resume at once when load drops.
-pub(super) const LAG_FLUSH: usize = 256;
-/// With `auto`, a slot that has not drafted for this many steps and owes the head this many rows
-/// stops tracking the head for the rest of its request: under sustained load keeping the head
-/// current would cost every token a head row for drafts that never come.
-pub(super) const ABANDON_IDLE_STEPS: usize = 8;
-pub(super) const ABANDON_LAG: usize = 64;
-/// Every this many steps `auto` runs one step without drafts, and one where one more slot (with
-/// a short head lag) drafts fully.
-const EXPLORE_PERIOD: u64 = 32;
-/// Only a slot whose head lag is at most this explores.
-const EXPLORE_MAX_LAG: usize = 16;
+use crate::speculative::accept::Accepted;
+use crate::speculative::draft::{Drafts, HeadPass};
+use crate::speculative::speculator::{draft_batch, DraftRequest, SettleError, VerifyRows};
+use crate::speculative::StepTrace;
 
 /// What one slot contributes to this step's target pass.
 enum Work {
@@ -49,79 +45,220 @@ enum Work {
     },
 }
 
+/// Tokens to stream for one slot after settling: token `k` was drawn from row `k` of its target
+/// output and sits at position `pos0 + k`.
+struct Emission {
+    slot: usize,
+    /// Index of the slot's output in the target pass.
+    out: usize,
+    tokens: Vec<u32>,
+    pos0: usize,
+    /// The output ends after these tokens whatever they are (the grammar admits nothing more,
+    /// or the request asked for no tokens at all).
+    then_end: Option<(FinishReason, Option<GrammarEnd>)>,
+}
+
+/// A request that ends this step.
+struct Ending {
+    slot: usize,
+    finish: FinishReason,
+    grammar_end: Option<GrammarEnd>,
+}
+
+/// Everything a step measured and decided, folded into the statistics, the acceptance counts,
+/// the cost model and the metrics by [`Core::record`].
+#[derive(Default)]
+pub(super) struct StepReport {
+    busy: usize,
+    /// The target pass: rows, rows with logits, milliseconds.
+    target: (usize, usize, f64),
+    head_passes: Vec<HeadPass>,
+    drafting_slots: usize,
+    draft_tokens: usize,
+    prompt_rows: u64,
+    /// Seconds from admission to the first token of the prompts finished this step.
+    prompt_seconds: f64,
+    tokens_predicted: u64,
+    /// Head time per slot that took part in drafting.
+    draft_ms: Vec<(usize, f64)>,
+    verified: Vec<VerifyReport>,
+    /// Decoding slots settled, and the milliseconds of settle and emit over all of them.
+    n_decoding: usize,
+    post_ms: f64,
+}
+
+/// One decoding slot's settled row set.
+struct VerifyReport {
+    slot: usize,
+    n_past: usize,
+    /// `[id_last, drafts…]`.
+    rows: Vec<u32>,
+    accepted: usize,
+    commit_ms: f64,
+    settle_ms: f64,
+}
+
 impl<'e> Core<'e> {
     pub(super) fn step(&mut self) -> Result<(), ModelError> {
-        self.step_no += 1;
-        let n_slots = self.slots.len();
-        let mut work: Vec<Option<Work>> = (0..n_slots).map(|_| None).collect();
+        let mut report = StepReport {
+            busy: self.busy(),
+            ..StepReport::default()
+        };
+        let plan = self.plan();
+        let mut work = self.draft(&plan, &mut report)?;
+        let outs = self.target_pass(&work, &mut report)?;
+        let t_post = Instant::now();
+        let emissions = self.settle(&mut work, &outs, &mut report)?;
+        let endings = self.emit_all(emissions, &outs, &mut report);
+        report.post_ms = ms_since(t_post);
+        self.record(report);
+        for e in endings {
+            self.finish(e.slot, e.finish, e.grammar_end);
+        }
+        Ok(())
+    }
 
-        // Prompt chunks, first come first served, within the per-step row budget.
-        let mut prefilling: Vec<(u64, usize)> = self
+    /// The plan of this step, applied to the slots' speculators (idle counts, retired heads).
+    fn plan(&mut self) -> StepPlan {
+        let views: Vec<SlotView> = self
             .slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| {
-                s.as_ref()
-                    .filter(|s| matches!(s.stage, Stage::Prefill { .. }))
-                    .map(|s| (s.seq_no, i))
+            .filter_map(|(index, s)| {
+                let s = s.as_ref()?;
+                let stage = match s.stage {
+                    Stage::Prefill { next } => ViewStage::Prefill {
+                        next,
+                        chunk_limit: s.chunk_limit(next),
+                        prompt_len: s.prompt.len(),
+                        head_lag: s.spec.head_lag(),
+                    },
+                    Stage::Decode { .. } => ViewStage::Decode {
+                        // Room for [id_last, drafts] in the context and in the token budget (the
+                        // bonus token counts).
+                        room: s
+                            .state
+                            .remaining()
+                            .saturating_sub(1)
+                            .min(s.out.budget_left().saturating_sub(1)),
+                        head_lag: s.spec.head_lag(),
+                        idle_steps: s.spec.idle_steps(),
+                        acceptance: s.spec.acceptance(),
+                    },
+                };
+                Some(SlotView {
+                    index,
+                    seq_no: s.seq_no,
+                    stage,
+                })
             })
             .collect();
-        prefilling.sort_unstable();
-        let mut budget = self.cfg.n_batch;
-        let mut shape = StepShape::default();
-        for &(_, i) in &prefilling {
-            let Some(slot) = self.slots[i].as_ref() else {
-                continue;
-            };
-            let Stage::Prefill { next } = slot.stage else {
-                continue;
-            };
-            if budget == 0 {
-                break;
+        let plan = self.planner.plan(&self.cost, &views);
+        for &(i, depth) in &plan.decode {
+            if let Some(slot) = self.slots[i].as_mut() {
+                slot.spec.planned(depth);
             }
-            let end = slot.chunk_limit(next).min(next + budget);
-            budget -= end - next;
-            shape.prefill_rows += end - next;
-            if end == slot.prompt.len() {
-                shape.prefill_logit_rows += 1;
-            }
-            work[i] = Some(Work::Prefill { start: next, end });
         }
+        for &i in &plan.retire {
+            if let Some(slot) = self.slots[i].as_mut() {
+                slot.spec.retire_head();
+            }
+        }
+        plan
+    }
 
-        let decoding: Vec<usize> = (0..n_slots)
-            .filter(|&i| {
-                self.slots[i]
-                    .as_ref()
-                    .is_some_and(|s| matches!(s.stage, Stage::Decode { .. }))
-            })
-            .collect();
-        let depths = self.plan_drafts(&decoding, shape);
-        self.track_idle_heads(&decoding, &depths);
-        let mut drafts = self.draft(&decoding, &depths)?;
-        let mut n_drafting = 0;
-        let mut n_draft_tokens = 0;
-        for (d, &i) in decoding.iter().enumerate() {
-            let Some(slot) = self.slots[i].as_mut() else {
+    /// Run the head for the slots that draft or catch up, and lay out every slot's rows of the
+    /// target pass.
+    fn draft(
+        &mut self,
+        plan: &StepPlan,
+        report: &mut StepReport,
+    ) -> Result<Vec<Option<Work>>, ModelError> {
+        let mut work: Vec<Option<Work>> = (0..self.slots.len()).map(|_| None).collect();
+        for c in &plan.prompt {
+            work[c.slot] = Some(Work::Prefill {
+                start: c.start,
+                end: c.end,
+            });
+        }
+        let mut depth_of = vec![0usize; self.slots.len()];
+        for &(i, depth) in &plan.decode {
+            depth_of[i] = depth;
+        }
+        let mut made_by_slot: Vec<Option<Drafts>> = vec![None; self.slots.len()];
+        if let (Some(head), Some(spec)) = (self.engine.head, self.spec.as_ref()) {
+            let mut members = Vec::new();
+            let mut requests = Vec::new();
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                let Some(slot) = slot.as_mut() else {
+                    continue;
+                };
+                let (id_last, n_draft) = match slot.stage {
+                    Stage::Decode { id_last } if depth_of[i] > 0 => (id_last, depth_of[i]),
+                    Stage::Decode { id_last } if plan.catch_up.contains(&i) => (id_last, 0),
+                    Stage::Prefill { .. } if plan.catch_up.contains(&i) => (0, 0),
+                    _ => continue,
+                };
+                if !slot.spec.has_head() {
+                    continue;
+                }
+                let Slot {
+                    spec: speculator,
+                    state,
+                    sampler,
+                    n_sampled,
+                    grammar,
+                    ..
+                } = slot;
+                members.push(i);
+                requests.push(DraftRequest {
+                    speculator,
+                    id_last,
+                    n_past: state.n_past,
+                    n_draft,
+                    sampler,
+                    // The first draft sits at the output position after id_last.
+                    first_index: *n_sampled,
+                    grammar: grammar.as_mut().filter(|_| spec.mask_drafts),
+                });
+            }
+            let n_vocab = self.engine.model.n_vocab;
+            let (made, passes) = draft_batch(
+                head,
+                requests,
+                spec,
+                self.cfg.n_batch,
+                n_vocab,
+                self.engine.pool,
+            )?;
+            report.head_passes = passes;
+            for (i, d) in members.into_iter().zip(made) {
+                made_by_slot[i] = Some(d);
+            }
+        }
+        for &(i, _) in &plan.decode {
+            let Some(slot) = self.slots[i].as_ref() else {
                 continue;
             };
             let Stage::Decode { id_last } = slot.stage else {
                 continue;
             };
+            let made = made_by_slot[i].take();
             let Drafts {
                 tokens,
                 dists,
                 masks,
                 ms,
                 ..
-            } = std::mem::take(&mut drafts[d]);
-            slot.stats.draft_ms += ms;
+            } = made.unwrap_or_default();
+            report.draft_ms.push((i, ms));
+            if !tokens.is_empty() {
+                report.drafting_slots += 1;
+                report.draft_tokens += tokens.len();
+            }
             let mut rows = Vec::with_capacity(1 + tokens.len());
             rows.push(id_last);
             rows.extend_from_slice(&tokens);
-            if !tokens.is_empty() {
-                n_drafting += 1;
-                n_draft_tokens += tokens.len();
-            }
             work[i] = Some(Work::Decode {
                 n_past: slot.state.n_past,
                 rows,
@@ -129,429 +266,406 @@ impl<'e> Core<'e> {
                 masks,
             });
         }
+        // A prefilling slot's head work counts as drafting time too.
+        report.draft_ms.extend(
+            made_by_slot
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, d)| Some((i, d?.ms))),
+        );
+        Ok(work)
+    }
 
-        // One target pass over every slot's rows.
-        let t_target = Instant::now();
+    /// One target pass over every slot's rows; the outputs in slot order.
+    fn target_pass(
+        &mut self,
+        work: &[Option<Work>],
+        report: &mut StepReport,
+    ) -> Result<Vec<(usize, ForwardOutput)>, ModelError> {
+        let t = Instant::now();
         let mut order = Vec::new();
         let mut n_rows = 0;
         let mut n_logit_rows = 0;
-        let outs = {
-            let mut items = Vec::new();
-            for (i, (slot, w)) in self.slots.iter_mut().zip(&work).enumerate() {
-                let (Some(slot), Some(w)) = (slot.as_mut(), w.as_ref()) else {
-                    continue;
-                };
-                let Slot { prompt, state, .. } = slot;
-                let item = match w {
-                    Work::Prefill { start, end } => BatchItem {
-                        tokens: &prompt[*start..*end],
-                        state,
-                        logits: if *end == prompt.len() {
-                            LogitRows::Last
-                        } else {
-                            LogitRows::None
-                        },
-                        verify: false,
+        let mut items = Vec::new();
+        for (i, (slot, w)) in self.slots.iter_mut().zip(work).enumerate() {
+            let (Some(slot), Some(w)) = (slot.as_mut(), w.as_ref()) else {
+                continue;
+            };
+            let Slot { prompt, state, .. } = slot;
+            let item = match w {
+                Work::Prefill { start, end } => BatchItem {
+                    tokens: &prompt[*start..*end],
+                    state,
+                    logits: if *end == prompt.len() {
+                        LogitRows::Last
+                    } else {
+                        LogitRows::None
                     },
-                    Work::Decode { rows, .. } if rows.len() > 1 => BatchItem {
-                        tokens: rows,
-                        state,
-                        logits: LogitRows::All,
-                        verify: true,
-                    },
-                    Work::Decode { rows, .. } => BatchItem {
-                        tokens: rows,
-                        state,
-                        logits: LogitRows::Last,
-                        verify: false,
-                    },
-                };
-                n_rows += item.tokens.len();
-                n_logit_rows += match item.logits {
-                    LogitRows::None => 0,
-                    LogitRows::Last => 1,
-                    LogitRows::All => item.tokens.len(),
-                };
-                items.push(item);
-                order.push(i);
-            }
-            self.engine
-                .model
-                .forward_batch(&mut items, self.engine.pool)?
-        };
-        let target_ms = ms_since(t_target);
-        self.cost.target.observe(n_rows, n_logit_rows, target_ms);
-        {
-            let busy = self.busy();
-            let mut m = lock(&self.shared.metrics);
-            m.n_decode_total += 1;
-            m.n_busy_slots_total += busy as u64;
-            m.last_step_rows = n_rows;
-            m.last_step_ms = target_ms;
-            m.last_step_drafting_slots = n_drafting;
-            m.last_step_draft_tokens = n_draft_tokens;
+                    verify: false,
+                },
+                Work::Decode { rows, .. } if rows.len() > 1 => BatchItem {
+                    tokens: rows,
+                    state,
+                    logits: LogitRows::All,
+                    verify: true,
+                },
+                Work::Decode { rows, .. } => BatchItem {
+                    tokens: rows,
+                    state,
+                    logits: LogitRows::Last,
+                    verify: false,
+                },
+            };
+            n_rows += item.tokens.len();
+            n_logit_rows += match item.logits {
+                LogitRows::None => 0,
+                LogitRows::Last => 1,
+                LogitRows::All => item.tokens.len(),
+            };
+            items.push(item);
+            order.push(i);
         }
+        let outs = self
+            .engine
+            .model
+            .forward_batch(&mut items, self.engine.pool)?;
+        report.target = (n_rows, n_logit_rows, ms_since(t));
+        Ok(order.into_iter().zip(outs).collect())
+    }
 
-        let t_post = Instant::now();
-        let mut commit_ms = 0.0;
-        let mut n_verify = 0;
-        for (out, i) in outs.into_iter().zip(order) {
-            match work[i].take() {
-                Some(Work::Prefill { start, end }) => self.after_prefill(i, start, end, &out),
+    /// Settle every slot's rows: prompt chunks go into the head's lag (and the cache points into
+    /// the prefix cache), a finished prompt and every decode row set yield the tokens to emit.
+    fn settle(
+        &mut self,
+        work: &mut [Option<Work>],
+        outs: &[(usize, ForwardOutput)],
+        report: &mut StepReport,
+    ) -> Result<Vec<Emission>, ModelError> {
+        let mut emissions = Vec::new();
+        for (k, (i, out)) in outs.iter().enumerate() {
+            let i = *i;
+            let emission = match work[i].take() {
+                Some(Work::Prefill { start, end }) => {
+                    report.prompt_rows += (end - start) as u64;
+                    self.settle_prompt(i, start, end, out, report)
+                }
                 Some(Work::Decode {
                     n_past,
                     rows,
                     dists,
                     masks,
                 }) => {
-                    if rows.len() > 1 {
-                        n_verify += 1;
-                    }
-                    commit_ms +=
-                        self.after_decode(i, n_past, &rows, &dists, &masks, &out, target_ms)?;
+                    report.n_decoding += 1;
+                    self.settle_decode(i, n_past, rows, &dists, &masks, out, report)?
                 }
-                None => {}
-            }
+                None => None,
+            };
+            emissions.extend(emission.map(|e| Emission { out: k, ..e }));
         }
-        if n_verify > 0 {
-            self.cost.observe_commit(n_verify, commit_ms);
-        }
-        if !decoding.is_empty() {
-            self.cost
-                .observe_per_slot(decoding.len(), ms_since(t_post) - commit_ms);
-        }
-        Ok(())
+        Ok(emissions)
     }
 
-    /// Draft depth per decoding slot (aligned with `decoding`).
-    fn plan_drafts(&self, decoding: &[usize], shape: StepShape) -> Vec<usize> {
-        let Some(spec) = &self.spec else {
-            return vec![0; decoding.len()];
-        };
-        let max_k: Vec<usize> = decoding
-            .iter()
-            .map(|&i| match self.slots[i].as_ref() {
-                Some(s) if s.head.is_some() => {
-                    // Room for [id_last, drafts] in the context and in the token budget (the bonus token counts).
-                    let room = s.state.remaining().saturating_sub(1);
-                    let budget = s.out.budget_left().saturating_sub(1);
-                    let k = spec.n_max.min(room).min(budget);
-                    if k < spec.n_min {
-                        0
-                    } else {
-                        k
-                    }
-                }
-                _ => 0,
-            })
-            .collect();
-        match self.cfg.policy {
-            DraftPolicy::MaxSlots(n) => {
-                if self.busy() <= n {
-                    max_k
-                } else {
-                    vec![0; decoding.len()]
-                }
-            }
-            // The cost curves are only learned at the row counts steps actually use: now and then
-            // a step without drafts, and a step where one more slot drafts fully, keep both sides
-            // of the plan measured, so a wrong curve cannot hold the plan at one end for good.
-            DraftPolicy::Auto if self.step_no.is_multiple_of(EXPLORE_PERIOD) => {
-                vec![0; decoding.len()]
-            }
-            DraftPolicy::Auto => {
-                let prior = vec![super::core::PRIOR_ACCEPTANCE; spec.n_max];
-                let global = self
-                    .global_acc
-                    .estimate(&prior, super::core::GLOBAL_PRIOR_WEIGHT);
-                let cands: Vec<DraftCandidate> = decoding
-                    .iter()
-                    .zip(&max_k)
-                    .filter_map(|(&i, &k)| {
-                        let s = self.slots[i].as_ref()?;
-                        Some(DraftCandidate {
-                            max_k: k,
-                            accept: s.counts.estimate(&global, super::core::SLOT_PRIOR_WEIGHT),
-                        })
-                    })
-                    .collect();
-                if cands.len() != decoding.len() {
-                    return vec![0; decoding.len()];
-                }
-                let mut depths = plan_auto(&self.cost, shape, &cands);
-                if self.step_no % EXPLORE_PERIOD == EXPLORE_PERIOD / 2 {
-                    // A slot that owes the head next to nothing explores, so exploring costs a
-                    // few rows and never a catch-up pass.
-                    let lag_of = |d: usize| {
-                        self.slots[decoding[d]]
-                            .as_ref()
-                            .and_then(|s| s.head.as_ref())
-                            .map_or(usize::MAX, |h| h.lag())
-                    };
-                    let pick = (0..decoding.len())
-                        .filter(|&d| depths[d] < max_k[d] && lag_of(d) <= EXPLORE_MAX_LAG)
-                        .min_by_key(|&d| {
-                            (lag_of(d), (d as u64 + self.step_no) % decoding.len() as u64)
-                        });
-                    if let Some(d) = pick {
-                        depths[d] = max_k[d];
-                    }
-                }
-                depths
-            }
-        }
-    }
-
-    /// Run the head for this step (see [`crate::spec::draft::draft`]) over the slots that draft,
-    /// the prefilling slots whose head lag has grown long and, with a fixed throttle, the decoding
-    /// ones too. Returns the drafts of each decoding slot (aligned with `decoding`).
-    fn draft(&mut self, decoding: &[usize], depths: &[usize]) -> Result<Vec<Drafts>, ModelError> {
-        let mut drafts: Vec<Drafts> = vec![Drafts::default(); decoding.len()];
-        let (Some(head), Some(spec)) = (self.engine.head, self.spec.as_ref()) else {
-            return Ok(drafts);
-        };
-        let flush_idle = matches!(self.cfg.policy, DraftPolicy::MaxSlots(_));
-        let mut depth_of_slot: Vec<Option<(usize, usize)>> = vec![None; self.slots.len()];
-        for (d, &i) in decoding.iter().enumerate() {
-            depth_of_slot[i] = Some((d, depths[d]));
-        }
-        let mut members = Vec::new();
-        let mut jobs = Vec::new();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Some(Slot {
-                head: Some(h),
-                stage,
-                state,
-                sampler,
-                draft_sampling,
-                n_sampled,
-                grammar,
-                ..
-            }) = slot.as_mut()
-            else {
-                continue;
-            };
-            let long_lag = h.lag() >= LAG_FLUSH;
-            let (d, id_last, n_draft) = match (*stage, depth_of_slot[i]) {
-                (Stage::Decode { id_last }, Some((d, n_draft))) => {
-                    if n_draft == 0 && !(flush_idle && long_lag) {
-                        continue;
-                    }
-                    (Some(d), id_last, n_draft)
-                }
-                (Stage::Prefill { .. }, _) if long_lag => (None, 0, 0),
-                _ => continue,
-            };
-            members.push((i, d));
-            jobs.push(DraftJob {
-                head: h,
-                id_last,
-                n_past: state.n_past,
-                n_draft,
-                sampler,
-                sample_drafts: *draft_sampling == DraftSampling::Sample,
-                // The first draft sits at the output position after id_last.
-                first_index: *n_sampled,
-                grammar: grammar.as_mut().filter(|_| spec.mask_drafts),
-            });
-        }
-        if jobs.is_empty() {
-            return Ok(drafts);
-        }
-        let (made, passes) = draft(head, &mut jobs, spec, self.cfg.n_batch, self.engine.pool)?;
-        for p in passes {
-            self.cost.head.observe(p.rows, p.logit_rows, p.ms);
-        }
-        let n_vocab = self.engine.model.n_vocab;
-        for ((i, d), mut m) in members.into_iter().zip(made) {
-            match (d, self.slots[i].as_mut()) {
-                (Some(d), slot) => {
-                    if let Some(s) = slot {
-                        if let Some(f) = &s.forced_acceptance {
-                            f.apply(s.n_sampled, &mut m.tokens, n_vocab);
-                        }
-                    }
-                    drafts[d] = m
-                }
-                // A prefilling slot's head work counts as drafting time too.
-                (None, Some(slot)) => slot.stats.draft_ms += m.ms,
-                (None, None) => {}
-            }
-        }
-        Ok(drafts)
-    }
-
-    /// Count the steps each slot went without drafting; with `auto`, drop the head of a slot
-    /// that keeps not drafting while its lag grows (it decodes plainly from then on).
-    fn track_idle_heads(&mut self, decoding: &[usize], depths: &[usize]) {
-        let auto = self.cfg.policy == DraftPolicy::Auto && self.spec.is_some();
-        for (&i, &k) in decoding.iter().zip(depths) {
-            let Some(slot) = self.slots[i].as_mut() else {
-                continue;
-            };
-            let Some(h) = slot.head.as_ref() else {
-                continue;
-            };
-            if k > 0 {
-                slot.idle_steps = 0;
-                continue;
-            }
-            slot.idle_steps += 1;
-            if auto && slot.idle_steps >= ABANDON_IDLE_STEPS && h.lag() >= ABANDON_LAG {
-                slot.head = None;
-            }
-        }
-    }
-
-    fn after_prefill(&mut self, i: usize, start: usize, end: usize, out: &ForwardOutput) {
-        let Some(slot) = self.slots[i].as_mut() else {
-            return;
-        };
-        if let Some(h) = slot.head.as_mut() {
-            h.commit(start, &slot.prompt[start..end], &out.hidden);
-        }
+    fn settle_prompt(
+        &mut self,
+        i: usize,
+        start: usize,
+        end: usize,
+        out: &ForwardOutput,
+        report: &mut StepReport,
+    ) -> Option<Emission> {
+        let slot = self.slots[i].as_mut()?;
         let last = end == slot.prompt.len();
+        let Slot {
+            spec,
+            prompt,
+            sampler,
+            grammar,
+            ..
+        } = slot;
+        let first = last.then_some((sampler, grammar.as_mut()));
+        let settled = spec.settle_prompt(start, &prompt[start..end], out, first);
         slot.report_prompt_progress(end);
-        let keep = slot.cache_prompt && slot.cache_points.contains(&end);
-        lock(&self.shared.metrics).prompt_tokens_total += (end - start) as u64;
         if !last {
             slot.stage = Stage::Prefill { next: end };
         }
-        if keep {
+        if slot.cache_prompt && slot.cache_points.contains(&end) {
             if let Some(slot) = self.slots[i].take() {
                 self.keep_prefix(&slot);
                 self.slots[i] = Some(slot);
             }
         }
         if !last {
-            return;
+            return None;
         }
-        let Some(slot) = self.slots[i].as_mut() else {
-            return;
-        };
-        let mut m = lock(&self.shared.metrics);
+        let slot = self.slots[i].as_mut()?;
         slot.prompt_ms = ms_since(slot.t_start);
-        m.prompt_seconds_total += slot.prompt_ms / 1000.0;
-        drop(m);
+        report.prompt_seconds += slot.prompt_ms / 1000.0;
         slot.t_first_token = Some(Instant::now());
         if slot.out.budget_left() == 0 {
             // max_tokens 0: the prompt only.
-            self.finish(i, FinishReason::Length);
-            return;
+            return Some(Emission {
+                slot: i,
+                out: 0,
+                tokens: Vec::new(),
+                pos0: slot.state.n_past,
+                then_end: Some((FinishReason::Length, None)),
+            });
         }
-        let grammar = slot.grammar.as_mut().map(|g| RowGrammar {
-            constraint: g,
-            masks: &[],
-        });
-        let accepted = accept_coupled(&mut slot.sampler, &[], out, slot.n_sampled, grammar);
-        let token = match accepted {
-            Ok((_, t)) => t,
-            Err(e) => return self.fail(i, &e.to_string()),
+        let accepted = match settled {
+            Ok(a) => a?,
+            Err(e) => {
+                self.fail(i, &e.to_string());
+                return None;
+            }
         };
         slot.n_sampled += 1;
-        let n_past = slot.state.n_past;
-        if self.emit(i, &[token], n_past, out) {
-            if let Some(slot) = self.slots[i].as_mut() {
-                slot.stage = Stage::Decode { id_last: token };
-            }
-        }
+        Some(Emission {
+            slot: i,
+            out: 0,
+            tokens: accepted.next.into_iter().collect(),
+            pos0: slot.state.n_past,
+            then_end: dead_end(accepted),
+        })
     }
 
-    /// Accept, commit and emit after a decode or verify row set; returns the commit time (ms).
     #[allow(clippy::too_many_arguments)]
-    fn after_decode(
+    fn settle_decode(
         &mut self,
         i: usize,
         n_past: usize,
-        rows: &[u32],
+        rows: Vec<u32>,
         dists: &[Vec<TokenProb>],
         masks: &[TokenMask],
         out: &ForwardOutput,
-        target_ms: f64,
-    ) -> Result<f64, ModelError> {
+        report: &mut StepReport,
+    ) -> Result<Option<Emission>, ModelError> {
         let t = Instant::now();
         let Some(slot) = self.slots[i].as_mut() else {
-            return Ok(0.0);
+            return Ok(None);
         };
-        let drafts = &rows[1..];
-        let grammar = slot.grammar.as_mut().map(|g| RowGrammar {
-            constraint: g,
+        let verify = VerifyRows {
+            n_past,
+            rows: &rows,
+            dists,
             masks,
-        });
-        let result = match slot.draft_sampling {
-            DraftSampling::Sample if !drafts.is_empty() => accept_sampled(
-                &mut slot.sampler,
-                drafts,
-                dists,
-                out,
-                slot.n_sampled,
-                grammar,
-            ),
-            _ => accept_coupled(&mut slot.sampler, drafts, out, slot.n_sampled, grammar),
+            out,
         };
-        let (accepted, next) = match result {
-            Ok(x) => x,
-            Err(e) => {
-                // The verify rows are still pending: drop them with the request.
-                self.engine.model.commit(&mut slot.state, 0)?;
+        let settled = slot.spec.settle(
+            self.engine.model,
+            &mut slot.state,
+            &mut slot.sampler,
+            slot.grammar.as_mut(),
+            slot.n_sampled,
+            verify,
+        );
+        let settled = match settled {
+            Ok(s) => s,
+            Err(SettleError::Model(e)) => return Err(e),
+            Err(SettleError::Grammar(e)) => {
                 self.fail(i, &e.to_string());
-                return Ok(0.0);
+                return Ok(None);
             }
         };
-        slot.n_sampled += accepted as u64 + 1;
-        let mut commit_ms = 0.0;
-        if !drafts.is_empty() {
-            let tc = Instant::now();
-            self.engine.model.commit(&mut slot.state, accepted + 1)?;
-            commit_ms = ms_since(tc);
-            slot.stats.record(drafts.len(), accepted);
-            slot.counts.record(drafts.len(), accepted);
-            slot.counts.decay_to(super::core::SLOT_WINDOW);
-            self.global_acc.record(drafts.len(), accepted);
-            self.global_acc.decay_to(super::core::GLOBAL_WINDOW);
-            let mut m = lock(&self.shared.metrics);
-            m.spec_drafts_total += 1;
-            m.spec_draft_tokens_total += drafts.len() as u64;
-            m.spec_accepted_tokens_total += accepted as u64;
-            if m.spec_accepted_per_pos_total.len() < drafts.len() {
-                m.spec_accepted_per_pos_total.resize(drafts.len(), 0);
-            }
-            for p in 0..accepted {
-                m.spec_accepted_per_pos_total[p] += 1;
-            }
-        }
-        if slot.trace {
-            slot.stats.trace.push(StepTrace {
-                n_past,
-                id_last: rows[0],
-                drafts: drafts.to_vec(),
-                accepted,
-            });
-        }
-        let e = self.engine.model.config.n_embd;
-        if let Some(h) = slot.head.as_mut() {
-            // Head entries for id_last (unless its draft step made it) and the accepted drafts,
-            // from the target's hidden states.
-            h.commit(
-                n_past,
-                &rows[..accepted + 1],
-                &out.hidden[..(accepted + 1) * e],
-            );
-        }
-        if self.spec.is_some() {
-            slot.stats.verify_ms += target_ms + ms_since(t);
-        }
-        let mut emitted: Vec<u32> = drafts[..accepted].to_vec();
-        emitted.push(next);
-        if self.emit(i, &emitted, n_past + 1, out) {
-            if let Some(slot) = self.slots[i].as_mut() {
-                slot.stage = Stage::Decode { id_last: next };
-            }
-        }
-        Ok(commit_ms)
+        let Accepted { drafts, next } = settled.accepted;
+        slot.n_sampled += drafts as u64 + u64::from(next.is_some());
+        let mut tokens = rows[1..=drafts].to_vec();
+        tokens.extend(next);
+        report.verified.push(VerifyReport {
+            slot: i,
+            n_past,
+            rows,
+            accepted: drafts,
+            commit_ms: settled.commit_ms,
+            settle_ms: ms_since(t),
+        });
+        Ok(Some(Emission {
+            slot: i,
+            out: 0,
+            tokens,
+            pos0: n_past + 1,
+            then_end: dead_end(settled.accepted),
+        }))
     }
 
-    /// End one request with an error; the others go on.
+    /// Stream every slot's tokens; the requests that end.
+    fn emit_all(
+        &mut self,
+        emissions: Vec<Emission>,
+        outs: &[(usize, ForwardOutput)],
+        report: &mut StepReport,
+    ) -> Vec<Ending> {
+        let mut endings = Vec::new();
+        for e in emissions {
+            let out = &outs[e.out].1;
+            match self.emit(e.slot, &e.tokens, e.pos0, out, report) {
+                Emitted::Ends(finish, grammar_end) => endings.push(Ending {
+                    slot: e.slot,
+                    finish,
+                    grammar_end,
+                }),
+                Emitted::Gone => {}
+                Emitted::Continue(_) if e.then_end.is_some() => {
+                    if let Some((finish, grammar_end)) = e.then_end {
+                        endings.push(Ending {
+                            slot: e.slot,
+                            finish,
+                            grammar_end,
+                        });
+                    }
+                }
+                Emitted::Continue(Some(next)) => {
+                    if let Some(slot) = self.slots[e.slot].as_mut() {
+                        slot.stage = Stage::Decode { id_last: next };
+                    }
+                }
+                Emitted::Continue(None) => {}
+            }
+        }
+        endings
+    }
+
+    /// Stream tokens at positions `pos0..`, token `k` drawn from row `k` of `out`. A grammar
+    /// that is complete ends the output.
+    fn emit(
+        &mut self,
+        i: usize,
+        tokens: &[u32],
+        pos0: usize,
+        out: &ForwardOutput,
+        report: &mut StepReport,
+    ) -> Emitted {
+        let n_ctx = self.cfg.n_ctx_slot;
+        let grammar_done = self.slots[i]
+            .as_ref()
+            .and_then(|s| s.grammar.as_ref())
+            .is_some_and(|g| g.is_finished());
+        for (k, &t) in tokens.iter().enumerate() {
+            let Some(slot) = self.slots[i].as_mut() else {
+                return Emitted::Gone;
+            };
+            if let Some(n) = slot.logprobs {
+                let lp = TokenLogprob::of(out.logits_row(k), t, n);
+                if !slot.sink.send(Event::Logprobs(vec![lp])) {
+                    return self.drop_slot(i);
+                }
+            }
+            let before = slot.out.n_tokens();
+            let (piece, finish) = slot.out.push(t, pos0 + k, n_ctx);
+            report.tokens_predicted += (slot.out.n_tokens() - before) as u64;
+            if !slot.send_text(piece) {
+                return self.drop_slot(i);
+            }
+            let last = k + 1 == tokens.len();
+            match finish {
+                Some(f) => return Emitted::Ends(f, None),
+                None if last && grammar_done => {
+                    return Emitted::Ends(FinishReason::Stop, Some(GrammarEnd::Complete))
+                }
+                None => {}
+            }
+        }
+        Emitted::Continue(tokens.last().copied())
+    }
+
+    /// Fold one step's report into the request statistics, the acceptance counts, the cost model
+    /// and the metrics.
+    fn record(&mut self, report: StepReport) {
+        let StepReport {
+            busy,
+            target: (n_rows, n_logit_rows, target_ms),
+            head_passes,
+            drafting_slots,
+            draft_tokens,
+            prompt_rows,
+            prompt_seconds,
+            tokens_predicted,
+            draft_ms,
+            verified,
+            n_decoding,
+            post_ms,
+        } = report;
+        self.cost.target.observe(n_rows, n_logit_rows, target_ms);
+        for p in &head_passes {
+            self.cost.head.observe(p.rows, p.logit_rows, p.ms);
+        }
+        for (i, ms) in draft_ms {
+            if let Some(slot) = self.slots[i].as_mut() {
+                slot.stats.draft_ms += ms;
+            }
+        }
+        let speculative = self.spec.is_some();
+        let mut accepted_per_pos: Vec<u64> = Vec::new();
+        let (mut n_verify, mut commit_ms) = (0, 0.0);
+        let (mut spec_steps, mut spec_drafted, mut spec_accepted) = (0u64, 0u64, 0u64);
+        for v in verified {
+            let drafted = v.rows.len() - 1;
+            if drafted > 0 {
+                n_verify += 1;
+                commit_ms += v.commit_ms;
+                self.planner.record(drafted, v.accepted);
+                spec_steps += 1;
+                spec_drafted += drafted as u64;
+                spec_accepted += v.accepted as u64;
+                if accepted_per_pos.len() < drafted {
+                    accepted_per_pos.resize(drafted, 0);
+                }
+                accepted_per_pos[..v.accepted]
+                    .iter_mut()
+                    .for_each(|c| *c += 1);
+            }
+            let Some(slot) = self.slots[v.slot].as_mut() else {
+                continue;
+            };
+            if drafted > 0 {
+                slot.stats.record(drafted, v.accepted);
+                slot.spec.record(drafted, v.accepted, SLOT_WINDOW);
+            }
+            if speculative {
+                slot.stats.verify_ms += target_ms + v.settle_ms;
+            }
+            if slot.trace {
+                slot.stats.trace.push(StepTrace {
+                    n_past: v.n_past,
+                    id_last: v.rows[0],
+                    drafts: v.rows[1..].to_vec(),
+                    accepted: v.accepted,
+                });
+            }
+        }
+        if n_verify > 0 {
+            self.cost.observe_commit(n_verify, commit_ms);
+        }
+        if n_decoding > 0 {
+            self.cost.observe_per_slot(n_decoding, post_ms - commit_ms);
+        }
+        let mut m = lock(&self.shared.metrics);
+        m.n_decode_total += 1;
+        m.n_busy_slots_total += busy as u64;
+        m.last_step_rows = n_rows;
+        m.last_step_ms = target_ms;
+        m.last_step_drafting_slots = drafting_slots;
+        m.last_step_draft_tokens = draft_tokens;
+        m.prompt_tokens_total += prompt_rows;
+        m.prompt_seconds_total += prompt_seconds;
+        m.tokens_predicted_total += tokens_predicted;
+        m.spec_drafts_total += spec_steps;
+        m.spec_draft_tokens_total += spec_drafted;
+        m.spec_accepted_tokens_total += spec_accepted;
+        if m.spec_accepted_per_pos_total.len() < accepted_per_pos.len() {
+            m.spec_accepted_per_pos_total
+                .resize(accepted_per_pos.len(), 0);
+        }
+        for (total, n) in m
+            .spec_accepted_per_pos_total
+            .iter_mut()
+            .zip(accepted_per_pos)
+        {
+            *total += n;
+        }
+    }
+
+    /// End one request with an error; the others go on. A grammar that runs into a dead end is
+    /// not an error: the request stops there ([`GrammarEnd::DeadEnd`]).
     fn fail(&mut self, i: usize, message: &str) {
         let Some(mut slot) = self.slots[i].take() else {
             return;
@@ -566,54 +680,31 @@ impl<'e> Core<'e> {
         m.requests_processing = busy;
     }
 
-    /// Stream tokens at positions `pos0..`, token `k` drawn from row `k` of `out`; false once the
-    /// slot is finished or its client gone. A grammar that is complete ends the output.
-    fn emit(&mut self, i: usize, tokens: &[u32], pos0: usize, out: &ForwardOutput) -> bool {
-        let n_ctx = self.cfg.n_ctx_slot;
-        let grammar_done = self.slots[i]
-            .as_ref()
-            .and_then(|s| s.grammar.as_ref())
-            .is_some_and(|g| g.is_finished());
-        for (k, &t) in tokens.iter().enumerate() {
-            let Some(slot) = self.slots[i].as_mut() else {
-                return false;
-            };
-            if let Some(n) = slot.logprobs {
-                let lp = TokenLogprob::of(out.logits_row(k), t, n);
-                if !slot.sink.send(Event::Logprobs(vec![lp])) {
-                    return self.drop_slot(i);
-                }
-            }
-            let before = slot.out.n_tokens();
-            let (piece, finish) = slot.out.push(t, pos0 + k, n_ctx);
-            let counted = (slot.out.n_tokens() - before) as u64;
-            lock(&self.shared.metrics).tokens_predicted_total += counted;
-            if !slot.send_text(piece) {
-                return self.drop_slot(i);
-            }
-            let last = k + 1 == tokens.len();
-            match finish {
-                Some(f) => {
-                    self.finish(i, f);
-                    return false;
-                }
-                None if last && grammar_done => {
-                    self.finish(i, FinishReason::Stop);
-                    return false;
-                }
-                None => {}
-            }
-        }
-        true
-    }
-
     /// Free the slot of a client that went away.
-    fn drop_slot(&mut self, i: usize) -> bool {
+    fn drop_slot(&mut self, i: usize) -> Emitted {
         self.slots[i] = None;
         let busy = self.busy();
         let mut m = lock(&self.shared.metrics);
         m.requests_cancelled_total += 1;
         m.requests_processing = busy;
-        false
+        Emitted::Gone
     }
+}
+
+/// The end of a request whose grammar admits no token after what was accepted.
+fn dead_end(accepted: Accepted) -> Option<(FinishReason, Option<GrammarEnd>)> {
+    accepted
+        .next
+        .is_none()
+        .then_some((FinishReason::Stop, Some(GrammarEnd::DeadEnd)))
+}
+
+/// What streaming a slot's tokens came to.
+enum Emitted {
+    /// The request goes on; the last token streamed (the next `id_last`).
+    Continue(Option<u32>),
+    /// The request ends after the tokens streamed.
+    Ends(FinishReason, Option<GrammarEnd>),
+    /// The client went away; the slot is free.
+    Gone,
 }

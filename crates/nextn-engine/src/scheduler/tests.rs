@@ -10,7 +10,7 @@ use nextn_quant::kernels::ThreadPool;
 
 use super::core::Core;
 use super::cost::{CostModel, RowCost};
-use super::step::LAG_FLUSH;
+use super::policy::LAG_FLUSH;
 use super::*;
 
 struct TestSink(mpsc::Sender<Event>);
@@ -129,7 +129,7 @@ fn auto_retires_the_head_of_a_slot_that_never_drafts() {
         // Steps also learn the real costs; keep pricing with the adverse ones.
         core.cost = adverse.clone();
         core.step().unwrap();
-        retired |= core.slots.iter().flatten().all(|s| s.head.is_none());
+        retired |= core.slots.iter().flatten().all(|s| !s.spec.has_head());
     }
     assert!(retired, "the heads of non-drafting slots were retired");
     for rx in [rx1, rx2] {
@@ -162,7 +162,7 @@ fn head_lag_stays_bounded_through_a_long_prompt() {
         while core.busy() > 0 {
             core.step().unwrap();
             for s in core.slots.iter().flatten() {
-                most = most.max(s.head.as_ref().map_or(0, |h| h.lag()));
+                most = most.max(s.spec.head_lag().unwrap_or(0));
             }
         }
         assert!(

@@ -14,7 +14,7 @@ use nextn_engine::scheduler::{
     Completion, DraftPolicy, EngineRef, Event, EventSink, PrefixCacheConfig, Request, Scheduler,
     SchedulerConfig,
 };
-use nextn_engine::spec::SpecConfig;
+use nextn_engine::speculative::SpecConfig;
 use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use nextn_model::{KvType, LogitRows, Model, NextnHead};

@@ -12,7 +12,7 @@ use nextn_engine::chat::ChatTemplate;
 use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource};
 use nextn_engine::sampler::SamplerConfig;
 use nextn_engine::scheduler::EngineRef;
-use nextn_engine::spec::{DraftSampling, SpecConfig};
+use nextn_engine::speculative::{DraftSampling, SpecConfig};
 use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use nextn_model::config::LayerKind;

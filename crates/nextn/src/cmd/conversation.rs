@@ -14,7 +14,7 @@ use nextn_engine::sampler::SamplerConfig;
 use nextn_engine::scheduler::{
     DraftPolicy, EngineRef, Event, PrefixCacheConfig, Request, Scheduler, SchedulerConfig,
 };
-use nextn_engine::spec::SpecConfig;
+use nextn_engine::speculative::SpecConfig;
 
 use super::common::{self, Loaded};
 use super::run::{progress_on_terminal, Args, Stdout};

@@ -299,6 +299,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "finish_reason": completion.finish.as_str(),
             "timings": timings,
         });
+        if let Some(end) = completion.grammar_end {
+            out["grammar_end"] = json!(end.describe());
+        }
         if let Some(head) = &head {
             out["spec"] = completion.spec.to_json(completion.tokens.len());
             out["spec"]["draft_vocab"] = json!(head.draft_vocab_size());
@@ -323,7 +326,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         t.predicted_n,
         t.predicted_ms,
         t.predicted_per_second(),
-        completion.finish.as_str()
+        match completion.grammar_end {
+            Some(end) => format!("{} ({})", completion.finish.as_str(), end.describe()),
+            None => completion.finish.as_str().to_string(),
+        }
     );
     if head.is_some() {
         eprintln!("{}", completion.spec.summary());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
-use nextn_engine::spec::forced::ForcedAcceptance;
+use nextn_engine::speculative::forced::ForcedAcceptance;
 use nextn_model::config::LayerKind;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 use serde_json::json;

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use nextn_engine::spec::SpecStats;
+use nextn_engine::speculative::SpecStats;
 use nextn_model::NextnHead;
 use serde_json::{json, Value};
 

@@ -15,6 +15,7 @@
 pub mod accept;
 pub mod draft;
 pub mod forced;
+pub mod speculator;
 
 /// `--spec-draft-sampling`: how drafts are chosen and verified at temperature > 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,5 +228,79 @@ impl SpecStats {
             self.draft_ms,
             self.verify_ms
         )
+    }
+}
+
+/// Per-position acceptance counts: `reached[j]` steps drafted position `j` with every earlier
+/// draft accepted, `accepted[j]` of them accepted it too.
+#[derive(Clone, Debug, Default)]
+pub struct AcceptanceCounts {
+    pub reached: Vec<f64>,
+    pub accepted: Vec<f64>,
+}
+
+impl AcceptanceCounts {
+    pub fn new(n: usize) -> Self {
+        AcceptanceCounts {
+            reached: vec![0.0; n],
+            accepted: vec![0.0; n],
+        }
+    }
+
+    /// Record one verify step: `drafted` tokens offered, the first `accepted` of them kept.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        for j in 0..drafted.min(accepted + 1).min(self.reached.len()) {
+            self.reached[j] += 1.0;
+            if j < accepted {
+                self.accepted[j] += 1.0;
+            }
+        }
+    }
+
+    /// Keep the counts a sliding window of roughly `window` steps per position.
+    pub fn decay_to(&mut self, window: f64) {
+        for j in 0..self.reached.len() {
+            if self.reached[j] > window {
+                let f = window / self.reached[j];
+                self.reached[j] *= f;
+                self.accepted[j] *= f;
+            }
+        }
+    }
+
+    /// Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-steps.
+    pub fn estimate(&self, prior: &[f64], weight: f64) -> Vec<f64> {
+        (0..self.reached.len())
+            .map(|j| {
+                let p = prior.get(j).copied().unwrap_or(0.5);
+                (self.accepted[j] + weight * p) / (self.reached[j] + weight)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acceptance_counts_condition_on_earlier_positions() {
+        let mut c = AcceptanceCounts::new(3);
+        c.record(3, 1); // positions 0 and 1 reached; 0 accepted
+        c.record(3, 3); // all reached and accepted
+        c.record(1, 0); // position 0 reached, rejected
+        assert_eq!(c.reached, vec![3.0, 2.0, 1.0]);
+        assert_eq!(c.accepted, vec![2.0, 1.0, 1.0]);
+        let est = c.estimate(&[0.5, 0.5, 0.5], 0.0);
+        assert!((est[0] - 2.0 / 3.0).abs() < 1e-12);
+        assert!((est[1] - 0.5).abs() < 1e-12);
+        // With no measurements, the prior; with some, pulled toward it by its weight.
+        assert_eq!(
+            AcceptanceCounts::new(2).estimate(&[0.3, 0.6], 4.0),
+            vec![0.3, 0.6]
+        );
+        assert!((c.estimate(&[0.0; 3], 1.0)[2] - 0.5).abs() < 1e-12);
+        c.decay_to(1.5);
+        assert!((c.reached[0] - 1.5).abs() < 1e-12 && (c.accepted[0] - 1.0).abs() < 1e-12);
     }
 }

@@ -1,34 +1,16 @@
-//! What a slot keeps between requests, and the slot actions on it (`/slots`, slot files, the
-//! prompt cache of `nextn run`).
-//!
-//! A finished request leaves its committed state in its slot ([`Kept`]) until another request
-//! takes the slot. The state was that size while the request ran, so keeping it costs no memory
-//! beyond the busiest moment, and it is never evicted: the next turn of the same conversation
-//! continues from it without a copy, and `POST /slots/{id}?action=save` writes it to a file.
-//! The prefix cache holds its own copy (shared by every slot, bounded by `--cache-ram`).
+//! Slot actions: what a free slot is asked to do with its kept state (`/slots` save, restore and
+//! erase, slot files, the prompt cache of `nextn run`). They wait in the inbox until their slot is
+//! free and run between steps on the inference thread.
 
 use std::sync::mpsc;
 
 use nextn_model::{ModelError, SequenceState};
 
 use super::core::Core;
-use super::slot::Slot;
-use super::{lock, EventSink};
+use super::slot_reuse::Kept;
 use crate::prefix_cache::Snapshot;
 use crate::slot_file::{ModelIdentity, SavedState, SlotFileError, Target};
-use crate::spec::draft::HeadState;
-
-/// A free slot's state from its last request.
-pub struct Kept {
-    /// The committed tokens the state holds.
-    pub tokens: Vec<u32>,
-    pub state: SequenceState,
-    /// The head's state at the same position (`None` when there is none or it could not be
-    /// brought there).
-    pub head: Option<HeadState>,
-    /// When the slot was freed (a tick of [`Core::clock`]).
-    pub freed_at: u64,
-}
+use crate::speculative::draft::HeadState;
 
 /// What a free slot is asked to do with its kept state.
 pub enum SlotAction {
@@ -77,76 +59,7 @@ pub struct SlotControl {
     pub reply: SlotActionReply,
 }
 
-/// One slot as `/slots` shows it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SlotStatus {
-    pub id: usize,
-    pub n_ctx: usize,
-    pub is_processing: bool,
-    /// Tokens of context the slot holds (its running request's, or those kept from its last).
-    pub n_past: usize,
-    /// The running or last request: prompt tokens, those resumed from a cache, tokens generated.
-    pub n_prompt_tokens: usize,
-    pub n_prompt_tokens_cache: usize,
-    pub n_decoded: usize,
-}
-
 impl<'e> Core<'e> {
-    /// Keep a finished or abandoned request's committed state (`tokens`) in its slot; the
-    /// request's sink is handed back.
-    pub(super) fn keep_in_slot(
-        &mut self,
-        index: usize,
-        slot: Slot<'e>,
-        tokens: Vec<u32>,
-    ) -> Box<dyn EventSink> {
-        self.last_request[index] = (slot.prompt.len(), slot.cache_n, slot.n_sampled as usize);
-        self.clock += 1;
-        let Slot {
-            state, head, sink, ..
-        } = slot;
-        if state.pending_rows > 0 {
-            self.kept[index] = None;
-            return sink;
-        }
-        let n_past = state.n_past;
-        let head = head.and_then(|mut h| h.rewind(n_past).then_some(h));
-        self.kept[index] = Some(Kept {
-            tokens,
-            state,
-            head,
-            freed_at: self.clock,
-        });
-        sink
-    }
-
-    /// The free slot for `prompt`: the one whose kept state is the longest usable prefix of it
-    /// (when `reuse`), else an empty one, else the one freed longest ago. Returns the slot and
-    /// how many prompt tokens its kept state covers (0 when it is not usable).
-    pub(super) fn pick_slot(&self, prompt: &[u32], reuse: bool) -> Option<(usize, usize)> {
-        let needs_head = self.spec.is_some() && self.engine.head.is_some();
-        let usable = |k: &Kept| {
-            k.tokens.len() < prompt.len()
-                && prompt.starts_with(&k.tokens)
-                && (!needs_head || k.head.is_some())
-        };
-        let free = (0..self.slots.len()).filter(|&i| self.slots[i].is_none());
-        if reuse {
-            let best = free
-                .clone()
-                .filter_map(|i| {
-                    let k = self.kept[i].as_ref()?;
-                    usable(k).then_some((i, k.tokens.len()))
-                })
-                .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
-            if let Some((i, n)) = best.filter(|&(_, n)| n > 0) {
-                return Some((i, n));
-            }
-        }
-        free.min_by_key(|&i| self.kept[i].as_ref().map_or(0, |k| k.freed_at))
-            .map(|i| (i, 0))
-    }
-
     /// Run `f` with what a slot file must fit here.
     fn with_target<R>(&mut self, f: impl FnOnce(&Target<'_>) -> R) -> R {
         let model = self.engine.model;
@@ -296,45 +209,5 @@ impl<'e> Core<'e> {
             recurrent: hit.snapshot.recurrent.clone(),
             head: hit.snapshot.head.clone(),
         })
-    }
-
-    /// `/slots`: what every slot holds, busy or free.
-    pub(super) fn publish_slots(&self) {
-        let statuses = (0..self.slots.len())
-            .map(|i| match &self.slots[i] {
-                Some(s) => SlotStatus {
-                    id: i,
-                    n_ctx: self.cfg.n_ctx_slot,
-                    is_processing: true,
-                    n_past: s.state.n_past,
-                    n_prompt_tokens: s.prompt.len(),
-                    n_prompt_tokens_cache: s.cache_n,
-                    n_decoded: s.out.tokens().len(),
-                },
-                None => {
-                    let (n_prompt_tokens, n_prompt_tokens_cache, n_decoded) = self.last_request[i];
-                    SlotStatus {
-                        id: i,
-                        n_ctx: self.cfg.n_ctx_slot,
-                        is_processing: false,
-                        n_past: self.kept[i].as_ref().map_or(0, |k| k.tokens.len()),
-                        n_prompt_tokens,
-                        n_prompt_tokens_cache,
-                        n_decoded,
-                    }
-                }
-            })
-            .collect();
-        lock(&self.shared.metrics).slots = statuses;
-    }
-
-    pub(super) fn publish_cache_gauges(&self) {
-        let Some(tree) = self.prefix.as_ref() else {
-            return;
-        };
-        let mut m = lock(&self.shared.metrics);
-        m.cache_bytes = tree.bytes() as u64;
-        m.cache_snapshots = tree.snapshots() as u64;
-        m.cache_evictions_total = tree.evictions();
     }
 }

@@ -23,18 +23,54 @@ pub struct RowGrammar<'a> {
 impl RowGrammar<'_> {
     fn mask(&mut self, row: usize) -> Result<Cow<'_, TokenMask>, GrammarError> {
         match self.masks.get(row) {
+            Some(m) if m.count() == 0 => Err(GrammarError::NoToken),
             Some(m) => Ok(Cow::Borrowed(m)),
             None => Ok(Cow::Owned(self.constraint.mask()?)),
         }
     }
 }
 
-/// The mask of row `row` (none without a grammar).
+/// The mask of row `row` (none without a grammar); `Ok(None)` inside when the grammar admits no
+/// token there, so the output ends before that row.
 fn row_mask<'g>(
     grammar: &'g mut Option<RowGrammar<'_>>,
     row: usize,
-) -> Result<Option<Cow<'g, TokenMask>>, GrammarError> {
-    grammar.as_mut().map(|g| g.mask(row)).transpose()
+) -> Result<RowMask<'g>, GrammarError> {
+    match grammar.as_mut().map(|g| g.mask(row)).transpose() {
+        Ok(mask) => Ok(RowMask::Allowed(mask)),
+        Err(GrammarError::NoToken) => Ok(RowMask::DeadEnd),
+        Err(e) => Err(e),
+    }
+}
+
+/// A row's mask, or the grammar's dead end (a state no token continues: the request's grammar
+/// cannot be completed from the output so far).
+enum RowMask<'g> {
+    Allowed(Option<Cow<'g, TokenMask>>),
+    DeadEnd,
+}
+
+/// What acceptance kept of a verified row set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// Drafts kept.
+    pub drafts: usize,
+    /// The token drawn after them; `None` when the request's grammar admits no token there (the
+    /// output ends after the kept drafts).
+    pub next: Option<u32>,
+}
+
+impl Accepted {
+    fn token(drafts: usize, t: u32) -> Self {
+        Accepted {
+            drafts,
+            next: Some(t),
+        }
+    }
+
+    fn dead_end(drafts: usize) -> Self {
+        Accepted { drafts, next: None }
+    }
 }
 
 /// The grammar takes `token`; true when the grammar is then complete (the output ends there).
@@ -59,21 +95,23 @@ pub fn accept_coupled(
     out: &ForwardOutput,
     first_index: u64,
     mut grammar: Option<RowGrammar<'_>>,
-) -> Result<(usize, u32), GrammarError> {
+) -> Result<Accepted, GrammarError> {
     let mut accepted = 0;
     loop {
         let index = first_index + accepted as u64;
-        let mask = row_mask(&mut grammar, accepted)?;
+        let RowMask::Allowed(mask) = row_mask(&mut grammar, accepted)? else {
+            return Ok(Accepted::dead_end(accepted));
+        };
         let t = sampler.sample_masked_and_accept(out.logits_row(accepted), mask.as_deref(), index);
         drop(mask);
         // A token that completes the grammar is the last one, drafted or not.
         if advance(&mut grammar, t)? {
-            return Ok((accepted, t));
+            return Ok(Accepted::token(accepted, t));
         }
         if accepted < drafts.len() && t == drafts[accepted] {
             accepted += 1;
         } else {
-            return Ok((accepted, t));
+            return Ok(Accepted::token(accepted, t));
         }
     }
 }
@@ -81,7 +119,7 @@ pub fn accept_coupled(
 /// Speculative sampling: draft `j`, drawn from `q_j`, is kept with probability min(1, p_j/q_j)
 /// under the target's distribution `p_j` after the accepted prefix; the first rejection is
 /// replaced by a draw from the residual max(0, p − q); with every draft kept, the bonus token is
-/// drawn from the next row. Returns (accepted drafts, the token after them).
+/// drawn from the next row.
 pub fn accept_sampled(
     sampler: &mut Sampler,
     drafts: &[u32],
@@ -89,11 +127,13 @@ pub fn accept_sampled(
     out: &ForwardOutput,
     first_index: u64,
     mut grammar: Option<RowGrammar<'_>>,
-) -> Result<(usize, u32), GrammarError> {
+) -> Result<Accepted, GrammarError> {
     let mut accepted = 0;
     while accepted < drafts.len() && accepted < dists.len() {
         let index = first_index + accepted as u64;
-        let mask = row_mask(&mut grammar, accepted)?;
+        let RowMask::Allowed(mask) = row_mask(&mut grammar, accepted)? else {
+            return Ok(Accepted::dead_end(accepted));
+        };
         let p = sampler
             .distribution_masked(out.logits_row(accepted), mask.as_deref())
             .to_vec();
@@ -103,7 +143,7 @@ pub fn accept_sampled(
             Ok(()) => {
                 sampler.accept(drafts[accepted]);
                 if advance(&mut grammar, drafts[accepted])? {
-                    return Ok((accepted, drafts[accepted]));
+                    return Ok(Accepted::token(accepted, drafts[accepted]));
                 }
                 accepted += 1;
             }
@@ -116,16 +156,18 @@ pub fn accept_sampled(
                     .unwrap_or(drafts[accepted]);
                 sampler.accept(t);
                 let _ = advance(&mut grammar, t)?;
-                return Ok((accepted, t));
+                return Ok(Accepted::token(accepted, t));
             }
         }
     }
     let index = first_index + accepted as u64;
-    let mask = row_mask(&mut grammar, accepted)?;
+    let RowMask::Allowed(mask) = row_mask(&mut grammar, accepted)? else {
+        return Ok(Accepted::dead_end(accepted));
+    };
     let next = sampler.sample_masked_and_accept(out.logits_row(accepted), mask.as_deref(), index);
     drop(mask);
     let _ = advance(&mut grammar, next)?;
-    Ok((accepted, next))
+    Ok(Accepted::token(accepted, next))
 }
 
 /// Draw from a distribution given as (id, p) pairs with a uniform `u` in [0, 1).
@@ -185,6 +227,44 @@ fn accept_or_resample(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A grammar that admits no token at a row (a dead end) ends the output there: the drafts
+    /// before it are kept, no token is drawn, and it is not an error.
+    #[test]
+    fn a_dead_end_keeps_the_drafts_before_it_and_draws_nothing() {
+        use crate::grammar::{GrammarCompiler, GrammarSource};
+        use crate::sampler::SamplerConfig;
+        use crate::tokenizer::Tokenizer;
+        let file = nextn_gguf::GgufFile::open(nextn_testdata::bundled_model()).unwrap();
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let n_vocab = tok.vocab_size();
+        let compiler = GrammarCompiler::new(&tok, n_vocab).unwrap();
+        let mut constraint = compiler
+            .compile(&GrammarSource::Regex("[a-z]+".into()))
+            .unwrap();
+        let letter = constraint.mask().unwrap().first().unwrap();
+        // Row 0 allows one letter, which the target's row 0 favours; row 1 allows nothing.
+        let mut one = vec![0u32; n_vocab.div_ceil(32)];
+        one[letter as usize / 32] |= 1 << (letter % 32);
+        let masks = [
+            TokenMask::from_words(one, n_vocab),
+            TokenMask::from_words(vec![0; n_vocab.div_ceil(32)], n_vocab),
+        ];
+        let mut logits = vec![0.0f32; 3 * n_vocab];
+        logits[letter as usize] = 10.0;
+        let out = ForwardOutput {
+            logits,
+            hidden: Vec::new(),
+            n_vocab,
+        };
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let grammar = RowGrammar {
+            constraint: &mut constraint,
+            masks: &masks,
+        };
+        let kept = accept_coupled(&mut sampler, &[letter, letter], &out, 0, Some(grammar)).unwrap();
+        assert_eq!(kept, Accepted::dead_end(1));
+    }
 
     fn dist(pairs: &[(u32, f32)]) -> Vec<TokenProb> {
         pairs.iter().map(|&(id, p)| TokenProb { id, p }).collect()
