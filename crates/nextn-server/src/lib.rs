@@ -6,12 +6,14 @@
 //! Each request gets an unbounded channel for its events; dropping the response (the client went
 //! away) closes it, and the scheduler frees the slot at its next step.
 //!
-//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/messages`
+//! (Anthropic's Messages API, see [`anthropic`]), `GET /v1/models`,
 //! `GET /health` (503 while loading), `GET /metrics` (see [`prometheus`] for the names).
 //!
 //! Connections are accepted and limited in [`conn`]: header-read, idle keep-alive and
 //! write-stall timeouts, and a cap on open connections.
 
+mod anthropic;
 pub mod conn;
 pub mod error;
 mod native;
@@ -22,6 +24,7 @@ mod respond;
 mod routes;
 pub mod slots;
 pub mod tools;
+mod unserved;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};

@@ -25,7 +25,7 @@ use crate::request::{
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
-use crate::{native, slots};
+use crate::{anthropic, native, slots, unserved};
 use crate::{prometheus, App, Frontend, ReasoningFormat};
 
 pub(crate) type AppState = Arc<App>;
@@ -50,6 +50,17 @@ pub(crate) fn router(app: AppState) -> Router {
         .route("/props", get(native::props))
         .route("/slots", get(slots::list))
         .route("/slots/{id}", post(slots::action))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/embeddings", post(unserved::embeddings))
+        .route("/embeddings", post(unserved::embeddings))
+        .route("/embedding", post(unserved::embeddings))
+        .route("/v1/rerank", post(unserved::rerank))
+        .route("/v1/reranking", post(unserved::rerank))
+        .route("/rerank", post(unserved::rerank))
+        .route("/reranking", post(unserved::rerank))
+        .route("/v1/audio/transcriptions", post(unserved::transcriptions))
+        .route("/audio/transcriptions", post(unserved::transcriptions))
         .route_layer(middleware::from_fn(json_bodies_only))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -96,6 +107,9 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
         .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
         Some(k) if key_matches(&app.cfg.api_keys, k) => next.run(req).await,
+        _ if anthropic::is_messages_path(path) => {
+            anthropic::error_response(ApiError::unauthorized())
+        }
         _ => ApiError::unauthorized().into_response(),
     }
 }
@@ -154,12 +168,15 @@ async fn chat_page() -> Response {
 }
 
 async fn not_found(req: Request) -> Response {
-    ApiError::not_found(format!(
+    let e = ApiError::not_found(format!(
         "no route for {} {}",
         req.method(),
         req.uri().path()
-    ))
-    .into_response()
+    ));
+    if anthropic::is_messages_path(req.uri().path()) {
+        return anthropic::error_response(e);
+    }
+    e.into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Response {
@@ -278,7 +295,7 @@ pub(crate) fn submit_error(e: SubmitError) -> ApiError {
 
 /// Fill in the fields a request leaves out from the server's command line (`--temp`, `-n`, ...).
 /// The token budget goes in as `n_predict`, which `max_tokens` and `max_completion_tokens` override.
-fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
+pub(crate) fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
     for (k, v) in &app.cfg.request_defaults {
         o.entry(k.clone()).or_insert_with(|| v.clone());
     }
@@ -309,7 +326,7 @@ pub(crate) fn render_chat(app: &App, fe: &Frontend, req: &ChatRequest) -> Result
 }
 
 /// The text/JSON parts of a request that run off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -324,7 +341,7 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
 }
 
 /// Everything a request needs before it is submitted, prepared off the async threads.
-struct Prepared {
+pub(crate) struct Prepared {
     params: GenParams,
     tokens: Vec<u32>,
     /// Prompt positions worth a prefix-cache snapshot.
@@ -333,8 +350,15 @@ struct Prepared {
     shaping: Shaping,
 }
 
+impl Prepared {
+    /// Tokens of the prompt.
+    pub(crate) fn prompt_len(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
 /// Name each field this server does not know, once, when debug logging is on.
-fn log_unknown(app: &App, o: &Map<String, Value>) {
+pub(crate) fn log_unknown(app: &App, o: &Map<String, Value>) {
     let unknown = unknown_fields(o);
     if app.cfg.debug_log && !unknown.is_empty() {
         eprintln!(
@@ -390,67 +414,78 @@ async fn chat_inner(
         let mut o = parse_json(&body)?;
         log_unknown(&app, &o);
         with_server_defaults(&app, &mut o);
-        let mut req = parse_chat(&o)?;
-        // Any model name is accepted, as llama-server does: clients hard-code names.
-        resolve_bias(&fe, &mut req.params)?;
-        let use_tools = uses_tools(&req);
-        let text = render_chat(&app, &fe, &req)?;
-        let tokens = fe.tokenizer.encode(&text, true);
-        let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
-        let in_reasoning = prompt_opens_thinking(&text);
-        let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
-        let grammar = match (&req.tool_choice, &req.params.grammar) {
-            (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
-                let only = match &req.tool_choice {
-                    ToolChoice::Named(n) => Some(n.as_str()),
-                    _ => None,
-                };
-                let reasoning = if in_reasoning {
-                    Reasoning::Open
-                } else if fe.template.source().contains("<think>") {
-                    Reasoning::Optional
-                } else {
-                    Reasoning::None
-                };
-                let lark = call_grammar(
-                    &req.tools,
-                    only,
-                    fe.tool_format,
-                    // A named tool is called once; `required` may call several.
-                    only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
-                    reasoning,
-                );
-                Some(compile(&fe, &GrammarSource::Grammar(lark), "tool_choice")?)
-            }
-            (_, Some(g)) => Some(compile(&fe, g, grammar_param(&o))?),
-            _ => None,
-        };
-        let shaping = Shaping {
-            splitter: match reasoning {
-                ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
-                ReasoningFormat::None => None,
-            },
-            tools: use_tools.then(|| {
-                ToolCallParser::new(
-                    req.tools.clone(),
-                    (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
-                )
-            }),
-            legacy_functions: req.legacy_functions,
-            logprobs: req.params.logprobs.is_some(),
-            return_tokens: flag(&o, "return_tokens", false)?,
-            native: None,
-        };
-        Ok(Prepared {
-            params: req.params,
-            tokens,
-            cache_points,
-            grammar,
-            shaping,
-        })
+        let req = parse_chat(&o)?;
+        prepare_chat(&app, &fe, &o, req)
     })
     .await?;
     submit(&app, &fe, prepared, Endpoint::Chat).await
+}
+
+/// A parsed chat request made ready to submit: rendered, tokenized, its grammar compiled and
+/// its answer's shaping chosen.
+pub(crate) fn prepare_chat(
+    app: &App,
+    fe: &Frontend,
+    o: &Map<String, Value>,
+    mut req: ChatRequest,
+) -> Result<Prepared, ApiError> {
+    // Any model name is accepted, as llama-server does: clients hard-code names.
+    resolve_bias(fe, &mut req.params)?;
+    let use_tools = uses_tools(&req);
+    let text = render_chat(app, fe, &req)?;
+    let tokens = fe.tokenizer.encode(&text, true);
+    let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
+    let in_reasoning = prompt_opens_thinking(&text);
+    let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
+    let grammar = match (&req.tool_choice, &req.params.grammar) {
+        (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
+            let only = match &req.tool_choice {
+                ToolChoice::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            let reasoning = if in_reasoning {
+                Reasoning::Open
+            } else if fe.template.source().contains("<think>") {
+                Reasoning::Optional
+            } else {
+                Reasoning::None
+            };
+            let lark = call_grammar(
+                &req.tools,
+                only,
+                fe.tool_format,
+                // A named tool is called once; `required` may call several.
+                only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
+                reasoning,
+            );
+            Some(compile(fe, &GrammarSource::Grammar(lark), "tool_choice")?)
+        }
+        (_, Some(g)) => Some(compile(fe, g, grammar_param(o))?),
+        _ => None,
+    };
+    let shaping = Shaping {
+        splitter: match reasoning {
+            ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
+            ReasoningFormat::None => None,
+        },
+        tools: use_tools.then(|| {
+            ToolCallParser::new(
+                req.tools.clone(),
+                (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
+            )
+        }),
+        legacy_functions: req.legacy_functions,
+        logprobs: req.params.logprobs.is_some(),
+        return_tokens: flag(o, "return_tokens", false)?,
+        native: None,
+    };
+    Ok(Prepared {
+        params: req.params,
+        tokens,
+        cache_points,
+        grammar,
+        shaping,
+    })
 }
 
 /// Which field gave the request's grammar (for error messages).
@@ -552,6 +587,34 @@ async fn submit(
     prepared: Prepared,
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
+    let Submitted {
+        rx,
+        params,
+        shaping,
+    } = enqueue(app, prepared)?;
+    let reply = Reply::new(
+        app.clone(),
+        fe.tokenizer.clone(),
+        endpoint,
+        params.include_usage,
+        shaping,
+    );
+    if params.stream {
+        respond::stream(rx, reply).await
+    } else {
+        respond::collect(rx, reply).await
+    }
+}
+
+/// A request handed to the scheduler: its event channel, and how its answer is to be shaped.
+pub(crate) struct Submitted {
+    pub rx: tokio::sync::mpsc::UnboundedReceiver<nextn_engine::scheduler::Event>,
+    pub params: GenParams,
+    pub shaping: Shaping,
+}
+
+/// Check a prepared request against the loaded model and hand it to the scheduler.
+pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, ApiError> {
     let Prepared {
         params,
         tokens,
@@ -621,18 +684,11 @@ async fn submit(
         sink: Box::new(respond::ChannelSink(tx)),
     };
     app.handle.submit(request).map_err(submit_error)?;
-    let reply = Reply::new(
-        app.clone(),
-        fe.tokenizer.clone(),
-        endpoint,
-        params.include_usage,
+    Ok(Submitted {
+        rx,
+        params,
         shaping,
-    );
-    if params.stream {
-        respond::stream(rx, reply).await
-    } else {
-        respond::collect(rx, reply).await
-    }
+    })
 }
 
 #[cfg(test)]
