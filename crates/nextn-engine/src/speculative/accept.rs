@@ -134,26 +134,32 @@ pub fn accept_sampled(
         let RowMask::Allowed(mask) = row_mask(&mut grammar, accepted)? else {
             return Ok(Accepted::dead_end(accepted));
         };
-        let p = sampler
-            .distribution_masked(out.logits_row(accepted), mask.as_deref())
-            .to_vec();
-        drop(mask);
+        // Both draws are keyed by (seed, kind, index), so taking them first changes nothing and
+        // lets `p` stay borrowed from the sampler instead of being copied (a 248k-entry row with
+        // top_k 0).
         let coin = sampler.uniform(Draw::Accept, index);
-        match accept_or_resample(&p, &dists[accepted], drafts[accepted], coin) {
-            Ok(()) => {
+        let u = sampler.uniform(Draw::Residual, index);
+        let p = sampler.distribution_masked(out.logits_row(accepted), mask.as_deref());
+        let kept = match accept_or_resample(p, &dists[accepted], drafts[accepted], coin) {
+            Ok(()) => None,
+            // p == q on their common support leaves no residual mass: any draw from p is then
+            // exact.
+            Err(residual) => Some(
+                draw(&residual, u)
+                    .or_else(|| draw(p, u))
+                    .unwrap_or(drafts[accepted]),
+            ),
+        };
+        drop(mask);
+        match kept {
+            None => {
                 sampler.accept(drafts[accepted]);
                 if advance(&mut grammar, drafts[accepted])? {
                     return Ok(Accepted::token(accepted, drafts[accepted]));
                 }
                 accepted += 1;
             }
-            Err(residual) => {
-                let u = sampler.uniform(Draw::Residual, index);
-                // p == q on their common support leaves no residual mass: any draw from p is
-                // then exact.
-                let t = draw(&residual, u)
-                    .or_else(|| draw(&p, u))
-                    .unwrap_or(drafts[accepted]);
+            Some(t) => {
                 sampler.accept(t);
                 let _ = advance(&mut grammar, t)?;
                 return Ok(Accepted::token(accepted, t));
@@ -208,20 +214,59 @@ fn accept_or_resample(
     }
     // q indexed once: with top_k 0 both distributions cover the whole vocabulary, and a lookup
     // per entry of p would cost |p|·|q| (6·10^10 steps for 248k tokens) per rejection.
-    let mut q_of: std::collections::HashMap<u32, f64> =
-        std::collections::HashMap::with_capacity(q.len());
-    for t in q {
-        // The first entry of an id, as `prob_of` finds it.
-        q_of.entry(t.id).or_insert(t.p as f64);
-    }
+    let q_of = QIndex::new(q);
     Err(p
         .iter()
-        .map(|t| TokenProb {
-            id: t.id,
-            p: (t.p as f64 - q_of.get(&t.id).copied().unwrap_or(0.0)).max(0.0) as f32,
+        .filter_map(|t| {
+            let r = (t.p as f64 - q_of.get(t.id)).max(0.0) as f32;
+            (r > 0.0).then_some(TokenProb { id: t.id, p: r })
         })
-        .filter(|t| t.p > 0.0)
         .collect())
+}
+
+/// q(id) for every id of a draft distribution, holding the first entry of an id as `prob_of`
+/// finds it.
+enum QIndex {
+    /// Indexed by id: for a distribution over much of the vocabulary (top_k 0) one array costs a
+    /// fraction of hashing every entry.
+    Dense(Vec<f32>),
+    Sparse(std::collections::HashMap<u32, f32>),
+}
+
+impl QIndex {
+    /// A dense table once q covers at least 1/16 of the ids up to its largest.
+    const DENSE_SHARE: usize = 16;
+
+    fn new(q: &[TokenProb]) -> Self {
+        let Some(max_id) = q.iter().map(|t| t.id as usize).max() else {
+            return Self::Sparse(Default::default());
+        };
+        if q.len() * Self::DENSE_SHARE > max_id {
+            // NaN marks an id not seen yet (probabilities are never NaN).
+            let mut table = vec![f32::NAN; max_id + 1];
+            for t in q {
+                let slot = &mut table[t.id as usize];
+                if slot.is_nan() {
+                    *slot = t.p;
+                }
+            }
+            Self::Dense(table)
+        } else {
+            let mut map = std::collections::HashMap::with_capacity(q.len());
+            for t in q {
+                map.entry(t.id).or_insert(t.p);
+            }
+            Self::Sparse(map)
+        }
+    }
+
+    fn get(&self, id: u32) -> f64 {
+        let p = match self {
+            Self::Dense(table) => table.get(id as usize).copied().filter(|p| !p.is_nan()),
+            Self::Sparse(map) => map.get(&id).copied(),
+        };
+        p.map_or(0.0, f64::from)
+    }
 }
 
 #[cfg(test)]
@@ -292,6 +337,27 @@ mod tests {
         assert!((residual[0].p - 0.4).abs() < 1e-6);
         // A draft the head could not have drawn is never accepted.
         assert!(accept_or_resample(&p, &dist(&[(2, 1.0)]), 1, 0.0).is_err());
+    }
+
+    /// Both layouts of the q index give q(id), the first entry of a repeated id, and 0 for an id
+    /// q lacks.
+    #[test]
+    fn q_index_dense_and_sparse_agree() {
+        let q = dist(&[(7, 0.25), (3, 0.5), (7, 0.125), (200_000, 0.0625)]);
+        let sparse = QIndex::new(&q);
+        assert!(matches!(sparse, QIndex::Sparse(_)));
+        let near = dist(&[(7, 0.25), (3, 0.5), (7, 0.125), (9, 0.0625)]);
+        let dense = QIndex::new(&near);
+        assert!(matches!(dense, QIndex::Dense(_)));
+        for index in [&sparse, &dense] {
+            assert_eq!(index.get(7), 0.25);
+            assert_eq!(index.get(3), 0.5);
+            assert_eq!(index.get(4), 0.0);
+            assert_eq!(index.get(1_000_000), 0.0);
+        }
+        assert_eq!(sparse.get(200_000), 0.0625);
+        assert_eq!(dense.get(9), 0.0625);
+        assert_eq!(QIndex::new(&[]).get(0), 0.0);
     }
 
     /// The residual over a whole 248,320-token vocabulary (top_k 0, min_p 0) is the per-token
