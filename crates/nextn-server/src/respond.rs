@@ -68,7 +68,7 @@ pub(crate) struct Shaping {
 }
 
 /// One part of the answer, in order.
-enum Part {
+pub(crate) enum Part {
     Reasoning(String),
     Content(String),
     /// Tool call `index` begins: its id and function name.
@@ -138,6 +138,17 @@ impl Reply {
         }
     }
 
+    /// The complete calls so far, each with its id.
+    pub(crate) fn calls(&self) -> &[(String, ToolCall)] {
+        &self.calls
+    }
+
+    /// The answer goes out as it is generated: a call whose markup generation leaves unfinished
+    /// has been shown as that call, not as text.
+    pub(crate) fn set_streaming(&mut self) {
+        self.streaming = true;
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
             (Endpoint::Chat, false) => "chat.completion",
@@ -167,7 +178,7 @@ impl Reply {
     }
 
     /// A piece of generated text into parts.
-    fn parts(&mut self, text: &str) -> Vec<Part> {
+    pub(crate) fn parts(&mut self, text: &str) -> Vec<Part> {
         let mut parts = Vec::new();
         let events = match &mut self.shaping.tools {
             Some(p) => p.push(text),
@@ -229,7 +240,7 @@ impl Reply {
     }
 
     /// What is left at the end of generation.
-    fn finish_parts(&mut self) -> Vec<Part> {
+    pub(crate) fn finish_parts(&mut self) -> Vec<Part> {
         let mut parts = Vec::new();
         if let Some(p) = &mut self.shaping.tools {
             let (events, unfinished) = p.finish();
@@ -244,7 +255,7 @@ impl Reply {
         parts
     }
 
-    fn finish_reason(&self, c: &Completion) -> &'static str {
+    pub(crate) fn finish_reason(&self, c: &Completion) -> &'static str {
         if self.unfinished_call {
             // Markup cut off by the budget or a stop string: it came back as text.
             return "length";
@@ -312,7 +323,7 @@ impl Reply {
         self.logprobs_json(&pending)
     }
 
-    fn log(&self, c: &Completion) {
+    pub(crate) fn log(&self, c: &Completion) {
         if !self.app.cfg.log_requests {
             return;
         }
@@ -378,7 +389,7 @@ fn usage(c: &Completion) -> Value {
     })
 }
 
-fn failure(kind: FailKind, message: String) -> ApiError {
+pub(crate) fn failure(kind: FailKind, message: String) -> ApiError {
     let status = StatusCode::from_u16(kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let ty = match kind {
         FailKind::Invalid => "invalid_request_error",
@@ -398,7 +409,7 @@ fn tool_call_json(id: &str, call: &ToolCall) -> Value {
 }
 
 /// Wait until the request has a slot (or failed), so a failure still gets its own status.
-async fn started(rx: &mut UnboundedReceiver<Event>) -> Result<(), ApiError> {
+pub(crate) async fn started(rx: &mut UnboundedReceiver<Event>) -> Result<(), ApiError> {
     match rx.recv().await {
         Some(Event::Started { .. }) => Ok(()),
         Some(Event::Failed { kind, message }) => Err(failure(kind, message)),

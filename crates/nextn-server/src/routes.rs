@@ -13,9 +13,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource};
-use nextn_engine::scheduler::{Phase, SubmitError};
+use nextn_engine::scheduler::{Event, Phase, SubmitError};
 use nextn_engine::spec::forced::ForcedAcceptance;
 use serde_json::{json, Map, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::reasoning::{prompt_opens_thinking, ReasoningSplitter};
@@ -25,7 +26,7 @@ use crate::request::{
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
-use crate::{native, slots};
+use crate::{native, responses, slots};
 use crate::{prometheus, App, Frontend, ReasoningFormat};
 
 pub(crate) type AppState = Arc<App>;
@@ -41,6 +42,12 @@ pub(crate) fn router(app: AppState) -> Router {
         .route("/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/completion", post(completion_native))
@@ -278,7 +285,7 @@ pub(crate) fn submit_error(e: SubmitError) -> ApiError {
 
 /// Fill in the fields a request leaves out from the server's command line (`--temp`, `-n`, ...).
 /// The token budget goes in as `n_predict`, which `max_tokens` and `max_completion_tokens` override.
-fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
+pub(crate) fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
     for (k, v) in &app.cfg.request_defaults {
         o.entry(k.clone()).or_insert_with(|| v.clone());
     }
@@ -309,7 +316,7 @@ pub(crate) fn render_chat(app: &App, fe: &Frontend, req: &ChatRequest) -> Result
 }
 
 /// The text/JSON parts of a request that run off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -324,17 +331,17 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
 }
 
 /// Everything a request needs before it is submitted, prepared off the async threads.
-struct Prepared {
-    params: GenParams,
-    tokens: Vec<u32>,
+pub(crate) struct Prepared {
+    pub params: GenParams,
+    pub tokens: Vec<u32>,
     /// Prompt positions worth a prefix-cache snapshot.
-    cache_points: Vec<usize>,
-    grammar: Option<Constraint>,
-    shaping: Shaping,
+    pub cache_points: Vec<usize>,
+    pub grammar: Option<Constraint>,
+    pub shaping: Shaping,
 }
 
 /// Name each field this server does not know, once, when debug logging is on.
-fn log_unknown(app: &App, o: &Map<String, Value>) {
+pub(crate) fn log_unknown(app: &App, o: &Map<String, Value>) {
     let unknown = unknown_fields(o);
     if app.cfg.debug_log && !unknown.is_empty() {
         eprintln!(
@@ -390,67 +397,78 @@ async fn chat_inner(
         let mut o = parse_json(&body)?;
         log_unknown(&app, &o);
         with_server_defaults(&app, &mut o);
-        let mut req = parse_chat(&o)?;
-        // Any model name is accepted, as llama-server does: clients hard-code names.
-        resolve_bias(&fe, &mut req.params)?;
-        let use_tools = uses_tools(&req);
-        let text = render_chat(&app, &fe, &req)?;
-        let tokens = fe.tokenizer.encode(&text, true);
-        let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
-        let in_reasoning = prompt_opens_thinking(&text);
-        let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
-        let grammar = match (&req.tool_choice, &req.params.grammar) {
-            (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
-                let only = match &req.tool_choice {
-                    ToolChoice::Named(n) => Some(n.as_str()),
-                    _ => None,
-                };
-                let reasoning = if in_reasoning {
-                    Reasoning::Open
-                } else if fe.template.source().contains("<think>") {
-                    Reasoning::Optional
-                } else {
-                    Reasoning::None
-                };
-                let lark = call_grammar(
-                    &req.tools,
-                    only,
-                    fe.tool_format,
-                    // A named tool is called once; `required` may call several.
-                    only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
-                    reasoning,
-                );
-                Some(compile(&fe, &GrammarSource::Grammar(lark), "tool_choice")?)
-            }
-            (_, Some(g)) => Some(compile(&fe, g, grammar_param(&o))?),
-            _ => None,
-        };
-        let shaping = Shaping {
-            splitter: match reasoning {
-                ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
-                ReasoningFormat::None => None,
-            },
-            tools: use_tools.then(|| {
-                ToolCallParser::new(
-                    req.tools.clone(),
-                    (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
-                )
-            }),
-            legacy_functions: req.legacy_functions,
-            logprobs: req.params.logprobs.is_some(),
-            return_tokens: flag(&o, "return_tokens", false)?,
-            native: None,
-        };
-        Ok(Prepared {
-            params: req.params,
-            tokens,
-            cache_points,
-            grammar,
-            shaping,
-        })
+        prepare_chat(&app, &fe, &o)
     })
     .await?;
     submit(&app, &fe, prepared, Endpoint::Chat).await
+}
+
+/// A chat request (a body with the server's defaults filled in) as what the scheduler runs: the
+/// messages through the template, the grammar for `tool_choice` or the output format, and how
+/// the answer is cut into reasoning, content and tool calls.
+pub(crate) fn prepare_chat(
+    app: &App,
+    fe: &Frontend,
+    o: &Map<String, Value>,
+) -> Result<Prepared, ApiError> {
+    let mut req = parse_chat(o)?;
+    // Any model name is accepted, as llama-server does: clients hard-code names.
+    resolve_bias(fe, &mut req.params)?;
+    let use_tools = uses_tools(&req);
+    let text = render_chat(app, fe, &req)?;
+    let tokens = fe.tokenizer.encode(&text, true);
+    let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
+    let in_reasoning = prompt_opens_thinking(&text);
+    let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
+    let grammar = match (&req.tool_choice, &req.params.grammar) {
+        (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
+            let only = match &req.tool_choice {
+                ToolChoice::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            let reasoning = if in_reasoning {
+                Reasoning::Open
+            } else if fe.template.source().contains("<think>") {
+                Reasoning::Optional
+            } else {
+                Reasoning::None
+            };
+            let lark = call_grammar(
+                &req.tools,
+                only,
+                fe.tool_format,
+                // A named tool is called once; `required` may call several.
+                only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
+                reasoning,
+            );
+            Some(compile(fe, &GrammarSource::Grammar(lark), "tool_choice")?)
+        }
+        (_, Some(g)) => Some(compile(fe, g, grammar_param(o))?),
+        _ => None,
+    };
+    let shaping = Shaping {
+        splitter: match reasoning {
+            ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
+            ReasoningFormat::None => None,
+        },
+        tools: use_tools.then(|| {
+            ToolCallParser::new(
+                req.tools.clone(),
+                (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
+            )
+        }),
+        legacy_functions: req.legacy_functions,
+        logprobs: req.params.logprobs.is_some(),
+        return_tokens: flag(o, "return_tokens", false)?,
+        native: None,
+    };
+    Ok(Prepared {
+        params: req.params,
+        tokens,
+        cache_points,
+        grammar,
+        shaping,
+    })
 }
 
 /// Which field gave the request's grammar (for error messages).
@@ -552,6 +570,22 @@ async fn submit(
     prepared: Prepared,
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
+    let (rx, reply, stream) = enqueue(app, fe, prepared, endpoint)?;
+    if stream {
+        respond::stream(rx, reply).await
+    } else {
+        respond::collect(rx, reply).await
+    }
+}
+
+/// Check a prepared request against the slot's context and hand it to the scheduler; returns its
+/// event channel, how its answer is shaped, and whether it streams.
+pub(crate) fn enqueue(
+    app: &AppState,
+    fe: &Arc<Frontend>,
+    prepared: Prepared,
+    endpoint: Endpoint,
+) -> Result<(UnboundedReceiver<Event>, Reply, bool), ApiError> {
     let Prepared {
         params,
         tokens,
@@ -628,11 +662,7 @@ async fn submit(
         params.include_usage,
         shaping,
     );
-    if params.stream {
-        respond::stream(rx, reply).await
-    } else {
-        respond::collect(rx, reply).await
-    }
+    Ok((rx, reply, params.stream))
 }
 
 #[cfg(test)]
