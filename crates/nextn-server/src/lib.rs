@@ -7,7 +7,8 @@
 //! away) closes it, and the scheduler frees the slot at its next step.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/messages`
-//! (Anthropic's Messages API, see [`anthropic`]), `GET /v1/models`,
+//! (Anthropic's Messages API, see [`anthropic`]), `POST /v1/responses` (and
+//! `/v1/responses/input_tokens`, `GET` / `DELETE /v1/responses/{id}`), `GET /v1/models`,
 //! `GET /health` (503 while loading), `GET /metrics` (see [`prometheus`] for the names).
 //!
 //! Connections are accepted and limited in [`conn`]: header-read, idle keep-alive and
@@ -21,6 +22,7 @@ pub mod prometheus;
 pub mod reasoning;
 pub mod request;
 mod respond;
+mod responses;
 mod routes;
 pub mod slots;
 pub mod tools;
@@ -143,6 +145,8 @@ pub(crate) struct App {
     pub handle: SchedulerHandle,
     pub frontend: OnceLock<Arc<Frontend>>,
     pub connections: Arc<conn::ConnStats>,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: responses::store::Store,
 }
 
 /// After the shutdown grace period has cancelled what was still running, connections get this
@@ -201,6 +205,7 @@ where
         handle: handle.clone(),
         frontend: OnceLock::new(),
         connections: connections.clone(),
+        responses: Default::default(),
     });
     let router = routes::router(app.clone());
     // The HTTP side sees the frontend as soon as the loader publishes it.

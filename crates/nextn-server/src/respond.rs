@@ -138,12 +138,13 @@ impl Reply {
         }
     }
 
-    /// The calls made so far, with their ids, in order.
+    /// The complete calls so far, each with its id.
     pub(crate) fn calls(&self) -> &[(String, ToolCall)] {
         &self.calls
     }
 
-    /// The answer goes out as a stream.
+    /// The answer goes out as it is generated: a call whose markup generation leaves unfinished
+    /// has been shown as that call, not as text.
     pub(crate) fn set_streaming(&mut self) {
         self.streaming = true;
     }

@@ -25,7 +25,7 @@ use crate::request::{
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
-use crate::{anthropic, native, slots, unserved};
+use crate::{anthropic, native, responses, slots, unserved};
 use crate::{prometheus, App, Frontend, ReasoningFormat};
 
 pub(crate) type AppState = Arc<App>;
@@ -41,6 +41,12 @@ pub(crate) fn router(app: AppState) -> Router {
         .route("/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/completion", post(completion_native))
@@ -342,12 +348,12 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
 
 /// Everything a request needs before it is submitted, prepared off the async threads.
 pub(crate) struct Prepared {
-    params: GenParams,
-    tokens: Vec<u32>,
+    pub params: GenParams,
+    pub tokens: Vec<u32>,
     /// Prompt positions worth a prefix-cache snapshot.
-    cache_points: Vec<usize>,
-    grammar: Option<Constraint>,
-    shaping: Shaping,
+    pub cache_points: Vec<usize>,
+    pub grammar: Option<Constraint>,
+    pub shaping: Shaping,
 }
 
 impl Prepared {
@@ -421,8 +427,9 @@ async fn chat_inner(
     submit(&app, &fe, prepared, Endpoint::Chat).await
 }
 
-/// A parsed chat request made ready to submit: rendered, tokenized, its grammar compiled and
-/// its answer's shaping chosen.
+/// A chat request (a body with the server's defaults filled in) as what the scheduler runs: the
+/// messages through the template, the grammar for `tool_choice` or the output format, and how
+/// the answer is cut into reasoning, content and tool calls.
 pub(crate) fn prepare_chat(
     app: &App,
     fe: &Frontend,

@@ -290,3 +290,197 @@ fn grammars_and_refusals() {
         s.log_text()
     );
 }
+
+/// Codex CLI (npm `@openai/codex`, which .ci/run installs under tools/codex) in `exec` mode
+/// with a custom model provider on the Responses API, against a model with the real Qwen
+/// tokenizer and chat template (random weights: the answers are noise, the protocol is what is
+/// tested). `--output-schema` makes the grammar end the answer, so the turn completes instead of
+/// running into the token budget; thinking is off (`--reasoning-budget 0`) so the JSON is the
+/// answer's text. Every request Codex sends must be answered: the run exits 0 with a completed
+/// turn, no error event, and a last message that is the schema's JSON.
+#[test]
+fn codex_cli_exec_over_the_responses_api() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let codex = root.join("tools/codex/node_modules/.bin/codex");
+    if !codex.exists() {
+        assert!(
+            !nextn_testdata::in_ci(),
+            "required in CI (CI=true): {} (npm ci --prefix tools/codex)",
+            codex.display()
+        );
+        eprintln!("skipped: Codex CLI not installed (npm ci --prefix tools/codex)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("nextn-codex-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (home, work) = (dir.join("home"), dir.join("work"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("notes.txt"), "a file to list\n").unwrap();
+    let model = dir.join("synth.gguf");
+    let m = model.to_str().unwrap();
+    // Codex's instructions and tools take about 10k tokens.
+    nextn_ok(&[
+        "synth", "--preset", "tiny", "--vocab", "248320", "--ctx", "32768", "--type", "Q8_0", "-o",
+        m, "-t", "2",
+    ]);
+    const KEY: &str = "sk-codex-test";
+    let s = Server::start(&[
+        "-m",
+        m,
+        "-c",
+        "32768",
+        "-np",
+        "1",
+        "--reasoning-budget",
+        "0",
+        "--api-key",
+        KEY,
+    ]);
+    // `reasoning.effort` switches the template's thinking: "none" closes the block in the prompt.
+    let count = |effort: &str| -> u64 {
+        let r = s.request(
+            "POST",
+            "/v1/responses/input_tokens",
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &format!("Bearer {KEY}")),
+            ],
+            json!({"input": "Hi", "reasoning": {"effort": effort}})
+                .to_string()
+                .as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["input_tokens"].as_u64().unwrap()
+    };
+    assert!(count("none") > count("high"));
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "model = \"synth\"\nmodel_provider = \"nextn\"\n\
+             # The server runs function tools only.\nweb_search = \"disabled\"\n\
+             [model_providers.nextn]\nname = \"nextn\"\nbase_url = \"http://127.0.0.1:{}/v1\"\n\
+             wire_api = \"responses\"\nenv_key = \"NEXTN_TEST_KEY\"\nstream_max_retries = 0\nrequest_max_retries = 0\n",
+            s.port
+        ),
+    )
+    .unwrap();
+    let schema = dir.join("schema.json");
+    let schema_value = json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 16}},
+        "required": ["answer"],
+        "additionalProperties": false,
+    });
+    std::fs::write(&schema, schema_value.to_string()).unwrap();
+    let last = dir.join("last.txt");
+    let child = Command::new(&codex)
+        .args(["exec", "--json", "--skip-git-repo-check", "--output-schema"])
+        .arg(&schema)
+        .arg("--output-last-message")
+        .arg(&last)
+        .arg("List the files here.")
+        .current_dir(&work)
+        .env("CODEX_HOME", &home)
+        .env("NEXTN_TEST_KEY", KEY)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run codex");
+    let out = wait_with_timeout(child, std::time::Duration::from_secs(300));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!(
+        "codex exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}\nserver log:\n{}",
+        out.status,
+        s.log_text()
+    );
+    assert!(out.status.success(), "{context}");
+    let events: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert!(kinds.contains(&"turn.completed"), "{context}");
+    assert!(
+        !kinds.iter().any(|k| *k == "error" || *k == "turn.failed"),
+        "{context}"
+    );
+    // The one error item allowed is Codex's own note that it has no metadata for this model.
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["item"]["type"] == "error")
+            .all(|e| e["item"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Model metadata for"))),
+        "{context}"
+    );
+    let usage = &events
+        .iter()
+        .find(|e| e["type"] == "turn.completed")
+        .unwrap()["usage"];
+    assert!(usage["input_tokens"].as_u64().unwrap() > 1000, "{context}");
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(&last).unwrap()).expect("the JSON answer");
+    assert!(answer["answer"].is_string(), "{answer} ({context})");
+    // Every request Codex made was generated to its end (no budget cut, no failure).
+    let log = s.log_text();
+    let finished: Vec<&str> = log.lines().filter(|l| l.contains(", finish ")).collect();
+    assert!(
+        !finished.is_empty() && finished.iter().all(|l| !l.contains("finish length")),
+        "{context}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn nextn_ok(args: &[&str]) {
+    let o = Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .args(args)
+        .output()
+        .expect("run nextn");
+    assert!(
+        o.status.success(),
+        "nextn {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The child's output, killing it when it runs past `limit`.
+fn wait_with_timeout(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = pipes.0.read_to_end(&mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = pipes.1.read_to_end(&mut b);
+        b
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}

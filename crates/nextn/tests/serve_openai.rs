@@ -83,3 +83,39 @@ fn check_with(extra: &[&str]) {
         "{stdout}\n{stderr}"
     );
 }
+
+/// The Responses API through the official client (tools/openai_responses_check.py): plain and
+/// streamed responses validated against the client's types, a forced function call and its
+/// `function_call_output` round trip, json_schema output, `previous_response_id` with the
+/// prefix cache, retrieve / delete, `input_tokens`, and the refusals.
+#[test]
+fn official_openai_python_client_responses_api() {
+    if let Some(why) = serve_common::missing_python_modules(&["openai", "jsonschema"]) {
+        assert!(!nextn_testdata::in_ci(), "required in CI (CI=true): {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let s = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "2",
+        "-c",
+        "4096",
+        "--api-key",
+        KEY,
+    ]);
+    let url = format!("http://127.0.0.1:{}/v1", s.port);
+    let out = serve_common::run_python_tool(
+        "openai_responses_check.py",
+        &["--url", &url, "--api-key", KEY],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all responses checks passed"),
+        "tools/openai_responses_check.py failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
+        out.status,
+        s.log_text()
+    );
+}
