@@ -3,10 +3,10 @@
 //! layer norm, GELU MLP; both with residuals. A deepstack block also projects its output into
 //! extra features for the text model.
 
-use nextn_quant::kernels::{QMatrix, ThreadPool};
-use nextn_quant::GgmlType;
+use nextn_quant::kernels::ThreadPool;
 
 use crate::error::VisionError;
+use crate::gemm::{gemm, Panels};
 use crate::ops::{add_into, gelu_all, layer_norm, par_rows, softmax_scaled};
 use crate::patch::Grid;
 use crate::weights::{Linear, Norm};
@@ -123,18 +123,6 @@ fn rope_qk(qkv: &mut [f32], grid: Grid, heads: Heads, pool: &ThreadPool) {
     });
 }
 
-fn f32_bytes(x: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding or invalid bit patterns, and u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
-}
-
-fn kernel(source: nextn_quant::QuantError) -> VisionError {
-    VisionError::Kernel {
-        tensor: "attention scores".to_string(),
-        source,
-    }
-}
-
 /// Full (non-causal) attention per head: `softmax(K q / sqrt(d)) V`, in f32 as llama.cpp's
 /// non-flash path; rows of the result hold the heads side by side.
 fn attention(
@@ -149,7 +137,7 @@ fn attention(
     let mut out = vec![0f32; n * e];
     let mut q = vec![0f32; n * d];
     let mut k = vec![0f32; n * d];
-    let mut vt = vec![0f32; d * n];
+    let mut v = vec![0f32; n * d];
     let mut scores = vec![0f32; QUERY_CHUNK.min(n) * n];
     let mut o = vec![0f32; QUERY_CHUNK.min(n) * d];
     for h in 0..heads.n_head {
@@ -157,20 +145,18 @@ fn attention(
             let row = &qkv[t * 3 * e..(t + 1) * 3 * e];
             q[t * d..(t + 1) * d].copy_from_slice(&row[h * d..(h + 1) * d]);
             k[t * d..(t + 1) * d].copy_from_slice(&row[e + h * d..e + (h + 1) * d]);
-            for c in 0..d {
-                vt[c * n + t] = row[2 * e + h * d + c];
-            }
+            v[t * d..(t + 1) * d].copy_from_slice(&row[2 * e + h * d..2 * e + (h + 1) * d]);
         }
-        let km = QMatrix::new(GgmlType::F32, n, d, f32_bytes(&k)).map_err(kernel)?;
-        let vm = QMatrix::new(GgmlType::F32, d, n, f32_bytes(&vt)).map_err(kernel)?;
+        // Scores: one output per key; values: one output per value channel, over the keys.
+        let keys = Panels::from_f32(&k, n, d);
+        let values = Panels::from_f32_transposed(&v, n, d);
         for first in (0..n).step_by(QUERY_CHUNK) {
             let m = QUERY_CHUNK.min(n - first);
             let s = &mut scores[..m * n];
-            km.mul_rows(&q[first * d..(first + m) * d], m, s, pool)
-                .map_err(kernel)?;
+            gemm(&q[first * d..(first + m) * d], m, &keys, s, pool);
             par_rows(pool, s, n, |_, row| softmax_scaled(row, scale));
             let oc = &mut o[..m * d];
-            vm.mul_rows(s, m, oc, pool).map_err(kernel)?;
+            gemm(s, m, &values, oc, pool);
             for (i, src) in oc.chunks_exact(d).enumerate() {
                 let t = first + i;
                 out[t * e + h * d..t * e + (h + 1) * d].copy_from_slice(src);

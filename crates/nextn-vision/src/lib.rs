@@ -18,6 +18,7 @@
 mod block;
 mod config;
 mod error;
+mod gemm;
 mod ops;
 mod patch;
 mod preprocess;

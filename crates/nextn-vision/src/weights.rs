@@ -7,6 +7,7 @@ use nextn_quant::formats::{dequantize, f32_to_f16};
 use nextn_quant::kernels::{is_supported_weight_type, QMatrix, ThreadPool};
 
 use crate::error::VisionError;
+use crate::gemm;
 
 /// A weight matrix of `rows` outputs over `cols` inputs, still in the file's type, with an
 /// optional F32 bias.
@@ -47,10 +48,19 @@ impl Linear {
             MatrixBytes::File(file, info) => file.tensor_data(info),
             MatrixBytes::Owned(v) => v,
         };
-        let m = QMatrix::new(self.ty, self.rows, self.cols, bytes)
-            .map_err(|source| self.kernel_error(source))?;
-        m.mul_rows(x, n, out, pool)
-            .map_err(|source| self.kernel_error(source))?;
+        if n >= gemm::MIN_GEMM_ROWS && gemm::handles(self.ty) {
+            let panels = gemm::Panels::from_rows(self.ty, bytes, self.rows, self.cols, pool)
+                .map_err(|source| self.kernel_error(source))?;
+            match gemm::round_for(self.ty, &x[..n * self.cols]) {
+                Some(rounded) => gemm::gemm(&rounded, n, &panels, out, pool),
+                None => gemm::gemm(x, n, &panels, out, pool),
+            }
+        } else {
+            let m = QMatrix::new(self.ty, self.rows, self.cols, bytes)
+                .map_err(|source| self.kernel_error(source))?;
+            m.mul_rows(x, n, out, pool)
+                .map_err(|source| self.kernel_error(source))?;
+        }
         if let Some(b) = &self.bias {
             for row in out.chunks_exact_mut(self.rows) {
                 for (o, bv) in row.iter_mut().zip(b) {
