@@ -7,6 +7,7 @@
 //       -I$L/tools/mtmd -L$L/build/bin -lmtmd -lllama -lggml -lggml-base -Wl,-rpath,$L/build/bin
 // Run:
 //   mtmd_image_ref embd   MODEL.gguf MMPROJ.gguf IMAGE N_THREADS REPEAT OUT.bin
+//   mtmd_image_ref embd-fa ... (as embd, with flash attention: llama-mtmd-cli's default on a CPU)
 //   mtmd_image_ref logits MODEL.gguf MMPROJ.gguf IMAGE N_THREADS PROMPT.txt OUT.bin
 // embd: encodes the image REPEAT times (printing each encode's milliseconds on stderr) and writes
 //   nx, ny, n_tokens, n_pos, width (i32 each), n_tokens x (t, y, x) decoder positions relative to
@@ -15,7 +16,7 @@
 //   parsed); writes n_chunks (i32), per chunk its type (0 text, 1 image) and n_tokens (i32) and,
 //   for text, the token ids (i32); then n_past after the prompt (i32), n_vocab (i32) and the
 //   last row's n_vocab f32 logits.
-// Attention runs without flash attention (f32 throughout, as nextn computes it).
+// Attention runs without flash attention (f32 throughout, as nextn computes it) except in embd-fa.
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
@@ -51,6 +52,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int logits_mode = !strcmp(argv[1], "logits");
+    const int flash = !strcmp(argv[1], "embd-fa");
     const int n_threads = atoi(argv[5]);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
@@ -59,7 +61,7 @@ int main(int argc, char **argv) {
     struct mtmd_context_params mparams = mtmd_context_params_default();
     mparams.use_gpu = false;
     mparams.n_threads = n_threads;
-    mparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    mparams.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     mparams.warmup = false;
     mtmd_context *mctx = mtmd_init_from_file(argv[3], model, mparams);
     if (!mctx) return 3;
