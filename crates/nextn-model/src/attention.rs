@@ -94,6 +94,7 @@ impl GatedAttention {
                 &mut k[r.start * kv_width..r.end * kv_width],
                 &v[r.start * kv_width..r.end * kv_width],
                 seg.start_pos,
+                seg.positions,
                 kv,
                 &mut attn[r.start * self.n_head * hd..r.end * self.n_head * hd],
                 pool,
@@ -111,6 +112,7 @@ impl GatedAttention {
         k: &mut [f32],
         v: &[f32],
         start_pos: usize,
+        positions: crate::ops::RowPositions,
         kv: &mut KvLayer,
         attn: &mut [f32],
         pool: &ThreadPool,
@@ -129,8 +131,8 @@ impl GatedAttention {
         let mut q = vec![0.0f32; n * self.n_head * hd];
         let mut gate = vec![0.0f32; n * self.n_head * hd];
         for i in 0..n {
-            let rope = RopeTable::new(
-                start_pos + i,
+            let rope = RopeTable::new_3d(
+                positions.at(start_pos, i),
                 self.n_rot,
                 self.rope_base,
                 self.rope_scale,

@@ -9,6 +9,7 @@ pub mod device;
 pub mod draft_vocab;
 pub mod ffn;
 pub mod graft;
+mod image_rows;
 pub mod inventory;
 pub mod model;
 pub mod nextn;
@@ -21,8 +22,8 @@ pub mod weights;
 mod wide;
 
 pub use cache::{
-    KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState, StateCodecError,
-    StateReader, StateWriter,
+    ImageSpan, KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState,
+    StateCodecError, StateReader, StateWriter,
 };
 pub use config::{Arch, LayerKind, Qwen35Config};
 pub use model::{BatchItem, ForwardOutput, LogitRows, Model};
@@ -90,6 +91,19 @@ pub enum ModelError {
         cached: usize,
         start: usize,
     },
+    #[error(
+        "image embeddings of {found} floats do not fill {nx}x{ny} tokens of the model's width {n_embd}"
+    )]
+    ImageShape {
+        found: usize,
+        nx: usize,
+        ny: usize,
+        n_embd: usize,
+    },
+    #[error(
+        "images are not supported with the model on the device (-dev / -ngl): run it on the CPU"
+    )]
+    ImageOnDevice,
     #[error("a cached state does not fit this sequence: {what} {found}, expected {expected}")]
     SnapshotMismatch {
         what: &'static str,

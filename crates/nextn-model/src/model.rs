@@ -95,6 +95,8 @@ pub struct Segment<'c> {
     pub cache: &'c mut LayerCache,
     /// Keep the rows pending (speculative verify) instead of committing them.
     pub verify: bool,
+    /// The rotary positions of the rows.
+    pub positions: crate::ops::RowPositions,
 }
 
 /// One sequence's part of a multi-sequence forward pass.
@@ -287,6 +289,7 @@ impl Model {
                 n_past: 0,
                 n_ctx,
                 pending_rows: 0,
+                images: Vec::new(),
             };
         }
         let cfg = &self.config;
@@ -309,6 +312,7 @@ impl Model {
             n_past: 0,
             n_ctx,
             pending_rows: 0,
+            images: Vec::new(),
         }
     }
 
@@ -444,6 +448,9 @@ impl Model {
                     .map(|(it, &s)| Segment {
                         rows: s..s + it.tokens.len(),
                         start_pos: it.state.n_past,
+                        positions: crate::ops::RowPositions::Text {
+                            shift: it.state.rope_shift(),
+                        },
                         cache: &mut it.state.layers[il],
                         verify: it.verify,
                     })

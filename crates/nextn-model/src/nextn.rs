@@ -305,6 +305,7 @@ impl NextnHead {
                     start_pos: it.start_pos,
                     cache: &mut *it.cache,
                     verify: false,
+                    positions: crate::ops::RowPositions::default(),
                 })
                 .collect();
             self.layer

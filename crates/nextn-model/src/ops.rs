@@ -90,6 +90,37 @@ pub struct RopeTable {
     pub sin: Vec<f32>,
 }
 
+/// Where a segment's rows sit in the rotary position space (M-RoPE): the (temporal, height,
+/// width) position of each row, as llama.cpp's mtmd assigns them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowPositions {
+    /// Text rows: row `i` at `(p, p, p)` with `p = start_pos + i - shift`, where `shift` counts
+    /// the cache rows earlier images took beyond the positions they advanced.
+    Text { shift: usize },
+    /// The rows of one image, raster order over an `nx`-wide grid of tokens, the first at rotary
+    /// position `p0`: row `i` at `(p0, p0 + i / nx, p0 + i % nx)`.
+    Image { p0: usize, nx: usize },
+}
+
+impl Default for RowPositions {
+    fn default() -> Self {
+        RowPositions::Text { shift: 0 }
+    }
+}
+
+impl RowPositions {
+    /// The (t, h, w) position of row `i` of a segment whose first row is cache row `start_pos`.
+    pub fn at(&self, start_pos: usize, i: usize) -> [usize; 3] {
+        match *self {
+            RowPositions::Text { shift } => {
+                let p = start_pos + i - shift;
+                [p, p, p]
+            }
+            RowPositions::Image { p0, nx } => [p0, p0 + i / nx.max(1), p0 + i % nx.max(1)],
+        }
+    }
+}
+
 impl RopeTable {
     pub fn new(
         pos: usize,
@@ -98,13 +129,23 @@ impl RopeTable {
         freq_scale: f32,
         sections: [i32; 4],
     ) -> Self {
+        Self::new_3d([pos; 3], n_rot, freq_base, freq_scale, sections)
+    }
+
+    /// The tables of one (t, h, w) position: the sections' pairs turn by their own component.
+    pub fn new_3d(
+        pos: [usize; 3],
+        n_rot: usize,
+        freq_base: f32,
+        freq_scale: f32,
+        sections: [i32; 4],
+    ) -> Self {
         let half = n_rot / 2;
         let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
-        let p = pos as f32;
         // ggml keeps one running angle per position component; text uses (p, p, p, 0).
-        let mut theta_t = p;
-        let mut theta_h = p;
-        let mut theta_w = p;
+        let mut theta_t = pos[0] as f32;
+        let mut theta_h = pos[1] as f32;
+        let mut theta_w = pos[2] as f32;
         let mut theta_e = 0.0f32;
         let (s_t, s_h, s_w) = (
             sections[0].max(0) as usize,

@@ -640,9 +640,26 @@ pub struct SequenceState {
     pub n_ctx: usize,
     /// Rows of a verify batch at the end of `n_past` that are not committed yet.
     pub pending_rows: usize,
+    /// The images among the committed rows, in order.
+    pub images: Vec<ImageSpan>,
+}
+
+/// Cache rows `start..start + n_tokens` hold an image's embeddings, which advanced the rotary
+/// position by only `n_pos` (M-RoPE: `max(nx, ny)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageSpan {
+    pub start: usize,
+    pub n_tokens: usize,
+    pub n_pos: usize,
 }
 
 impl SequenceState {
+    /// Cache rows the images so far took beyond the rotary positions they advanced: the rotary
+    /// position of the next row is `n_past - rope_shift()`.
+    pub fn rope_shift(&self) -> usize {
+        self.images.iter().map(|im| im.n_tokens - im.n_pos).sum()
+    }
+
     /// Positions still free in the context.
     pub fn remaining(&self) -> usize {
         self.n_ctx.saturating_sub(self.n_past)
@@ -662,6 +679,7 @@ impl SequenceState {
     /// Drop positions `>= pos` from every attention layer. Recurrent states cannot be truncated
     /// on their own: [`crate::Model::commit`] pairs this with the delta-net commit of the kept rows.
     pub fn truncate_kv(&mut self, pos: usize) {
+        self.images.retain(|im| im.start < pos);
         for l in &mut self.layers {
             l.truncate_attention(pos);
         }

@@ -310,6 +310,7 @@ impl DeviceModel {
                     start_pos: it.state.n_past,
                     cache: &mut it.state.layers[il],
                     verify: it.verify,
+                    positions: crate::ops::RowPositions::default(),
                 });
             }
             layer.forward(&mut rec, &h, n, &mut segments, &mut pass)?;

@@ -189,6 +189,7 @@ impl DeviceHead {
                 start_pos: it.start_pos,
                 cache: &mut *it.cache,
                 verify: false,
+                positions: crate::ops::RowPositions::default(),
             })
             .collect();
         self.layer

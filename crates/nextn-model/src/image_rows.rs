@@ -1,0 +1,88 @@
+//! Image embeddings through the trunk: rows that come from a vision tower instead of the token
+//! embedding, at M-RoPE (temporal, height, width) positions, as llama.cpp's mtmd decodes an image
+//! chunk: every token of an `nx x ny` image at `(p0, p0 + row, p0 + col)`, and the rotary
+//! position after it advanced by `max(nx, ny)`, not by its `nx * ny` cache rows.
+
+use nextn_quant::kernels::ThreadPool;
+
+use crate::cache::{ImageSpan, SequenceState};
+use crate::model::{gather_logit_rows, ForwardOutput, LogitRows, Model, Segment};
+use crate::ops::{self, RowPositions};
+use crate::ModelError;
+
+impl Model {
+    /// Runs the `nx * ny` rows of `embd` (one image's embeddings, `n_embd` floats each, raster
+    /// order) through the trunk after `state`'s committed rows and commits them. Logits as asked.
+    pub fn forward_image(
+        &self,
+        embd: &[f32],
+        nx: usize,
+        ny: usize,
+        state: &mut SequenceState,
+        logit_rows: LogitRows,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let e = self.config.n_embd;
+        let n = nx * ny;
+        if self.device.is_some() {
+            return Err(ModelError::ImageOnDevice);
+        }
+        if n == 0 || embd.len() != n * e {
+            return Err(ModelError::ImageShape {
+                found: embd.len(),
+                nx,
+                ny,
+                n_embd: e,
+            });
+        }
+        if state.pending_rows > 0 {
+            return Err(ModelError::UncommittedVerify {
+                pending: state.pending_rows,
+            });
+        }
+        if state.layers.len() != self.layers.len() {
+            return Err(ModelError::ForeignState {
+                found: state.layers.len(),
+                expected: self.layers.len(),
+            });
+        }
+        state.check_room(n)?;
+        let start = state.n_past;
+        let positions = RowPositions::Image {
+            p0: start - state.rope_shift(),
+            nx,
+        };
+        let mut h = embd.to_vec();
+        for (il, layer) in self.layers.iter().enumerate() {
+            let mut segments = [Segment {
+                rows: 0..n,
+                start_pos: start,
+                cache: &mut state.layers[il],
+                verify: false,
+                positions,
+            }];
+            layer.forward(&mut h, n, &mut segments, self.config.rms_eps, pool)?;
+        }
+        let mut hidden = vec![0.0f32; n * e];
+        for (src, dst) in h.chunks_exact(e).zip(hidden.chunks_exact_mut(e)) {
+            ops::rms_norm(src, &self.output_norm, self.config.rms_eps, dst);
+        }
+        let (picked, _) = gather_logit_rows(&hidden, e, std::iter::once((0, n, logit_rows)));
+        let n_picked = picked.len() / e;
+        let mut logits = vec![0.0f32; n_picked * self.n_vocab];
+        if n_picked > 0 {
+            self.lm_head.forward(&picked, n_picked, &mut logits, pool)?;
+        }
+        state.n_past += n;
+        state.images.push(ImageSpan {
+            start,
+            n_tokens: n,
+            n_pos: nx.max(ny),
+        });
+        Ok(ForwardOutput {
+            hidden,
+            logits,
+            n_vocab: self.n_vocab,
+        })
+    }
+}

@@ -1,0 +1,65 @@
+use nextn_gguf::{GgmlType, GgufError};
+use nextn_quant::QuantError;
+
+/// What can go wrong loading an mmproj file, reading an image or encoding it. Each variant names
+/// the key, tensor or limit involved.
+#[derive(Debug, thiserror::Error)]
+pub enum VisionError {
+    #[error("cannot read mmproj file {path}: {source}")]
+    Open { path: String, source: GgufError },
+    #[error("{path} is not an mmproj file (general.architecture is '{found}', expected 'clip')")]
+    NotMmproj { path: String, found: String },
+    #[error("mmproj metadata {key}: {problem}")]
+    Metadata { key: &'static str, problem: String },
+    #[error(
+        "unsupported mmproj projector type '{found}' (clip.projector_type); \
+         supported: qwen3vl_merger (Qwen3.5 / Qwen3.6)"
+    )]
+    UnsupportedProjector { found: String },
+    #[error("mmproj tensor {tensor} is missing")]
+    MissingTensor { tensor: String },
+    #[error("mmproj tensor {tensor} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        tensor: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("mmproj tensor {tensor} has type {ty}, which the vision tower cannot compute with")]
+    TensorType { tensor: String, ty: GgmlType },
+    #[error("mmproj tensor {tensor}: {source}")]
+    Kernel { tensor: String, source: QuantError },
+    #[error(
+        "the mmproj's projection width {mmproj} (clip.vision.projection_dim, mm.2.weight) \
+         does not match the model's embedding width {model}: the mmproj belongs to another model"
+    )]
+    ProjectionWidth { mmproj: usize, model: usize },
+    #[error(
+        "the mmproj has {layers} deepstack layers (v.deepstack.*), which this model's trunk \
+         has no inputs for"
+    )]
+    Deepstack { layers: usize },
+    #[error("cannot decode image {what}: {reason}")]
+    Decode { what: String, reason: String },
+    #[error(
+        "image {what} is {width}x{height} pixels; at most {max_side} pixels per side are accepted"
+    )]
+    ImageTooLarge {
+        what: String,
+        width: u32,
+        height: u32,
+        max_side: u32,
+    },
+    #[error("image {what} has no pixels ({width}x{height})")]
+    ImageEmpty {
+        what: String,
+        width: u32,
+        height: u32,
+    },
+}
+
+pub(crate) fn metadata(key: &'static str, problem: impl Into<String>) -> VisionError {
+    VisionError::Metadata {
+        key,
+        problem: problem.into(),
+    }
+}

@@ -1,0 +1,172 @@
+//! The tower's input: patches in merge order (each 2x2 group of patches consecutive, as the
+//! merger later concatenates them), the patch embedding over the two temporal kernels, and the
+//! learned position embeddings resized bilinearly to the patch grid.
+
+use nextn_quant::kernels::ThreadPool;
+
+use crate::error::VisionError;
+use crate::preprocess::PreparedImage;
+use crate::weights::Linear;
+
+/// The patch grid of one image: `nx` by `ny` patches, both even.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grid {
+    pub(crate) nx: usize,
+    pub(crate) ny: usize,
+}
+
+impl Grid {
+    pub(crate) fn n(&self) -> usize {
+        self.nx * self.ny
+    }
+
+    /// The `(y, x)` patch at merge-order index `k`: 2x2 blocks row by row, and inside a block
+    /// (0,0) (0,1) (1,0) (1,1), as llama.cpp's `positions` input for qwen3vl.
+    pub(crate) fn yx(&self, k: usize) -> (usize, usize) {
+        let block = k / 4;
+        let (dy, dx) = ((k % 4) / 2, k % 2);
+        let bx = self.nx / 2;
+        (2 * (block / bx) + dy, 2 * (block % bx) + dx)
+    }
+}
+
+/// Patch embedding: `conv(W0, image) + conv(W1, image) + bias` (a still image fills both
+/// temporal frames), rows in merge order.
+pub(crate) struct PatchEmbed {
+    pub(crate) frame0: Linear,
+    pub(crate) frame1: Linear,
+    pub(crate) bias: Vec<f32>,
+    pub(crate) patch: usize,
+}
+
+impl PatchEmbed {
+    pub(crate) fn forward(
+        &self,
+        img: &PreparedImage,
+        grid: Grid,
+        pool: &ThreadPool,
+    ) -> Result<Vec<f32>, VisionError> {
+        let p = self.patch;
+        let cols = 3 * p * p;
+        let (w, h) = (img.width(), img.height());
+        let planes = img.planes();
+        let mut x = vec![0f32; grid.n() * cols];
+        for (k, row) in x.chunks_exact_mut(cols).enumerate() {
+            let (py, px) = grid.yx(k);
+            for c in 0..3 {
+                for ky in 0..p {
+                    let src = c * w * h + (py * p + ky) * w + px * p;
+                    row[(c * p + ky) * p..(c * p + ky + 1) * p]
+                        .copy_from_slice(&planes[src..src + p]);
+                }
+            }
+        }
+        let mut out = self.frame0.forward(&x, grid.n(), pool)?;
+        let second = self.frame1.forward(&x, grid.n(), pool)?;
+        let e = self.bias.len();
+        for row in out.chunks_exact_mut(e).zip(second.chunks_exact(e)) {
+            for ((o, s), b) in row.0.iter_mut().zip(row.1).zip(&self.bias) {
+                *o = (*o + s) + b;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Learned absolute position embeddings on a `side x side` grid.
+pub(crate) struct PositionEmbed {
+    pub(crate) table: Vec<f32>,
+    pub(crate) side: usize,
+    pub(crate) n_embd: usize,
+}
+
+impl PositionEmbed {
+    /// Adds the embedding of every patch (the table resized to the grid, bilinear with aligned
+    /// corners, as `ggml_interpolate` computes it) to `x`, rows in merge order.
+    pub(crate) fn add_to(&self, x: &mut [f32], grid: Grid) {
+        let e = self.n_embd;
+        let s = self.side;
+        if grid.nx == s && grid.ny == s {
+            for (k, row) in x.chunks_exact_mut(e).enumerate() {
+                let (y, xx) = grid.yx(k);
+                let src = &self.table[(y * s + xx) * e..(y * s + xx + 1) * e];
+                for (o, v) in row.iter_mut().zip(src) {
+                    *o += *v;
+                }
+            }
+            return;
+        }
+        let scale = |out: usize| {
+            if out > 1 && s > 1 {
+                (out - 1) as f32 / (s - 1) as f32
+            } else {
+                out as f32 / s as f32
+            }
+        };
+        let (sf0, sf1) = (scale(grid.nx), scale(grid.ny));
+        let axis = |i: usize, sf: f32| {
+            let f = i as f32 / sf;
+            let i0 = (f.floor() as i64).clamp(0, s as i64 - 1) as usize;
+            let i1 = (i0 as i64 + 1).clamp(0, s as i64 - 1) as usize;
+            let d = (f - i0 as f32).clamp(0.0, 1.0);
+            (i0, i1, d)
+        };
+        for (k, row) in x.chunks_exact_mut(e).enumerate() {
+            let (y, xx) = grid.yx(k);
+            let (y0, y1, dy) = axis(y, sf1);
+            let (x0, x1, dx) = axis(xx, sf0);
+            let at = |yy: usize, xi: usize| &self.table[(yy * s + xi) * e..(yy * s + xi + 1) * e];
+            let (a, b, c, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
+            for i in 0..e {
+                let v = a[i] * (1.0 - dx) * (1.0 - dy)
+                    + b[i] * dx * (1.0 - dy)
+                    + c[i] * (1.0 - dx) * dy
+                    + d[i] * dx * dy;
+                row[i] += v;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_order_walks_two_by_two_blocks() {
+        let g = Grid { nx: 4, ny: 2 };
+        let order: Vec<_> = (0..8).map(|k| g.yx(k)).collect();
+        assert_eq!(
+            order,
+            [
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3)
+            ]
+        );
+    }
+
+    #[test]
+    fn resized_positions_keep_the_corners() {
+        let side = 3;
+        let table: Vec<f32> = (0..side * side).map(|i| i as f32).collect();
+        let pe = PositionEmbed {
+            table,
+            side,
+            n_embd: 1,
+        };
+        let g = Grid { nx: 6, ny: 4 };
+        let mut x = vec![0f32; g.n()];
+        pe.add_to(&mut x, g);
+        let at = |y: usize, xx: usize| x[(0..g.n()).find(|&k| g.yx(k) == (y, xx)).unwrap()];
+        assert_eq!(at(0, 0), 0.0);
+        assert_eq!(at(0, 5), 2.0);
+        assert_eq!(at(3, 0), 6.0);
+        assert!((at(3, 5) - 8.0).abs() < 1e-5);
+    }
+}

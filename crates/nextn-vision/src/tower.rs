@@ -1,0 +1,243 @@
+//! `VisionTower`: an mmproj file loaded and checked, and the encoder forward of one image.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use nextn_gguf::GgufFile;
+use nextn_quant::kernels::ThreadPool;
+
+use crate::block::{Block, Heads, Merger};
+use crate::config::VisionConfig;
+use crate::error::VisionError;
+use crate::patch::{Grid, PatchEmbed, PositionEmbed};
+use crate::preprocess::{prepare, PreparedImage, RgbImage};
+use crate::weights::{Binder, Norm};
+
+/// A Qwen3.5 / Qwen3.6 vision tower (`qwen3vl_merger`).
+pub struct VisionTower {
+    cfg: VisionConfig,
+    patch: PatchEmbed,
+    pos: PositionEmbed,
+    pre_ln: Option<Norm>,
+    blocks: Vec<Block>,
+    post_ln: Option<Norm>,
+    merger: Merger,
+}
+
+/// The embeddings of one image: `nx * ny` tokens (row by row) of `width` floats each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageEmbedding {
+    pub nx: usize,
+    pub ny: usize,
+    pub width: usize,
+    pub data: Vec<f32>,
+}
+
+impl ImageEmbedding {
+    pub fn n_tokens(&self) -> usize {
+        self.nx * self.ny
+    }
+}
+
+impl VisionTower {
+    /// Opens and checks an mmproj file: its metadata, and every tensor the configuration
+    /// implies present with the implied shape and a type the kernels read.
+    pub fn load(path: impl AsRef<Path>) -> Result<VisionTower, VisionError> {
+        let shown = path.as_ref().display().to_string();
+        let file = GgufFile::open(path.as_ref()).map_err(|source| VisionError::Open {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_file(Arc::new(file), &shown)
+    }
+
+    /// As [`load`](Self::load), for a file already opened.
+    pub fn from_file(file: Arc<GgufFile>, path: &str) -> Result<VisionTower, VisionError> {
+        let cfg = VisionConfig::from_gguf(&file, path)?;
+        let b = Binder { file };
+        let e = cfg.n_embd;
+        let p = cfg.patch_size as u64;
+        let patch_dims = [p, p, 3, e as u64];
+        let patch = PatchEmbed {
+            frame0: b.conv_kernel("v.patch_embd.weight", &patch_dims)?,
+            frame1: b.conv_kernel("v.patch_embd.weight.1", &patch_dims)?,
+            bias: b.vector("v.patch_embd.bias", e)?,
+            patch: cfg.patch_size,
+        };
+        let pos = position_embed(&b, e)?;
+        let pre_ln = optional_norm(&b, "v.pre_ln", e)?;
+        let post_ln = optional_norm(&b, "v.post_ln", e)?;
+        let merged = 4 * e;
+        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        for il in 0..cfg.n_layer {
+            let pre = format!("v.blk.{il}");
+            let deepstack = if b.has(&format!("v.deepstack.{il}.fc1.weight")) {
+                Some(Merger {
+                    norm: Some(b.norm(&format!("v.deepstack.{il}.norm"), merged)?),
+                    fc1: b.linear(&format!("v.deepstack.{il}.fc1"), merged, merged)?,
+                    fc2: b.linear(&format!("v.deepstack.{il}.fc2"), merged, cfg.projection_dim)?,
+                })
+            } else {
+                None
+            };
+            blocks.push(Block {
+                ln1: b.norm(&format!("{pre}.ln1"), e)?,
+                qkv: b.linear(&format!("{pre}.attn_qkv"), e, 3 * e)?,
+                out: b.linear(&format!("{pre}.attn_out"), e, e)?,
+                ln2: b.norm(&format!("{pre}.ln2"), e)?,
+                up: b.linear(&format!("{pre}.ffn_up"), e, cfg.n_ff)?,
+                down: b.linear(&format!("{pre}.ffn_down"), cfg.n_ff, e)?,
+                deepstack,
+            });
+        }
+        let merger = Merger {
+            norm: None,
+            fc1: b.linear("mm.0", merged, merged)?,
+            fc2: b.linear("mm.2", merged, cfg.projection_dim)?,
+        };
+        Ok(VisionTower {
+            cfg,
+            patch,
+            pos,
+            pre_ln,
+            blocks,
+            post_ln,
+            merger,
+        })
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.cfg
+    }
+
+    /// llama.cpp's `--image-min-tokens` / `--image-max-tokens`.
+    pub fn set_token_bounds(
+        &mut self,
+        min: Option<u32>,
+        max: Option<u32>,
+    ) -> Result<(), VisionError> {
+        self.cfg.set_token_bounds(min, max)
+    }
+
+    /// Deepstack layers: each adds `projection_dim` floats to every output embedding.
+    pub fn n_deepstack(&self) -> usize {
+        self.blocks.iter().filter(|b| b.deepstack.is_some()).count()
+    }
+
+    /// Floats per output embedding: the main path and every deepstack path side by side.
+    pub fn embedding_width(&self) -> usize {
+        self.cfg.projection_dim * (1 + self.n_deepstack())
+    }
+
+    /// Refuses a tower whose embeddings a text model of width `n_embd` without deepstack inputs
+    /// cannot take.
+    pub fn check_text_model(&self, n_embd: usize) -> Result<(), VisionError> {
+        if self.cfg.projection_dim != n_embd {
+            return Err(VisionError::ProjectionWidth {
+                mmproj: self.cfg.projection_dim,
+                model: n_embd,
+            });
+        }
+        if self.n_deepstack() > 0 {
+            return Err(VisionError::Deepstack {
+                layers: self.n_deepstack(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Resizes and normalises `img` for this tower.
+    pub fn prepare(&self, img: &RgbImage) -> PreparedImage {
+        prepare(img, &self.cfg)
+    }
+
+    /// Output tokens of a prepared image: `(columns, rows)` of merged patches.
+    pub fn token_grid(&self, img: &PreparedImage) -> (usize, usize) {
+        let side = self.cfg.patch_size * self.cfg.n_merge;
+        (img.width() / side, img.height() / side)
+    }
+
+    /// The encoder forward of one prepared image.
+    pub fn encode(
+        &self,
+        img: &PreparedImage,
+        pool: &ThreadPool,
+    ) -> Result<ImageEmbedding, VisionError> {
+        let (nx, ny) = self.token_grid(img);
+        let grid = Grid {
+            nx: 2 * nx,
+            ny: 2 * ny,
+        };
+        let n = grid.n();
+        let e = self.cfg.n_embd;
+        let mut x = self.patch.forward(img, grid, pool)?;
+        self.pos.add_to(&mut x, grid);
+        if let Some(norm) = &self.pre_ln {
+            x = crate::ops::layer_norm(pool, &x, norm, self.cfg.eps);
+        }
+        let heads = Heads {
+            n_head: self.cfg.n_head,
+            d_head: self.cfg.d_head,
+            eps: self.cfg.eps,
+        };
+        let mut deepstack = Vec::new();
+        for block in &self.blocks {
+            block.forward(&mut x, grid, heads, pool)?;
+            if let Some(ds) = &block.deepstack {
+                deepstack.push(ds.forward(&x, n / 4, self.cfg.eps, pool)?);
+            }
+        }
+        if let Some(norm) = &self.post_ln {
+            x = crate::ops::layer_norm(pool, &x, norm, self.cfg.eps);
+        }
+        debug_assert_eq!(x.len(), n * e);
+        let main = self.merger.forward(&x, n / 4, self.cfg.eps, pool)?;
+        let proj = self.cfg.projection_dim;
+        let width = self.embedding_width();
+        let mut data = vec![0f32; nx * ny * width];
+        for (t, row) in data.chunks_exact_mut(width).enumerate() {
+            row[..proj].copy_from_slice(&main[t * proj..(t + 1) * proj]);
+            for (j, ds) in deepstack.iter().enumerate() {
+                row[(j + 1) * proj..(j + 2) * proj].copy_from_slice(&ds[t * proj..(t + 1) * proj]);
+            }
+        }
+        Ok(ImageEmbedding {
+            nx,
+            ny,
+            width,
+            data,
+        })
+    }
+}
+
+fn optional_norm(b: &Binder, prefix: &str, n: usize) -> Result<Option<Norm>, VisionError> {
+    if b.has(&format!("{prefix}.weight")) {
+        Ok(Some(b.norm(prefix, n)?))
+    } else {
+        Ok(None)
+    }
+}
+
+fn position_embed(b: &Binder, e: usize) -> Result<PositionEmbed, VisionError> {
+    let name = "v.position_embd.weight";
+    let n_pos = b
+        .file
+        .tensor(name)
+        .and_then(|t| t.dims.get(1).copied())
+        .ok_or_else(|| VisionError::MissingTensor {
+            tensor: name.to_string(),
+        })?;
+    let side = (n_pos as f64).sqrt().round() as u64;
+    if side == 0 || side * side != n_pos || side > 1024 {
+        return Err(VisionError::TensorShape {
+            tensor: name.to_string(),
+            found: vec![e as u64, n_pos],
+            expected: vec![e as u64, side.max(1) * side.max(1)],
+        });
+    }
+    Ok(PositionEmbed {
+        table: b.f32s(name, &[e as u64, n_pos])?,
+        side: side as usize,
+        n_embd: e,
+    })
+}
