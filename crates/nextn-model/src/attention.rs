@@ -7,9 +7,9 @@ use std::sync::Mutex;
 
 use nextn_quant::kernels::ThreadPool;
 
+use crate::batch::Segment;
 use crate::cache::{KvLayer, LayerCache};
 use crate::config::{Qwen35Config, RopeScaling};
-use crate::model::Segment;
 use crate::ops::{self, RopeTable};
 use crate::weights::{Linear, WeightLoader};
 use crate::wide;

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 
 use nextn_quant::kernels::ThreadPool;
 
+use crate::batch::Segment;
 use crate::cache::{DeltaNetCache, LayerCache, RecurrentState, RowInputs};
 use crate::config::Qwen35Config;
-use crate::model::Segment;
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
