@@ -333,7 +333,7 @@ impl GatedDeltaNet {
     }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = delta_rule_step_baseline;
 /// One delta-rule step on a head's state `s` (dk × dv, row i = key dim):
 /// `S ← decay·S; u = Sᵀk; δ = β(v − u); S += k δᵀ`, and with `readout = (q, o)`, `o = Sᵀq` on the

@@ -14,12 +14,12 @@ pub mod inventory;
 pub mod model;
 pub mod nextn;
 pub mod ops;
+pub mod pass_bytes;
 pub mod quantize;
+mod simd;
 pub mod synth;
-pub mod traffic;
 pub mod validate;
 pub mod weights;
-mod wide;
 
 pub use batch::{BatchItem, ForwardOutput, HeadBatchItem, LogitRows};
 pub use cache::{
