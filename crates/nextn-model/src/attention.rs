@@ -7,12 +7,12 @@ use std::sync::Mutex;
 
 use nextn_quant::kernels::ThreadPool;
 
+use crate::batch::Segment;
 use crate::cache::{KvLayer, LayerCache};
 use crate::config::{Qwen35Config, RopeScaling};
-use crate::model::Segment;
 use crate::ops::{self, RopeTable};
+use crate::simd;
 use crate::weights::{Linear, WeightLoader};
-use crate::wide;
 use crate::ModelError;
 
 pub struct GatedAttention {
@@ -290,7 +290,7 @@ impl Span {
     }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = attend_tiled_baseline;
 /// Softmax attention of several query heads, each `(len, q)` over the first `len` cached
 /// positions, into `o` (`queries.len() × hd`). Key and value tiles are read once for all
@@ -557,7 +557,7 @@ fn attend_by_chunks(
         .collect()
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = chunk_scores_baseline;
 /// The scores of one chunk's positions and each query's largest one there.
 fn chunk_scores(
@@ -577,7 +577,7 @@ fn chunk_scores(
 }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = chunk_exps_baseline;
 /// `e^(s − max)` of one chunk's scores and each query's terms of the softmax's sum there.
 fn chunk_exps(queries: &[(usize, &[f32])], span: &Span, max: &[f32], w: &mut ChunkWork) {
@@ -593,7 +593,7 @@ fn chunk_exps(queries: &[(usize, &[f32])], span: &Span, max: &[f32], w: &mut Chu
 }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = chunk_values_baseline;
 /// The softmax weights of one chunk (its exponentials times each query's `inv`) and each
 /// query's weighted value sum over the chunk, from zero.
@@ -648,7 +648,7 @@ fn lanes_max(x: &[f32]) -> f32 {
     max
 }
 
-/// `x ← e^(x − max)` by [`wide::exp_nonpositive`], handing `term` the softmax sum's terms in
+/// `x ← e^(x − max)` by [`simd::exp_nonpositive`], handing `term` the softmax sum's terms in
 /// order: each group of eight summed in a fixed pairwise order, then the tail one by one. `x`
 /// starts at a multiple of eight positions, so the groups of consecutive slices of one query's
 /// scores are the groups of the whole.
@@ -657,12 +657,12 @@ fn exp_shifted(x: &mut [f32], max: f32, mut term: impl FnMut(f32)) {
     let wide = x.len() / 8 * 8;
     for c in x[..wide].chunks_exact_mut(8) {
         for v in c.iter_mut() {
-            *v = wide::exp_nonpositive(*v - max);
+            *v = simd::exp_nonpositive(*v - max);
         }
         term(((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
     }
     for v in &mut x[wide..] {
-        *v = wide::exp_nonpositive(*v - max);
+        *v = simd::exp_nonpositive(*v - max);
         term(*v);
     }
 }
@@ -674,7 +674,7 @@ fn exp_shifted(x: &mut [f32], max: f32, mut term: impl FnMut(f32)) {
 #[inline(always)]
 fn dot_x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
-    if wide::has_avx2() {
+    if simd::has_avx2() {
         // SAFETY: the CPU has AVX2 (checked above).
         return unsafe { dot_x4_avx2(q, k) };
     }
@@ -746,7 +746,7 @@ unsafe fn dot_x4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
 #[inline(always)]
 fn dot_2x4(q: [&[f32]; 2], k: [&[f32]; 4]) -> [[f32; 4]; 2] {
     #[cfg(target_arch = "x86_64")]
-    if wide::has_avx2() {
+    if simd::has_avx2() {
         // SAFETY: the CPU has AVX2 (checked above).
         return unsafe { dot_2x4_avx2(q, k) };
     }

@@ -158,126 +158,297 @@ impl Qwen35Config {
             "qwen35moe" => Arch::Moe,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_string())),
         };
-        let a = arch_name.to_string();
-        let key = |k: &str| format!("{a}.{k}");
-        let req_u32 = |k: &str| -> Result<usize, ModelError> {
-            let name = key(k);
-            f.get_u32(&name)?
-                .map(|v| v as usize)
-                .ok_or(ModelError::MissingKey(name))
+        let m = Metadata {
+            f,
+            arch: arch_name.to_string(),
         };
-        let opt_u32 = |k: &str| -> Result<Option<usize>, ModelError> {
-            Ok(f.get_u32(&key(k))?.map(|v| v as usize))
+        let n_ctx_train = m.context_length()?;
+        let n_embd = m.req_u32("embedding_length")?;
+        let blocks = m.blocks(held_layers)?;
+        let heads = m.attention_heads(n_embd, blocks.n_layer_all)?;
+        let n_ff = m.per_layer("feed_forward_length", Some(0), blocks.n_layer_all)?;
+        let rms_eps = m.rms_eps()?;
+        let rope = m.rope(heads.head_dim)?;
+        let ssm = m.delta_net()?;
+        let layer_kinds = m.layer_kinds(blocks.n_layer)?;
+        let experts = match arch {
+            Arch::Dense => Experts::default(),
+            Arch::Moe => m.experts(n_ff.first().copied().unwrap_or(0))?,
         };
+        m.check_kv_heads(&heads)?;
+        Ok(Qwen35Config {
+            arch,
+            n_ctx_train,
+            n_embd,
+            n_layer_all: blocks.n_layer_all,
+            n_layer: blocks.n_layer,
+            n_nextn: blocks.n_nextn,
+            n_ff,
+            n_head: heads.n_head,
+            n_head_kv: heads.n_head_kv,
+            head_dim: heads.head_dim,
+            rms_eps,
+            n_rot: rope.n_rot,
+            rope_sections: rope.sections,
+            rope_freq_base: rope.freq_base,
+            rope_scaling: rope.scaling,
+            conv_kernel: ssm.conv_kernel,
+            ssm_head_dim: ssm.head_dim,
+            ssm_k_heads: ssm.k_heads,
+            ssm_v_heads: ssm.v_heads,
+            ssm_inner: ssm.inner,
+            layer_kinds,
+            n_expert: experts.n_expert,
+            n_expert_used: experts.n_expert_used,
+            n_ff_exp: experts.n_ff_exp,
+            n_ff_shexp: experts.n_ff_shexp,
+        })
+    }
+}
 
-        let n_ctx_train = req_u32("context_length")?;
+/// A file's `{arch}.*` metadata keys, read section by section; every refusal names its key.
+struct Metadata<'f> {
+    f: &'f GgufFile,
+    arch: String,
+}
+
+/// `block_count` and how it divides into trunk and NextN layers.
+struct Blocks {
+    n_layer_all: usize,
+    n_layer: usize,
+    n_nextn: usize,
+}
+
+/// Attention heads per layer and their dimension.
+struct AttentionHeads {
+    n_head: Vec<usize>,
+    n_head_kv: Vec<usize>,
+    head_dim: usize,
+}
+
+struct Rope {
+    n_rot: usize,
+    sections: [i32; 4],
+    freq_base: f32,
+    scaling: RopeScaling,
+}
+
+/// The gated delta net's dimensions (`ssm.*`).
+struct DeltaNetDims {
+    conv_kernel: usize,
+    head_dim: usize,
+    k_heads: usize,
+    v_heads: usize,
+    inner: usize,
+}
+
+/// Routed and shared experts (all 0 for a dense model).
+#[derive(Default)]
+struct Experts {
+    n_expert: usize,
+    n_expert_used: usize,
+    n_ff_exp: usize,
+    n_ff_shexp: usize,
+}
+
+impl Metadata<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn bad(&self, k: &str, why: impl Into<String>) -> ModelError {
+        ModelError::BadValue {
+            key: self.key(k),
+            why: why.into(),
+        }
+    }
+
+    fn req_u32(&self, k: &str) -> Result<usize, ModelError> {
+        let name = self.key(k);
+        self.f
+            .get_u32(&name)?
+            .map(|v| v as usize)
+            .ok_or(ModelError::MissingKey(name))
+    }
+
+    fn opt_u32(&self, k: &str) -> Result<Option<usize>, ModelError> {
+        Ok(self.f.get_u32(&self.key(k))?.map(|v| v as usize))
+    }
+
+    /// A per-layer value of `n` layers: an array of one entry per layer, or one number for all
+    /// (`default` for all when the key is absent and has one).
+    fn per_layer(
+        &self,
+        k: &str,
+        default: Option<usize>,
+        n: usize,
+    ) -> Result<Vec<usize>, ModelError> {
+        let name = self.key(k);
+        match self.f.get(&name) {
+            None => match default {
+                Some(d) => file_sized_vec(&name, n, d),
+                None => Err(ModelError::MissingKey(name)),
+            },
+            Some(MetadataValue::Array(arr)) => {
+                let vals = arr.as_u64_vec().ok_or_else(|| ModelError::BadValue {
+                    key: name.clone(),
+                    why: format!(
+                        "expected an integer array, found {}",
+                        arr.element_type_name()
+                    ),
+                })?;
+                if vals.len() != n {
+                    return Err(ModelError::BadValue {
+                        key: name,
+                        why: format!("array has {} entries, block_count is {n}", vals.len()),
+                    });
+                }
+                Ok(vals.into_iter().map(|v| v as usize).collect())
+            }
+            Some(_) => {
+                let v = self
+                    .f
+                    .get_u32(&name)?
+                    .ok_or_else(|| ModelError::MissingKey(name.clone()))?;
+                file_sized_vec(&name, n, v as usize)
+            }
+        }
+    }
+
+    fn context_length(&self) -> Result<usize, ModelError> {
+        let n_ctx_train = self.req_u32("context_length")?;
         if n_ctx_train < MIN_CONTEXT {
-            return Err(ModelError::BadValue {
-                key: key("context_length"),
-                why: format!(
+            return Err(self.bad(
+                "context_length",
+                format!(
                     "{n_ctx_train} positions; a model needs at least {MIN_CONTEXT} to hold a prompt and its answer"
                 ),
-            });
+            ));
         }
-        let n_embd = req_u32("embedding_length")?;
-        let n_layer_all = req_u32("block_count")?;
+        Ok(n_ctx_train)
+    }
+
+    /// `block_count`, checked against the `held` layers of the file's tensors (when known), and
+    /// `nextn_predict_layers`.
+    fn blocks(&self, held: Option<usize>) -> Result<Blocks, ModelError> {
+        let n_layer_all = self.req_u32("block_count")?;
         // Everything per layer is sized by block_count, so it must match the layers the file
         // actually holds before anything is allocated from it.
-        if let Some(held) = held_layers.filter(|&held| held != n_layer_all) {
-            return Err(ModelError::BadValue {
-                key: key("block_count"),
-                why: format!(
+        if let Some(held) = held.filter(|&held| held != n_layer_all) {
+            return Err(self.bad(
+                "block_count",
+                format!(
                     "{n_layer_all}, but the file's tensors are for {held} layers (blk.0 .. blk.{})",
                     held.saturating_sub(1)
                 ),
-            });
+            ));
         }
-        let n_nextn = opt_u32("nextn_predict_layers")?.unwrap_or(0);
+        let n_nextn = self.opt_u32("nextn_predict_layers")?.unwrap_or(0);
         if n_layer_all == 0 || n_nextn >= n_layer_all {
-            return Err(ModelError::BadValue {
-                key: key("nextn_predict_layers"),
-                why: format!("{n_nextn} must be smaller than block_count {n_layer_all}"),
-            });
+            return Err(self.bad(
+                "nextn_predict_layers",
+                format!("{n_nextn} must be smaller than block_count {n_layer_all}"),
+            ));
         }
-        let n_layer = n_layer_all - n_nextn;
+        Ok(Blocks {
+            n_layer_all,
+            n_layer: n_layer_all - n_nextn,
+            n_nextn,
+        })
+    }
 
-        let per_layer = |k: &str, default: Option<usize>| -> Result<Vec<usize>, ModelError> {
-            let name = key(k);
-            match f.get(&name) {
-                None => match default {
-                    Some(d) => file_sized_vec(&name, n_layer_all, d),
-                    None => Err(ModelError::MissingKey(name)),
-                },
-                Some(MetadataValue::Array(arr)) => {
-                    let vals = arr.as_u64_vec().ok_or_else(|| ModelError::BadValue {
-                        key: name.clone(),
-                        why: format!(
-                            "expected an integer array, found {}",
-                            arr.element_type_name()
-                        ),
-                    })?;
-                    if vals.len() != n_layer_all {
-                        return Err(ModelError::BadValue {
-                            key: name,
-                            why: format!(
-                                "array has {} entries, block_count is {n_layer_all}",
-                                vals.len()
-                            ),
-                        });
-                    }
-                    Ok(vals.into_iter().map(|v| v as usize).collect())
-                }
-                Some(_) => {
-                    let v = f
-                        .get_u32(&name)?
-                        .ok_or_else(|| ModelError::MissingKey(name.clone()))?;
-                    file_sized_vec(&name, n_layer_all, v as usize)
-                }
-            }
-        };
-
-        let n_head = per_layer("attention.head_count", None)?;
-        let n_head_kv = match f.get(&key("attention.head_count_kv")) {
+    fn attention_heads(
+        &self,
+        n_embd: usize,
+        n_layer_all: usize,
+    ) -> Result<AttentionHeads, ModelError> {
+        let n_head = self.per_layer("attention.head_count", None, n_layer_all)?;
+        let n_head_kv = match self.f.get(&self.key("attention.head_count_kv")) {
             None => n_head.clone(),
-            Some(_) => per_layer("attention.head_count_kv", None)?,
+            Some(_) => self.per_layer("attention.head_count_kv", None, n_layer_all)?,
         };
         let n_head0 = n_head.first().copied().unwrap_or(0);
         if n_head0 == 0 {
-            return Err(ModelError::BadValue {
-                key: key("attention.head_count"),
-                why: "is 0".into(),
-            });
+            return Err(self.bad("attention.head_count", "is 0"));
         }
-        let head_dim = opt_u32("attention.key_length")?.unwrap_or(n_embd / n_head0);
-        let v_dim = opt_u32("attention.value_length")?.unwrap_or(n_embd / n_head0);
+        let head_dim = self
+            .opt_u32("attention.key_length")?
+            .unwrap_or(n_embd / n_head0);
+        let v_dim = self
+            .opt_u32("attention.value_length")?
+            .unwrap_or(n_embd / n_head0);
         if head_dim != v_dim {
-            return Err(ModelError::BadValue {
-                key: key("attention.value_length"),
-                why: format!("{v_dim} differs from key_length {head_dim}"),
-            });
+            return Err(self.bad(
+                "attention.value_length",
+                format!("{v_dim} differs from key_length {head_dim}"),
+            ));
         }
-        let n_ff = per_layer("feed_forward_length", Some(0))?;
-        let rms_eps =
-            f.get_f32(&key("attention.layer_norm_rms_epsilon"))?
-                .ok_or(ModelError::MissingKey(key(
-                    "attention.layer_norm_rms_epsilon",
-                )))?;
-        let eps_key = key("attention.layer_norm_rms_epsilon");
+        Ok(AttentionHeads {
+            n_head,
+            n_head_kv,
+            head_dim,
+        })
+    }
+
+    /// Every layer's heads a positive multiple of its kv heads.
+    fn check_kv_heads(&self, heads: &AttentionHeads) -> Result<(), ModelError> {
+        for (il, (&h, &hkv)) in heads.n_head.iter().zip(&heads.n_head_kv).enumerate() {
+            if h == 0 || hkv == 0 || h % hkv != 0 {
+                return Err(self.bad(
+                    "attention.head_count_kv",
+                    format!("layer {il}: {h} heads is not a multiple of {hkv} kv heads"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_eps(&self) -> Result<f32, ModelError> {
+        let eps_key = "attention.layer_norm_rms_epsilon";
+        let rms_eps = self
+            .f
+            .get_f32(&self.key(eps_key))?
+            .ok_or(ModelError::MissingKey(self.key(eps_key)))?;
         if !(rms_eps.is_finite() && rms_eps > 0.0 && rms_eps < 1.0) {
-            return Err(ModelError::BadValue {
-                key: eps_key,
-                why: format!("{rms_eps} must be a finite number between 0 and 1 (exclusive)"),
-            });
+            return Err(self.bad(
+                eps_key,
+                format!("{rms_eps} must be a finite number between 0 and 1 (exclusive)"),
+            ));
         }
-        let n_rot = opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
+        Ok(rms_eps)
+    }
+
+    fn rope(&self, head_dim: usize) -> Result<Rope, ModelError> {
+        let n_rot = self.opt_u32("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot == 0 || n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(ModelError::BadValue {
-                key: key("rope.dimension_count"),
-                why: format!("{n_rot} must be even, positive and at most the head dim {head_dim}"),
-            });
+            return Err(self.bad(
+                "rope.dimension_count",
+                format!("{n_rot} must be even, positive and at most the head dim {head_dim}"),
+            ));
         }
-        let sections_key = key("rope.dimension_sections");
-        let sections = f
+        let sections = self.rope_sections(n_rot)?;
+        let freq_base = self
+            .f
+            .get_f32(&self.key("rope.freq_base"))?
+            .unwrap_or(10000.0);
+        if !(freq_base.is_finite() && freq_base > 0.0) {
+            return Err(self.bad(
+                "rope.freq_base",
+                format!("{freq_base} must be a finite positive number"),
+            ));
+        }
+        Ok(Rope {
+            n_rot,
+            sections,
+            freq_base,
+            scaling: self.rope_scaling()?,
+        })
+    }
+
+    fn rope_sections(&self, n_rot: usize) -> Result<[i32; 4], ModelError> {
+        let sections_key = self.key("rope.dimension_sections");
+        let sections = self
+            .f
             .get_array(&sections_key)?
             .and_then(|a| a.as_i64_vec())
             .ok_or(ModelError::MissingKey(sections_key.clone()))?;
@@ -299,177 +470,135 @@ impl Qwen35Config {
                 ),
             });
         }
-        let rope_sections = [
+        Ok([
             sections[0] as i32,
             sections[1] as i32,
             sections[2] as i32,
             sections[3] as i32,
-        ];
-        let rope_freq_base = f.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0);
-        if !(rope_freq_base.is_finite() && rope_freq_base > 0.0) {
-            return Err(ModelError::BadValue {
-                key: key("rope.freq_base"),
-                why: format!("{rope_freq_base} must be a finite positive number"),
-            });
-        }
-        let rope_scaling = match f.get_str(&key("rope.scaling.type"))? {
+        ])
+    }
+
+    fn rope_scaling(&self) -> Result<RopeScaling, ModelError> {
+        match self.f.get_str(&self.key("rope.scaling.type"))? {
             None | Some("linear") => {
-                let factor = match f.get_f32(&key("rope.scaling.factor"))? {
+                let factor = match self.f.get_f32(&self.key("rope.scaling.factor"))? {
                     Some(x) => Some(x),
-                    None => f.get_f32(&key("rope.scale_linear"))?,
+                    None => self.f.get_f32(&self.key("rope.scale_linear"))?,
                 };
                 match factor {
-                    Some(x) if !(x.is_finite() && x > 0.0) => {
-                        return Err(ModelError::BadValue {
-                            key: key("rope.scaling.factor"),
-                            why: format!("{x} must be a finite positive number"),
-                        })
-                    }
-                    Some(x) if x != 1.0 => RopeScaling::Linear {
+                    Some(x) if !(x.is_finite() && x > 0.0) => Err(self.bad(
+                        "rope.scaling.factor",
+                        format!("{x} must be a finite positive number"),
+                    )),
+                    Some(x) if x != 1.0 => Ok(RopeScaling::Linear {
                         freq_scale: 1.0 / x,
-                    },
-                    _ => RopeScaling::None,
+                    }),
+                    _ => Ok(RopeScaling::None),
                 }
             }
-            Some("none") => RopeScaling::None,
-            Some(other) => {
-                return Err(ModelError::BadValue {
-                    key: key("rope.scaling.type"),
-                    why: format!("rope scaling '{other}' is not supported (only none and linear)"),
-                })
-            }
-        };
-
-        let conv_kernel = req_u32("ssm.conv_kernel")?;
-        let ssm_head_dim = req_u32("ssm.state_size")?;
-        let ssm_k_heads = req_u32("ssm.group_count")?;
-        let ssm_v_heads = req_u32("ssm.time_step_rank")?;
-        let ssm_inner = req_u32("ssm.inner_size")?;
-        if conv_kernel < 1 || ssm_head_dim == 0 || ssm_k_heads == 0 || ssm_v_heads == 0 {
-            return Err(ModelError::BadValue {
-                key: key("ssm.*"),
-                why: "zero-sized delta-net dimension".into(),
-            });
+            Some("none") => Ok(RopeScaling::None),
+            Some(other) => Err(self.bad(
+                "rope.scaling.type",
+                format!("rope scaling '{other}' is not supported (only none and linear)"),
+            )),
         }
-        if ssm_inner != ssm_v_heads * ssm_head_dim {
-            return Err(ModelError::BadValue {
-                key: key("ssm.inner_size"),
-                why: format!(
-                    "{ssm_inner} is not time_step_rank {ssm_v_heads} × state_size {ssm_head_dim}"
-                ),
-            });
+    }
+
+    fn delta_net(&self) -> Result<DeltaNetDims, ModelError> {
+        let conv_kernel = self.req_u32("ssm.conv_kernel")?;
+        let head_dim = self.req_u32("ssm.state_size")?;
+        let k_heads = self.req_u32("ssm.group_count")?;
+        let v_heads = self.req_u32("ssm.time_step_rank")?;
+        let inner = self.req_u32("ssm.inner_size")?;
+        if conv_kernel < 1 || head_dim == 0 || k_heads == 0 || v_heads == 0 {
+            return Err(self.bad("ssm.*", "zero-sized delta-net dimension"));
         }
-        if ssm_v_heads % ssm_k_heads != 0 {
-            return Err(ModelError::BadValue {
-                key: key("ssm.time_step_rank"),
-                why: format!(
-                    "{ssm_v_heads} v heads is not a multiple of group_count {ssm_k_heads}"
-                ),
-            });
+        if inner != v_heads * head_dim {
+            return Err(self.bad(
+                "ssm.inner_size",
+                format!("{inner} is not time_step_rank {v_heads} × state_size {head_dim}"),
+            ));
         }
-
-        let layer_kinds = match f.get(&key("attention.recurrent_layers")) {
-            Some(MetadataValue::Array(arr)) => {
-                let flags = arr
-                    .as_u64_vec()
-                    .or_else(|| {
-                        arr.as_bools()
-                            .map(|b| b.iter().map(|&x| x as u64).collect())
-                    })
-                    .ok_or_else(|| ModelError::BadValue {
-                        key: key("attention.recurrent_layers"),
-                        why: "expected an array of flags".into(),
-                    })?;
-                if flags.len() < n_layer {
-                    return Err(ModelError::BadValue {
-                        key: key("attention.recurrent_layers"),
-                        why: format!("{} entries for {n_layer} layers", flags.len()),
-                    });
-                }
-                flags[..n_layer]
-                    .iter()
-                    .map(|&r| {
-                        if r != 0 {
-                            LayerKind::DeltaNet
-                        } else {
-                            LayerKind::FullAttention
-                        }
-                    })
-                    .collect()
-            }
-            _ => {
-                let interval = opt_u32("full_attention_interval")?.unwrap_or(4);
-                if interval == 0 {
-                    return Err(ModelError::BadValue {
-                        key: key("full_attention_interval"),
-                        why: "is 0".into(),
-                    });
-                }
-                (0..n_layer)
-                    .map(|il| {
-                        if (il + 1) % interval == 0 {
-                            LayerKind::FullAttention
-                        } else {
-                            LayerKind::DeltaNet
-                        }
-                    })
-                    .collect()
-            }
-        };
-
-        let (n_expert, n_expert_used, n_ff_exp, n_ff_shexp) = match arch {
-            Arch::Dense => (0, 0, 0, 0),
-            Arch::Moe => {
-                let n_expert = req_u32("expert_count")?;
-                let n_used = req_u32("expert_used_count")?;
-                if n_used == 0 || n_used > n_expert {
-                    return Err(ModelError::BadValue {
-                        key: key("expert_used_count"),
-                        why: format!("{n_used} with {n_expert} experts"),
-                    });
-                }
-                let n_ff0 = n_ff.first().copied().unwrap_or(0);
-                let n_ff_exp = opt_u32("expert_feed_forward_length")?.unwrap_or(n_ff0 / n_used);
-                let n_ff_shexp = opt_u32("expert_shared_feed_forward_length")?.unwrap_or(n_ff0);
-                (n_expert, n_used, n_ff_exp, n_ff_shexp)
-            }
-        };
-
-        for (il, (&h, &hkv)) in n_head.iter().zip(&n_head_kv).enumerate() {
-            if h == 0 || hkv == 0 || h % hkv != 0 {
-                return Err(ModelError::BadValue {
-                    key: key("attention.head_count_kv"),
-                    why: format!("layer {il}: {h} heads is not a multiple of {hkv} kv heads"),
-                });
-            }
+        if v_heads % k_heads != 0 {
+            return Err(self.bad(
+                "ssm.time_step_rank",
+                format!("{v_heads} v heads is not a multiple of group_count {k_heads}"),
+            ));
         }
-
-        Ok(Qwen35Config {
-            arch,
-            n_ctx_train,
-            n_embd,
-            n_layer_all,
-            n_layer,
-            n_nextn,
-            n_ff,
-            n_head,
-            n_head_kv,
-            head_dim,
-            rms_eps,
-            n_rot,
-            rope_sections,
-            rope_freq_base,
-            rope_scaling,
+        Ok(DeltaNetDims {
             conv_kernel,
-            ssm_head_dim,
-            ssm_k_heads,
-            ssm_v_heads,
-            ssm_inner,
-            layer_kinds,
+            head_dim,
+            k_heads,
+            v_heads,
+            inner,
+        })
+    }
+
+    /// The kind of each of the `n_layer` trunk layers: from `attention.recurrent_layers` flags,
+    /// else every `full_attention_interval`-th layer full attention.
+    fn layer_kinds(&self, n_layer: usize) -> Result<Vec<LayerKind>, ModelError> {
+        if let Some(MetadataValue::Array(arr)) = self.f.get(&self.key("attention.recurrent_layers"))
+        {
+            let flags = arr
+                .as_u64_vec()
+                .or_else(|| {
+                    arr.as_bools()
+                        .map(|b| b.iter().map(|&x| x as u64).collect())
+                })
+                .ok_or_else(|| {
+                    self.bad("attention.recurrent_layers", "expected an array of flags")
+                })?;
+            if flags.len() < n_layer {
+                return Err(self.bad(
+                    "attention.recurrent_layers",
+                    format!("{} entries for {n_layer} layers", flags.len()),
+                ));
+            }
+            return Ok(flags[..n_layer]
+                .iter()
+                .map(|&r| {
+                    if r != 0 {
+                        LayerKind::DeltaNet
+                    } else {
+                        LayerKind::FullAttention
+                    }
+                })
+                .collect());
+        }
+        let interval = self.opt_u32("full_attention_interval")?.unwrap_or(4);
+        if interval == 0 {
+            return Err(self.bad("full_attention_interval", "is 0"));
+        }
+        Ok((0..n_layer)
+            .map(|il| {
+                if (il + 1) % interval == 0 {
+                    LayerKind::FullAttention
+                } else {
+                    LayerKind::DeltaNet
+                }
+            })
+            .collect())
+    }
+
+    /// A MoE model's experts; the widths default from the first layer's dense width `n_ff0`.
+    fn experts(&self, n_ff0: usize) -> Result<Experts, ModelError> {
+        let n_expert = self.req_u32("expert_count")?;
+        let n_used = self.req_u32("expert_used_count")?;
+        if n_used == 0 || n_used > n_expert {
+            return Err(self.bad(
+                "expert_used_count",
+                format!("{n_used} with {n_expert} experts"),
+            ));
+        }
+        Ok(Experts {
             n_expert,
-            n_expert_used,
-            n_ff_exp,
-            n_ff_shexp,
+            n_expert_used: n_used,
+            n_ff_exp: self
+                .opt_u32("expert_feed_forward_length")?
+                .unwrap_or(n_ff0 / n_used),
+            n_ff_shexp: self
+                .opt_u32("expert_shared_feed_forward_length")?
+                .unwrap_or(n_ff0),
         })
     }
 }

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 
 use nextn_quant::kernels::ThreadPool;
 
+use crate::batch::Segment;
 use crate::cache::{DeltaNetCache, LayerCache, RecurrentState, RowInputs};
 use crate::config::Qwen35Config;
-use crate::model::Segment;
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
@@ -333,7 +333,7 @@ impl GatedDeltaNet {
     }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = delta_rule_step_baseline;
 /// One delta-rule step on a head's state `s` (dk × dv, row i = key dim):
 /// `S ← decay·S; u = Sᵀk; δ = β(v − u); S += k δᵀ`, and with `readout = (q, o)`, `o = Sᵀq` on the

@@ -5,9 +5,10 @@
 
 use nextn_quant::kernels::ThreadPool;
 
+use crate::batch::{finish_pass, ForwardOutput, LogitRows, Segment};
 use crate::cache::{ImageSpan, SequenceState};
-use crate::model::{gather_logit_rows, ForwardOutput, LogitRows, Model, Segment};
-use crate::ops::{self, RowPositions};
+use crate::model::Model;
+use crate::ops::RowPositions;
 use crate::ModelError;
 
 impl Model {
@@ -63,26 +64,26 @@ impl Model {
             }];
             layer.forward(&mut h, n, &mut segments, self.config.rms_eps, pool)?;
         }
-        let mut hidden = vec![0.0f32; n * e];
-        for (src, dst) in h.chunks_exact(e).zip(hidden.chunks_exact_mut(e)) {
-            ops::rms_norm(src, &self.output_norm, self.config.rms_eps, dst);
-        }
-        let (picked, _) = gather_logit_rows(&hidden, e, std::iter::once((0, n, logit_rows)));
-        let n_picked = picked.len() / e;
-        let mut logits = vec![0.0f32; n_picked * self.n_vocab];
-        if n_picked > 0 {
-            self.lm_head.forward(&picked, n_picked, &mut logits, pool)?;
-        }
+        let mut outs = finish_pass(
+            &h,
+            &self.output_norm,
+            self.config.rms_eps,
+            &[(0, n, logit_rows)],
+            self.n_vocab,
+            |picked, n_picked| {
+                let mut logits = vec![0.0f32; n_picked * self.n_vocab];
+                if n_picked > 0 {
+                    self.lm_head.forward(picked, n_picked, &mut logits, pool)?;
+                }
+                Ok(logits)
+            },
+        )?;
         state.n_past += n;
         state.images.push(ImageSpan {
             start,
             n_tokens: n,
             n_pos: nx.max(ny),
         });
-        Ok(ForwardOutput {
-            hidden,
-            logits,
-            n_vocab: self.n_vocab,
-        })
+        Ok(outs.pop().expect("finish_pass returns one output per part"))
     }
 }

@@ -2,6 +2,7 @@
 //! bound from the mapped file, one file per layer kind, and the per-sequence caches.
 
 pub mod attention;
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod delta_net;
@@ -14,20 +15,21 @@ pub mod inventory;
 pub mod model;
 pub mod nextn;
 pub mod ops;
+pub mod pass_bytes;
 pub mod quantize;
+mod simd;
 pub mod synth;
-pub mod traffic;
 pub mod validate;
 pub mod weights;
-mod wide;
 
+pub use batch::{BatchItem, ForwardOutput, HeadBatchItem, LogitRows};
 pub use cache::{
     ImageSpan, KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState,
     StateCodecError, StateReader, StateWriter,
 };
 pub use config::{Arch, LayerKind, Qwen35Config};
-pub use model::{BatchItem, ForwardOutput, LogitRows, Model};
-pub use nextn::{HeadBatchItem, NextnHead};
+pub use model::Model;
+pub use nextn::NextnHead;
 
 use nextn_gguf::GgufError;
 use nextn_quant::QuantError;

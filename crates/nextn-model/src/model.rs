@@ -7,6 +7,7 @@ use nextn_gguf::GgufFile;
 use nextn_quant::kernels::ThreadPool;
 
 use crate::attention::GatedAttention;
+use crate::batch::{finish_pass, BatchItem, ForwardOutput, LogitRows, Segment};
 use crate::cache::{KvLayer, KvType, LayerCache, SequenceState};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::delta_net::GatedDeltaNet;
@@ -60,105 +61,17 @@ impl DecoderLayer {
     ) -> Result<(), ModelError> {
         let e = self.attn_norm.len();
         let mut x = vec![0.0f32; n * e];
-        for i in 0..n {
-            ops::rms_norm(
-                &h[i * e..(i + 1) * e],
-                &self.attn_norm,
-                eps,
-                &mut x[i * e..(i + 1) * e],
-            );
-        }
+        ops::rms_norm_rows(&h[..n * e], &self.attn_norm, eps, &mut x);
         let mut a = vec![0.0f32; n * e];
         match &self.mixer {
             Mixer::Attention(m) => m.forward(&x, n, segments, &mut a, pool)?,
             Mixer::DeltaNet(m) => m.forward(&x, n, segments, &mut a, pool)?,
         }
         ops::add_in_place(h, &a);
-        for i in 0..n {
-            ops::rms_norm(
-                &h[i * e..(i + 1) * e],
-                &self.post_attention_norm,
-                eps,
-                &mut x[i * e..(i + 1) * e],
-            );
-        }
+        ops::rms_norm_rows(&h[..n * e], &self.post_attention_norm, eps, &mut x);
         self.ffn.forward(&x, n, &mut a, pool)?;
         ops::add_in_place(h, &a);
         Ok(())
-    }
-}
-
-/// One sequence's share of a batch inside a layer: its rows, where they start, its cache.
-pub struct Segment<'c> {
-    pub rows: std::ops::Range<usize>,
-    pub start_pos: usize,
-    pub cache: &'c mut LayerCache,
-    /// Keep the rows pending (speculative verify) instead of committing them.
-    pub verify: bool,
-    /// The rotary positions of the rows.
-    pub positions: crate::ops::RowPositions,
-}
-
-/// One sequence's part of a multi-sequence forward pass.
-pub struct BatchItem<'s> {
-    pub tokens: &'s [u32],
-    pub state: &'s mut SequenceState,
-    pub logits: LogitRows,
-    /// A speculative verify: rows stay pending until [`Model::commit`].
-    pub verify: bool,
-}
-
-/// Which rows of a batch need logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitRows {
-    None,
-    Last,
-    All,
-}
-
-impl LogitRows {
-    /// The first row and the number of rows that need logits among `len` rows.
-    pub(crate) fn span(self, len: usize) -> (usize, usize) {
-        match self {
-            _ if len == 0 => (0, 0),
-            LogitRows::None => (0, 0),
-            LogitRows::Last => (len - 1, 1),
-            LogitRows::All => (0, len),
-        }
-    }
-}
-
-/// The hidden rows (`e` wide) that need logits, copied together for one LM-head product, from
-/// parts `(first row, rows, which need logits)` of a batch; and for each part, where its logit
-/// rows start in the product and how many there are.
-pub(crate) fn gather_logit_rows(
-    hidden: &[f32],
-    e: usize,
-    parts: impl Iterator<Item = (usize, usize, LogitRows)>,
-) -> (Vec<f32>, Vec<(usize, usize)>) {
-    let mut picked = Vec::new();
-    let mut ranges = Vec::new();
-    for (start, len, rows) in parts {
-        let (first, count) = rows.span(len);
-        ranges.push((picked.len() / e.max(1), count));
-        picked.extend_from_slice(&hidden[(start + first) * e..(start + first + count) * e]);
-    }
-    (picked, ranges)
-}
-
-/// What a forward pass returns.
-#[derive(Clone, Debug)]
-pub struct ForwardOutput {
-    /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed.
-    pub hidden: Vec<f32>,
-    /// Logits of the requested rows (`rows × n_vocab`), in row order.
-    pub logits: Vec<f32>,
-    pub n_vocab: usize,
-}
-
-impl ForwardOutput {
-    pub fn logits_row(&self, i: usize) -> &[f32] {
-        &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
     }
 }
 
@@ -410,7 +323,6 @@ impl Model {
         items: &mut [BatchItem],
         pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
-        let e = self.config.n_embd;
         let eps = self.config.rms_eps;
         let mut tokens = Vec::new();
         let mut starts = Vec::with_capacity(items.len());
@@ -458,41 +370,31 @@ impl Model {
                 layer.forward(&mut h, n, &mut segments, eps, pool)?;
             }
         }
-        let mut hidden = vec![0.0f32; n * e];
-        for i in 0..n {
-            ops::rms_norm(
-                &h[i * e..(i + 1) * e],
-                &self.output_norm,
-                eps,
-                &mut hidden[i * e..(i + 1) * e],
-            );
-        }
-        // One LM-head product over every requested row of every sequence.
-        let (picked, ranges) = gather_logit_rows(
-            &hidden,
-            e,
-            items
-                .iter()
-                .zip(&starts)
-                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
-        );
-        let n_picked = picked.len() / e.max(1);
-        let mut logits = vec![0.0f32; n_picked * self.n_vocab];
-        if n_picked > 0 {
-            self.lm_head.forward(&picked, n_picked, &mut logits, pool)?;
-        }
-        let mut outs = Vec::with_capacity(items.len());
-        for ((it, &s), &(lr, count)) in items.iter_mut().zip(&starts).zip(&ranges) {
+        let parts: Vec<_> = items
+            .iter()
+            .zip(&starts)
+            .map(|(it, &s)| (s, it.tokens.len(), it.logits))
+            .collect();
+        let outs = finish_pass(
+            &h,
+            &self.output_norm,
+            eps,
+            &parts,
+            self.n_vocab,
+            |picked, n_picked| {
+                let mut logits = vec![0.0f32; n_picked * self.n_vocab];
+                if n_picked > 0 {
+                    self.lm_head.forward(picked, n_picked, &mut logits, pool)?;
+                }
+                Ok(logits)
+            },
+        )?;
+        for it in items.iter_mut() {
             let len = it.tokens.len();
             it.state.n_past += len;
             if it.verify {
                 it.state.pending_rows = len;
             }
-            outs.push(ForwardOutput {
-                hidden: hidden[s * e..(s + len) * e].to_vec(),
-                logits: logits[lr * self.n_vocab..(lr + count) * self.n_vocab].to_vec(),
-                n_vocab: self.n_vocab,
-            });
         }
         Ok(outs)
     }

@@ -8,11 +8,12 @@ use std::sync::Arc;
 use nextn_gguf::GgufFile;
 use nextn_quant::kernels::ThreadPool;
 
+use crate::batch::{finish_pass, ForwardOutput, HeadBatchItem, LogitRows, Segment};
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::device::DeviceHead;
 use crate::draft_vocab::DraftLmHead;
-use crate::model::{gather_logit_rows, DecoderLayer, ForwardOutput, LogitRows, Model, Segment};
+use crate::model::{DecoderLayer, Model};
 use crate::ops;
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
@@ -38,18 +39,6 @@ pub struct NextnHead {
     kv_heads: (usize, usize),
     /// The head on the device, when the trunk is there.
     device: Option<DeviceHead>,
-}
-
-/// One sequence's rows in a head pass: `tokens[i]` at position `start_pos + i`, paired with
-/// `hidden_prev[i]`, the post-norm hidden state of the position before (the target's, or the
-/// head's own for a chained draft).
-pub struct HeadBatchItem<'a> {
-    pub tokens: &'a [u32],
-    pub hidden_prev: &'a [f32],
-    pub start_pos: usize,
-    /// The sequence's head cache; the rows are appended to it.
-    pub cache: &'a mut LayerCache,
-    pub logits: LogitRows,
 }
 
 impl NextnHead {
@@ -311,35 +300,18 @@ impl NextnHead {
             self.layer
                 .forward(&mut h, n, &mut segments, self.eps, pool)?;
         }
-        let mut hidden = vec![0.0f32; n * e];
-        for i in 0..n {
-            ops::rms_norm(
-                &h[i * e..(i + 1) * e],
-                &self.shared_head_norm,
-                self.eps,
-                &mut hidden[i * e..(i + 1) * e],
-            );
-        }
-        // One LM-head product over the requested rows of every sequence.
-        let (picked, ranges) = gather_logit_rows(
-            &hidden,
-            e,
-            items
-                .iter()
-                .zip(&starts)
-                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
-        );
-        let n_picked = picked.len() / e.max(1);
-        let logits = self.lm_head_logits(&picked, n_picked, pool)?;
-        Ok(items
+        let parts: Vec<_> = items
             .iter()
             .zip(&starts)
-            .zip(&ranges)
-            .map(|((it, &s), &(lr, count))| ForwardOutput {
-                hidden: hidden[s * e..(s + it.tokens.len()) * e].to_vec(),
-                logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
-                n_vocab,
-            })
-            .collect())
+            .map(|(it, &s)| (s, it.tokens.len(), it.logits))
+            .collect();
+        finish_pass(
+            &h,
+            &self.shared_head_norm,
+            self.eps,
+            &parts,
+            n_vocab,
+            |picked, n_picked| self.lm_head_logits(picked, n_picked, pool),
+        )
     }
 }

@@ -12,6 +12,14 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] of every `w.len()`-wide row of `x` into the same row of `y`.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let e = w.len();
+    for (xr, yr) in x.chunks_exact(e).zip(y.chunks_exact_mut(e)) {
+        rms_norm(xr, w, eps, yr);
+    }
+}
+
 /// In-place RMSNorm of every `w.len()`-sized chunk of `x` (per-head q/k norms).
 pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
     let d = w.len();

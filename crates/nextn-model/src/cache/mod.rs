@@ -8,7 +8,7 @@ use half::{f16, slice::HalfFloatSliceExt};
 use nextn_quant::formats::layout::{Block, BlockQ4_0, BlockQ8_0, QK32};
 use nextn_quant::formats::legacy;
 
-use crate::wide;
+use crate::simd;
 
 use crate::device::{DeviceDeltaNetCache, DeviceKvCache};
 use crate::ModelError;
@@ -215,7 +215,7 @@ impl KvBuf {
         match self {
             KvBuf::F16(v) => {
                 let bits: &[u16] = v[first..first + n].reinterpret_cast();
-                wide::widen_f16(bits, out);
+                simd::widen_f16(bits, out);
             }
             KvBuf::F32(v) => out.copy_from_slice(&v[first..first + n]),
             KvBuf::Q8_0(v) => {
@@ -230,7 +230,7 @@ impl KvBuf {
     }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = dequantize_q8_0_baseline;
 /// `out = d · q` per Q8_0 block, as `nextn_quant`'s reference dequantizer computes it.
 fn dequantize_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
@@ -243,7 +243,7 @@ fn dequantize_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
 }
 }
 
-crate::wide::avx2_and_baseline! {
+crate::simd::avx2_and_baseline! {
 baseline = dequantize_q4_0_baseline;
 /// `out = d · (q − 8)` per Q4_0 block (low nibbles first), as the reference dequantizer.
 fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {

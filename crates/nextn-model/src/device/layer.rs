@@ -16,11 +16,12 @@ use nextn_gpu::{Gpu, Recorder};
 use super::cache::{DeviceDeltaNetCache, DeviceKvCache};
 use super::{gpu_err, scratch, u, vector, Mat};
 use crate::attention::GatedAttention;
+use crate::batch::Segment;
 use crate::cache::{KvType, LayerCache};
 use crate::config::{Qwen35Config, RopeScaling};
 use crate::delta_net::GatedDeltaNet;
 use crate::ffn::{DenseFfn, Ffn, MoeFfn};
-use crate::model::{DecoderLayer, Mixer, Segment};
+use crate::model::{DecoderLayer, Mixer};
 use crate::ModelError;
 
 /// The activations of one pass of `n` rows, sized for the widest layer of the model and shared

@@ -24,8 +24,9 @@ pub use cache::{DeviceDeltaNetCache, DeviceKvCache};
 pub(crate) use layer::DeviceLayer;
 pub(crate) use nextn::DeviceHead;
 
+use crate::batch::{BatchItem, ForwardOutput, LogitRows, Segment};
 use crate::cache::{KvType, LayerCache, SequenceState};
-use crate::model::{BatchItem, ForwardOutput, LogitRows, Model};
+use crate::model::Model;
 use crate::weights::Linear;
 use crate::ModelError;
 
@@ -305,7 +306,7 @@ impl DeviceModel {
                 if it.tokens.is_empty() {
                     continue;
                 }
-                segments.push(crate::model::Segment {
+                segments.push(Segment {
                     rows: s..s + it.tokens.len(),
                     start_pos: it.state.n_past,
                     cache: &mut it.state.layers[il],

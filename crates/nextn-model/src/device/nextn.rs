@@ -11,11 +11,11 @@ use nextn_gpu::{Gpu, Recorder};
 
 use super::layer::{DeviceLayer, PassBuffers};
 use super::{gpu_err, logit_rows, scratch, u, vector, Mat};
+use crate::batch::{ForwardOutput, HeadBatchItem, Segment};
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
-use crate::model::{ForwardOutput, Segment};
-use crate::nextn::{HeadBatchItem, NextnHead};
+use crate::nextn::NextnHead;
 use crate::ModelError;
 
 pub(crate) struct DeviceHead {

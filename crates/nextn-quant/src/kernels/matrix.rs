@@ -3,10 +3,10 @@
 use std::ops::Range;
 
 use super::act::{ActKind, ActRows};
+use super::decoded_row::DecodedRow;
 use super::pool::ThreadPool;
 use super::reference;
 use super::simd::{simd_level, SimdLevel};
-use super::stage::Stage;
 use crate::{GgmlType, QuantError};
 
 /// Weight types the kernels multiply by.
@@ -142,11 +142,17 @@ impl OutSink {
 /// Multiply weight rows `rows` by every activation row of `act`, writing into `out`.
 /// # Safety
 /// The matrix is validated, the instruction set of the kernel is available, `act` matches
-/// the matrix's vec_dot type and `cols`, and `stage` was made for this matrix's type and cols.
-pub(crate) type RowsFn = unsafe fn(&QMatrix, Range<usize>, &ActRows, &mut Stage, &OutSink);
+/// the matrix's vec_dot type and `cols`, and `decoded` was made for this matrix's type and cols.
+pub(crate) type RowsFn = unsafe fn(&QMatrix, Range<usize>, &ActRows, &mut DecodedRow, &OutSink);
 
 /// The portable kernel: the scalar reference for every (weight row, activation row) pair.
-fn rows_scalar(m: &QMatrix, rows: Range<usize>, act: &ActRows, _stage: &mut Stage, out: &OutSink) {
+fn rows_scalar(
+    m: &QMatrix,
+    rows: Range<usize>,
+    act: &ActRows,
+    _decoded: &mut DecodedRow,
+    out: &OutSink,
+) {
     for r in rows {
         let w = m.row(r);
         for i in 0..act.n_rows {
@@ -345,8 +351,8 @@ impl<'a> QMatrix<'a> {
         {
             // SAFETY: validated matrix, supported level, `act` built for this type and
             // cols, and this call owns all rows.
-            Stage::with_cached(self.ty, self.cols, |stage| unsafe {
-                rows_fn(self, 0..self.rows, act, stage, sink)
+            DecodedRow::with_cached(self.ty, self.cols, |decoded| unsafe {
+                rows_fn(self, 0..self.rows, act, decoded, sink)
             });
             return;
         }
@@ -359,8 +365,8 @@ impl<'a> QMatrix<'a> {
         pool.run(n_tasks, |t, _| {
             let rows = t * per_task..((t + 1) * per_task).min(self.rows);
             // SAFETY: as above; tasks get disjoint row ranges.
-            Stage::with_cached(self.ty, self.cols, |stage| unsafe {
-                rows_fn(self, rows, act, stage, sink)
+            DecodedRow::with_cached(self.ty, self.cols, |decoded| unsafe {
+                rows_fn(self, rows, act, decoded, sink)
             });
         });
     }

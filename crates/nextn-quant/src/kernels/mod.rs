@@ -18,13 +18,13 @@
 //!
 //! How a product runs: the activation rows are converted once per call (`act`); output
 //! rows are split among the pool's threads in multiples of 16; for each weight row a
-//! type-specific decoder unpacks it once into int8 lanes plus sub-block scales (`stage`),
+//! type-specific decoder unpacks it once into int8 lanes plus sub-block scales (a `DecodedRow`: the "staged" kernels),
 //! and one shared integer dot product per activation row reads that. Extra activation
 //! rows therefore cost only their integer arithmetic, never another pass over memory or
 //! another decode, and since every (weight row, activation row) pair goes through the
 //! same function with the same operation order, a row's result does not depend on the
 //! other rows in its batch, on the thread count, or on the row split. On x86-64, Q4_K,
-//! Q5_K, Q6_K and Q8_0 skip the stage: a fused kernel decodes each weight block in
+//! Q5_K, Q6_K and Q8_0 skip the decoded row: a fused kernel decodes each weight block in
 //! registers and multiplies it with every activation row of the pass (`x86/fused.rs`; on
 //! CPUs with VNNI, `x86/fused_vnni.rs` for Q4_K, Q6_K and Q8_0, same results bit for bit).
 //!
@@ -37,11 +37,11 @@
 //! the 32-element types).
 
 mod act;
+mod decoded_row;
 mod matrix;
 mod pool;
 mod reference;
 mod simd;
-mod stage;
 mod tables;
 
 #[cfg(target_arch = "aarch64")]

@@ -1,18 +1,18 @@
-//! NEON unpacking of a weight row into the stage. Unlike the x86 layout, weights are
+//! NEON unpacking of a weight row into a `DecodedRow`. Unlike the x86 layout, weights are
 //! stored as their true signed values (NEON multiplies signed by signed), K-family
 //! sub-block scales are one i16 per 16 weights in `sc`, and only types with a separate
 //! `dmin` (Q2_K, Q4_K, Q5_K) fill `mins`.
 
 use core::arch::aarch64::*;
 
-use super::super::stage::Stage;
+use super::super::decoded_row::DecodedRow;
 use super::super::tables::{
     e8m0_to_f32_half, f16_bits_to_f32, iq4xs_scales, k4_scales_mins_packed, q3k_scales_packed,
     read_f16, read_f32, read_u32, KVALUES_IQ4NL, KVALUES_MXFP4,
 };
 
 #[inline]
-unsafe fn store(st: &mut Stage, at: usize, v: int8x16_t) {
+unsafe fn store(st: &mut DecodedRow, at: usize, v: int8x16_t) {
     debug_assert!(st.q.len() >= at + 16);
     vst1q_s8(st.q.as_mut_ptr().add(at) as *mut i8, v);
 }
@@ -39,7 +39,7 @@ unsafe fn bits_to_bytes(bits: u32) -> (uint8x16_t, uint8x16_t) {
 }
 
 #[inline]
-fn check(w: &[u8], st: &Stage, nb: usize, bytes: usize) {
+fn check(w: &[u8], st: &DecodedRow, nb: usize, bytes: usize) {
     debug_assert!(w.len() >= nb * bytes && st.d.len() >= nb && st.m.len() >= nb);
 }
 
@@ -48,7 +48,7 @@ fn check(w: &[u8], st: &Stage, nb: usize, bytes: usize) {
 #[inline]
 unsafe fn decode_nibble_blocks(
     w: &[u8],
-    st: &mut Stage,
+    st: &mut DecodedRow,
     nb: usize,
     bytes: usize,
     qs_at: usize,
@@ -76,7 +76,7 @@ unsafe fn decode_nibble_blocks(
     }
 }
 
-pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 18);
     for b in 0..nb {
         st.d[b] = read_f16(w, 18 * b);
@@ -84,7 +84,7 @@ pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut Stage, nb: usize) {
     decode_nibble_blocks(w, st, nb, 18, 2, None, 8);
 }
 
-pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 20);
     for b in 0..nb {
         st.d[b] = read_f16(w, 20 * b);
@@ -93,7 +93,7 @@ pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut Stage, nb: usize) {
     decode_nibble_blocks(w, st, nb, 20, 4, None, 0);
 }
 
-pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 18);
     for b in 0..nb {
         st.d[b] = read_f16(w, 18 * b);
@@ -101,7 +101,7 @@ pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut Stage, nb: usize) {
     decode_nibble_blocks(w, st, nb, 18, 2, Some(&KVALUES_IQ4NL), 0);
 }
 
-pub(super) unsafe fn decode_mxfp4(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_mxfp4(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 17);
     for b in 0..nb {
         st.d[b] = e8m0_to_f32_half(w[17 * b]);
@@ -111,7 +111,14 @@ pub(super) unsafe fn decode_mxfp4(w: &[u8], st: &mut Stage, nb: usize) {
 
 /// Q5_0 (`offset` 16) and Q5_1 (0): nibble | h<<4 - offset.
 #[inline]
-unsafe fn decode_q5(w: &[u8], st: &mut Stage, nb: usize, bytes: usize, qh_at: usize, offset: i8) {
+unsafe fn decode_q5(
+    w: &[u8],
+    st: &mut DecodedRow,
+    nb: usize,
+    bytes: usize,
+    qh_at: usize,
+    offset: i8,
+) {
     let bit4 = vdupq_n_u8(0x10);
     let o = vdupq_n_s8(offset);
     for b in 0..nb {
@@ -124,7 +131,7 @@ unsafe fn decode_q5(w: &[u8], st: &mut Stage, nb: usize, bytes: usize, qh_at: us
     }
 }
 
-pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 22);
     for b in 0..nb {
         st.d[b] = read_f16(w, 22 * b);
@@ -132,7 +139,7 @@ pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut Stage, nb: usize) {
     decode_q5(w, st, nb, 22, 2, 16);
 }
 
-pub(super) unsafe fn decode_q5_1(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q5_1(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 24);
     for b in 0..nb {
         st.d[b] = read_f16(w, 24 * b);
@@ -141,7 +148,7 @@ pub(super) unsafe fn decode_q5_1(w: &[u8], st: &mut Stage, nb: usize) {
     decode_q5(w, st, nb, 24, 4, 0);
 }
 
-pub(super) unsafe fn decode_q8_0(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q8_0(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 34);
     for b in 0..nb {
         st.d[b] = read_f16(w, 34 * b);
@@ -157,7 +164,7 @@ unsafe fn two_bits(v: uint8x16_t, shift: usize) -> uint8x16_t {
     vandq_u8(vshlq_u8(v, vdupq_n_s8(-(shift as i8))), vdupq_n_u8(3))
 }
 
-pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 84);
     for b in 0..nb {
         let blk = &w[84 * b..84 * b + 84];
@@ -179,7 +186,7 @@ pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
-pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 110);
     let four = vdupq_n_s8(4);
     for b in 0..nb {
@@ -211,7 +218,7 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
 
 /// Q4_K / Q5_K header: d, dmin, one scale per 16 (each 32-scale twice), mins likewise.
 #[inline]
-fn k4_header(blk: &[u8], st: &mut Stage, b: usize) {
+fn k4_header(blk: &[u8], st: &mut DecodedRow, b: usize) {
     st.d[b] = read_f16(blk, 0);
     st.m[b] = read_f16(blk, 2);
     let (sc, mn) = k4_scales_mins_packed(&blk[4..16]);
@@ -222,7 +229,7 @@ fn k4_header(blk: &[u8], st: &mut Stage, b: usize) {
     }
 }
 
-pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 144);
     for b in 0..nb {
         let blk = &w[144 * b..144 * b + 144];
@@ -241,7 +248,7 @@ pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
-pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 176);
     let bit4 = vdupq_n_u8(0x10);
     for b in 0..nb {
@@ -265,7 +272,7 @@ pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
-pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 210);
     let m4 = vdupq_n_u8(0x0f);
     let m2 = vdupq_n_u8(3);
@@ -306,7 +313,7 @@ pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
-pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 292);
     for b in 0..nb {
         st.d[b] = read_f32(w, 292 * b);
@@ -321,7 +328,7 @@ pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
-pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 136);
     let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
     for b in 0..nb {
@@ -338,14 +345,14 @@ pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut Stage, nb: usize) {
     }
 }
 
-pub(super) unsafe fn decode_f16(w: &[u8], st: &mut Stage, n: usize) {
+pub(super) unsafe fn decode_f16(w: &[u8], st: &mut DecodedRow, n: usize) {
     debug_assert!(w.len() >= 2 * n && st.f.len() >= n);
     for (j, o) in st.f[..n].iter_mut().enumerate() {
         *o = f16_bits_to_f32(u16::from_le_bytes([w[2 * j], w[2 * j + 1]]));
     }
 }
 
-pub(super) unsafe fn decode_bf16(w: &[u8], st: &mut Stage, n: usize) {
+pub(super) unsafe fn decode_bf16(w: &[u8], st: &mut DecodedRow, n: usize) {
     debug_assert!(w.len() >= 2 * n && st.f.len() >= n);
     let (src, dst) = (w.as_ptr(), st.f.as_mut_ptr());
     let mut j = 0;
@@ -362,4 +369,4 @@ pub(super) unsafe fn decode_bf16(w: &[u8], st: &mut Stage, n: usize) {
     }
 }
 
-pub(super) unsafe fn decode_none(_w: &[u8], _st: &mut Stage, _n: usize) {}
+pub(super) unsafe fn decode_none(_w: &[u8], _st: &mut DecodedRow, _n: usize) {}

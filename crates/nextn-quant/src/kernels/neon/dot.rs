@@ -1,4 +1,4 @@
-//! NEON dot products of one staged weight row with one activation row. Signed i8 × i8
+//! NEON dot products of one decoded weight row with one activation row. Signed i8 × i8
 //! products widen to i16 (`vmull_s8`), two per lane, which cannot overflow since
 //! activations stay within ±127. Each function's float operation sequence depends only
 //! on the row length.
@@ -6,7 +6,7 @@
 use core::arch::aarch64::*;
 
 use super::super::act::ActRow;
-use super::super::stage::Stage;
+use super::super::decoded_row::DecodedRow;
 
 /// Products of 16 weight/activation pairs as 8 i16 lanes: lane k holds products k and k+8.
 #[inline]
@@ -25,7 +25,7 @@ unsafe fn load(p: *const u8) -> int8x16_t {
 /// 32-element blocks: Σ_b d_w·d_a·Σ(w·x), plus Σ_b m_w·s_a when `MIN` (Q4_1, Q5_1).
 pub(super) unsafe fn dot_legacy<const MIN: bool>(
     _w: &[u8],
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
@@ -63,7 +63,7 @@ pub(super) unsafe fn dot_legacy<const MIN: bool>(
 /// dmin_w·d_a·Σ_g bsum_g·min_g when `SCALED_MINS` (Q2_K, Q4_K, Q5_K).
 pub(super) unsafe fn dot_k<const SCALED_MINS: bool>(
     _w: &[u8],
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
@@ -132,12 +132,12 @@ unsafe fn dot_f32_ptrs(w: *const u8, x: *const f32, n: usize) -> f32 {
     sum
 }
 
-pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &Stage, a: &ActRow, n: usize) -> f32 {
+pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &DecodedRow, a: &ActRow, n: usize) -> f32 {
     debug_assert!(w.len() >= 4 * n && a.f.len() >= n);
     dot_f32_ptrs(w.as_ptr(), a.f.as_ptr(), n)
 }
 
-pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &Stage, a: &ActRow, n: usize) -> f32 {
+pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &DecodedRow, a: &ActRow, n: usize) -> f32 {
     debug_assert!(st.f.len() >= n && a.f.len() >= n);
     dot_f32_ptrs(st.f.as_ptr() as *const u8, a.f.as_ptr(), n)
 }

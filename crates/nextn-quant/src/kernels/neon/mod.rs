@@ -1,5 +1,5 @@
 //! aarch64 NEON kernels (baseline Advanced SIMD, always present on aarch64): per weight
-//! row one decoder fills the stage, then one dot function runs per activation row.
+//! row one decoder fills the `DecodedRow`, then one dot function runs per activation row.
 
 mod decode;
 mod dot;
@@ -7,8 +7,8 @@ mod dot;
 use std::ops::Range;
 
 use super::act::ActRows;
+use super::decoded_row::DecodedRow;
 use super::matrix::{OutSink, QMatrix, RowsFn};
-use super::stage::Stage;
 use crate::GgmlType;
 use decode::*;
 use dot::*;
@@ -19,7 +19,7 @@ macro_rules! kernels {
         mod neon_kernels {
             use super::*;
             $(
-                pub(super) unsafe fn $ty(m: &QMatrix, rows: Range<usize>, act: &ActRows, st: &mut Stage, out: &OutSink) {
+                pub(super) unsafe fn $ty(m: &QMatrix, rows: Range<usize>, act: &ActRows, st: &mut DecodedRow, out: &OutSink) {
                     let nb = m.cols / m.ty.block_size();
                     for r in rows {
                         let w = m.row(r);

@@ -1,4 +1,4 @@
-//! AVX2 unpacking of 256-element super-blocks into the stage. Per block: 256 weight bytes,
+//! AVX2 unpacking of 256-element super-blocks into a `DecodedRow`. Per block: 256 weight bytes,
 //! one 16-lane i16 scale vector per 32 weights (lanes 0..8 scale weights 0..16 of the
 //! chunk, lanes 8..16 weights 16..32, matching `maddubs` pair order), 16 i16 "mins" per
 //! block for the activation 16-sums, and the f32 `d` / `dmin`.
@@ -9,7 +9,7 @@
 
 use core::arch::x86_64::*;
 
-use super::super::stage::Stage;
+use super::super::decoded_row::DecodedRow;
 use super::super::tables::{
     iq4xs_scales, k4_scales_mins_packed, q3k_scales_packed, read_f32, KVALUES_IQ4NL,
 };
@@ -17,21 +17,21 @@ use super::decode_legacy::{f16_at, nibbles32, store_signed, table16};
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_q(st: &mut Stage, chunk: usize, v: __m256i) {
+unsafe fn store_q(st: &mut DecodedRow, chunk: usize, v: __m256i) {
     debug_assert!(st.q.len() >= 32 * (chunk + 1));
     _mm256_storeu_si256(st.q.as_mut_ptr().add(32 * chunk) as *mut __m256i, v);
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_scales(st: &mut Stage, chunk: usize, v: __m256i) {
+unsafe fn store_scales(st: &mut DecodedRow, chunk: usize, v: __m256i) {
     debug_assert!(st.sc.len() >= 16 * (chunk + 1));
     _mm256_storeu_si256(st.sc.as_mut_ptr().add(16 * chunk) as *mut __m256i, v);
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_mins(st: &mut Stage, b: usize, v: __m256i) {
+unsafe fn store_mins(st: &mut DecodedRow, b: usize, v: __m256i) {
     debug_assert!(st.mins.len() >= 16 * (b + 1));
     _mm256_storeu_si256(st.mins.as_mut_ptr().add(16 * b) as *mut __m256i, v);
 }
@@ -46,7 +46,7 @@ unsafe fn load(p: *const u8) -> __m256i {
 /// `c` gets lane `c` in all 16 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_scales_per32(st: &mut Stage, b: usize, s8: __m128i) {
+unsafe fn store_scales_per32(st: &mut DecodedRow, b: usize, s8: __m128i) {
     let both = _mm256_broadcastsi128_si256(s8);
     for c in 0..8 {
         let pick = _mm256_set1_epi16((2 * c as i16) | ((2 * c as i16 + 1) << 8));
@@ -58,7 +58,7 @@ unsafe fn store_scales_per32(st: &mut Stage, b: usize, s8: __m128i) {
 /// its low half and lane 2c+1 in its high half.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_scales_per16(st: &mut Stage, b: usize, s16: __m256i) {
+unsafe fn store_scales_per16(st: &mut DecodedRow, b: usize, s16: __m256i) {
     // After broadcasting dword c (lanes 2c, 2c+1), take its first i16 in the low 128 bits
     // and its second in the high 128 bits.
     #[rustfmt::skip]
@@ -73,12 +73,12 @@ unsafe fn store_scales_per16(st: &mut Stage, b: usize, s16: __m256i) {
 }
 
 #[inline]
-fn check(w: &[u8], st: &Stage, nb: usize, bytes: usize) {
+fn check(w: &[u8], st: &DecodedRow, nb: usize, bytes: usize) {
     debug_assert!(w.len() >= nb * bytes && st.d.len() >= nb && st.m.len() >= nb);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 84);
     let m2 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0x0f);
@@ -104,7 +104,7 @@ pub(super) unsafe fn decode_q2_k(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 110);
     let m2 = _mm256_set1_epi8(3);
     let bit2 = _mm256_set1_epi8(4);
@@ -135,7 +135,7 @@ pub(super) unsafe fn decode_q3_k(w: &[u8], st: &mut Stage, nb: usize) {
 /// Q4_K and Q5_K: `d`, `dmin`, scales and mins; the quants are written by the caller.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_header(blk: &[u8], st: &mut Stage, b: usize) {
+unsafe fn k4_header(blk: &[u8], st: &mut DecodedRow, b: usize) {
     let p = blk.as_ptr();
     *st.d.get_unchecked_mut(b) = f16_at(p);
     *st.m.get_unchecked_mut(b) = f16_at(p.add(2));
@@ -151,7 +151,7 @@ unsafe fn k4_header(blk: &[u8], st: &mut Stage, b: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 144);
     let m4 = _mm256_set1_epi8(0x0f);
     for b in 0..nb {
@@ -170,7 +170,7 @@ pub(super) unsafe fn decode_q4_k(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 176);
     let m4 = _mm256_set1_epi8(0x0f);
     let bit4 = _mm256_set1_epi8(0x10);
@@ -196,7 +196,7 @@ pub(super) unsafe fn decode_q5_k(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 210);
     let m4 = _mm256_set1_epi8(0x0f);
     let m2h = _mm256_set1_epi8(0x30);
@@ -241,7 +241,7 @@ pub(super) unsafe fn decode_q6_k(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 292);
     let ones = _mm256_set1_epi16(1);
     for b in 0..nb {
@@ -255,7 +255,7 @@ pub(super) unsafe fn decode_q8_k(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_iq4_xs(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 136);
     let table = table16(&KVALUES_IQ4NL);
     for b in 0..nb {

@@ -1,9 +1,9 @@
-//! AVX2 unpacking of 32-element block types into the stage: 32 int8 lanes per block plus
+//! AVX2 unpacking of 32-element block types into a `DecodedRow`: 32 int8 lanes per block plus
 //! the block's f32 scale (and minimum for Q4_1 / Q5_1). The AVX-512 kernels reuse these.
 
 use core::arch::x86_64::*;
 
-use super::super::stage::Stage;
+use super::super::decoded_row::DecodedRow;
 use super::super::tables::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 
 #[inline]
@@ -48,7 +48,7 @@ pub(super) unsafe fn table16(values: &[i8; 16]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store(st: &mut Stage, b: usize, v: __m256i) {
+unsafe fn store(st: &mut DecodedRow, b: usize, v: __m256i) {
     debug_assert!(st.q.len() >= 32 * (b + 1));
     _mm256_storeu_si256(st.q.as_mut_ptr().add(32 * b) as *mut __m256i, v);
 }
@@ -56,7 +56,7 @@ unsafe fn store(st: &mut Stage, b: usize, v: __m256i) {
 /// Signed lanes: the values and their magnitudes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn store_signed(st: &mut Stage, chunk: usize, v: __m256i) {
+pub(super) unsafe fn store_signed(st: &mut DecodedRow, chunk: usize, v: __m256i) {
     debug_assert!(st.q.len() >= 32 * (chunk + 1) && st.qabs.len() >= 32 * (chunk + 1));
     _mm256_storeu_si256(st.q.as_mut_ptr().add(32 * chunk) as *mut __m256i, v);
     _mm256_storeu_si256(
@@ -68,13 +68,13 @@ pub(super) unsafe fn store_signed(st: &mut Stage, chunk: usize, v: __m256i) {
 /// Debug-build bounds check for a decoder of `bytes`-byte blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn check(w: &[u8], st: &Stage, nb: usize, bytes: usize) {
+unsafe fn check(w: &[u8], st: &DecodedRow, nb: usize, bytes: usize) {
     debug_assert!(w.len() >= nb * bytes && st.d.len() >= nb && st.m.len() >= nb);
 }
 
 /// Unsigned 0..15: the -8 offset enters through the activation's per-block sums.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 18);
     for b in 0..nb {
         let p = w.as_ptr().add(18 * b);
@@ -85,7 +85,7 @@ pub(super) unsafe fn decode_q4_0(w: &[u8], st: &mut Stage, nb: usize) {
 
 /// Unsigned 0..15: the minimum enters through the activation's `s`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 20);
     for b in 0..nb {
         let p = w.as_ptr().add(20 * b);
@@ -97,7 +97,7 @@ pub(super) unsafe fn decode_q4_1(w: &[u8], st: &mut Stage, nb: usize) {
 
 /// Unsigned 0..31: the -16 offset enters through the activation's per-block sums.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 22);
     let bit4 = _mm256_set1_epi8(0x10);
     for b in 0..nb {
@@ -111,7 +111,7 @@ pub(super) unsafe fn decode_q5_0(w: &[u8], st: &mut Stage, nb: usize) {
 
 /// Unsigned 0..31, minimum through the activation's `s`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q5_1(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q5_1(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 24);
     let bit4 = _mm256_set1_epi8(0x10);
     for b in 0..nb {
@@ -125,7 +125,7 @@ pub(super) unsafe fn decode_q5_1(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_q8_0(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_q8_0(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 34);
     for b in 0..nb {
         let p = w.as_ptr().add(34 * b);
@@ -135,7 +135,7 @@ pub(super) unsafe fn decode_q8_0(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 18);
     let table = table16(&KVALUES_IQ4NL);
     for b in 0..nb {
@@ -146,7 +146,7 @@ pub(super) unsafe fn decode_iq4_nl(w: &[u8], st: &mut Stage, nb: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_mxfp4(w: &[u8], st: &mut Stage, nb: usize) {
+pub(super) unsafe fn decode_mxfp4(w: &[u8], st: &mut DecodedRow, nb: usize) {
     check(w, st, nb, 17);
     // Stored as value + MXFP4_OFFSET (0..=24), unsigned; the dot product takes the offset
     // back out through the activation block sums.
@@ -164,7 +164,7 @@ pub(super) const MXFP4_OFFSET: i32 = 12;
 
 /// F16 weights widened to f32 (exact), so each activation row reuses them.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_f16(w: &[u8], st: &mut Stage, n: usize) {
+pub(super) unsafe fn decode_f16(w: &[u8], st: &mut DecodedRow, n: usize) {
     debug_assert!(w.len() >= 2 * n && st.f.len() >= n);
     let (src, dst) = (w.as_ptr(), st.f.as_mut_ptr());
     let mut j = 0;
@@ -180,7 +180,7 @@ pub(super) unsafe fn decode_f16(w: &[u8], st: &mut Stage, n: usize) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_bf16(w: &[u8], st: &mut Stage, n: usize) {
+pub(super) unsafe fn decode_bf16(w: &[u8], st: &mut DecodedRow, n: usize) {
     debug_assert!(w.len() >= 2 * n && st.f.len() >= n);
     let (src, dst) = (w.as_ptr(), st.f.as_mut_ptr());
     let mut j = 0;
@@ -199,4 +199,4 @@ pub(super) unsafe fn decode_bf16(w: &[u8], st: &mut Stage, n: usize) {
 
 /// F32 weights are read in place by the dot product.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn decode_none(_w: &[u8], _st: &mut Stage, _n: usize) {}
+pub(super) unsafe fn decode_none(_w: &[u8], _st: &mut DecodedRow, _n: usize) {}

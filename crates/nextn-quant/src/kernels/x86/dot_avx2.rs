@@ -1,4 +1,4 @@
-//! AVX2 dot products of one staged weight row with one activation row.
+//! AVX2 dot products of one decoded weight row with one activation row.
 //!
 //! Each function's floating-point operation sequence depends only on the row length, so
 //! a (weight row, activation row) result is the same whichever rows share the batch.
@@ -6,7 +6,7 @@
 use core::arch::x86_64::*;
 
 use super::super::act::ActRow;
-use super::super::stage::Stage;
+use super::super::decoded_row::DecodedRow;
 
 /// K-family minimum handling (see `dot_k`).
 pub(super) const MINS_NONE: u8 = 0;
@@ -37,7 +37,7 @@ unsafe fn load(p: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pair_products<const SIGNED: bool>(
-    st: &Stage,
+    st: &DecodedRow,
     x: *const u8,
     off: usize,
 ) -> __m256i {
@@ -53,7 +53,7 @@ pub(super) unsafe fn pair_products<const SIGNED: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy_block<const SIGNED: bool>(
-    st: &Stage,
+    st: &DecodedRow,
     x: *const u8,
     wd: *const f32,
     ad: *const f32,
@@ -94,7 +94,7 @@ pub(super) unsafe fn block_factor_dot(w: &[f32], a: &[f32], nb: usize) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSET: i32>(
     _w: &[u8],
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
@@ -126,7 +126,7 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
     _w: &[u8],
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
@@ -194,14 +194,14 @@ unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
 
 /// F32 weights, read straight from the row bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &Stage, a: &ActRow, n: usize) -> f32 {
+pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &DecodedRow, a: &ActRow, n: usize) -> f32 {
     debug_assert!(w.len() >= 4 * n && a.f.len() >= n);
     dot_f32_ptrs(w.as_ptr() as *const f32, a.f.as_ptr(), n)
 }
 
-/// F16 / BF16 weights widened into the stage.
+/// F16 / BF16 weights widened into a `DecodedRow`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &Stage, a: &ActRow, n: usize) -> f32 {
+pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &DecodedRow, a: &ActRow, n: usize) -> f32 {
     debug_assert!(st.f.len() >= n && a.f.len() >= n);
     dot_f32_ptrs(st.f.as_ptr(), a.f.as_ptr(), n)
 }

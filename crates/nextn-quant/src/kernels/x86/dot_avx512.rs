@@ -5,7 +5,7 @@
 use core::arch::x86_64::*;
 
 use super::super::act::ActRow;
-use super::super::stage::Stage;
+use super::super::decoded_row::DecodedRow;
 use super::dot_avx2::{block_factor_dot, hsum_ps, MINS_NONE, MINS_OFFSET};
 
 #[inline]
@@ -46,7 +46,7 @@ unsafe fn load_bytes(p: *const u8, half: bool) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn pair_products<const SIGNED: bool>(
-    st: &Stage,
+    st: &DecodedRow,
     x: *const u8,
     off: usize,
     half: bool,
@@ -65,7 +65,7 @@ unsafe fn pair_products<const SIGNED: bool>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn legacy_pair<const SIGNED: bool>(
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     b: usize,
     single: bool,
@@ -87,7 +87,7 @@ unsafe fn legacy_pair<const SIGNED: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSET: i32>(
     _w: &[u8],
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     nb: usize,
 ) -> f32 {
@@ -119,7 +119,7 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
     _w: &[u8],
-    st: &Stage,
+    st: &DecodedRow,
     a: &ActRow,
     nb: usize,
 ) -> f32 {

@@ -19,8 +19,8 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::act::ActRows;
+use super::super::decoded_row::DecodedRow;
 use super::super::matrix::{OutSink, QMatrix};
-use super::super::stage::Stage;
 use super::super::tables::k4_scales_mins_packed;
 use super::decode_legacy::f16_at;
 use super::dot_avx2::hsum_ps;
@@ -576,7 +576,7 @@ macro_rules! by_row_count {
             m: &QMatrix,
             rows: Range<usize>,
             act: &ActRows,
-            _stage: &mut Stage,
+            _decoded: &mut DecodedRow,
             out: &OutSink,
         ) {
             match act.n_rows {

@@ -32,7 +32,7 @@ macro_rules! vnni_kernels {
 
             use super::super::super::act::ActRows;
             use super::super::super::matrix::{OutSink, QMatrix};
-            use super::super::super::stage::Stage;
+            use super::super::super::decoded_row::DecodedRow;
             use super::super::decode_legacy::f16_at;
             use super::super::dot_avx2::hsum_ps;
             use super::super::fused::{

@@ -1,10 +1,10 @@
 //! x86-64 kernels: AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL).
 //!
-//! Per weight row: one decoder unpacks it into the stage, then one dot function runs per
+//! Per weight row: one decoder unpacks it into a `DecodedRow`, then one dot function runs per
 //! activation row. Decoders are AVX2 code that the AVX-512 kernels reuse (decoding is a
 //! small share of the work); the dot products have a version per level. At both levels
 //! the common model types (Q4_K, Q5_K, Q6_K, Q8_0) use the fused kernels of `fused`
-//! instead, which need no stage, and on CPUs with VNNI (Q4_K, Q6_K, Q8_0) those of
+//! instead, which need no decoded row, and on CPUs with VNNI (Q4_K, Q6_K, Q8_0) those of
 //! `fused_vnni`, which give the same bits with half the integer multiplies per row.
 
 pub(crate) mod act_avx2;
@@ -18,15 +18,15 @@ mod fused_vnni;
 use std::ops::Range;
 
 use super::act::ActRows;
+use super::decoded_row::DecodedRow;
 use super::matrix::{Layout, OutSink, QMatrix, RowsFn};
 use super::simd::SimdLevel;
-use super::stage::Stage;
 use crate::GgmlType;
 use decode_k::*;
 use decode_legacy::*;
 use dot_avx2::{MINS_NONE, MINS_OFFSET, MINS_SCALED};
 
-/// Defines `$name`: for each weight row, `$decode` it into the stage, then `$dot` it with
+/// Defines `$name`: for each weight row, `$decode` it into a `DecodedRow`, then `$dot` it with
 /// every activation row. `$feat` must cover what `$decode` and `$dot` are compiled for.
 macro_rules! rows_kernel {
     ($name:ident, $feat:literal, $decode:expr, $dot:expr) => {
@@ -35,7 +35,7 @@ macro_rules! rows_kernel {
             m: &QMatrix,
             rows: Range<usize>,
             act: &ActRows,
-            st: &mut Stage,
+            st: &mut DecodedRow,
             out: &OutSink,
         ) {
             let nb = m.cols / m.ty.block_size();
@@ -247,10 +247,10 @@ mod tests {
     fn run(f: RowsFn, m: &QMatrix, act: &ActRows) -> Vec<u32> {
         let mut out = vec![0f32; m.rows * act.n_rows];
         let sink = OutSink::new(&mut out, m.rows, act.n_rows);
-        let mut stage = Stage::new(m.ty, m.cols);
+        let mut decoded = DecodedRow::new(m.ty, m.cols);
         // SAFETY: AVX2 checked by the caller, matrix validated by `QMatrix::new`, `act`
-        // quantized for this type and width, the stage made for them.
-        unsafe { f(m, 0..m.rows, act, &mut stage, &sink) };
+        // quantized for this type and width, the decoded row made for them.
+        unsafe { f(m, 0..m.rows, act, &mut decoded, &sink) };
         out.iter().map(|v| v.to_bits()).collect()
     }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use nextn_engine::sampler::argmax;
-use nextn_model::traffic::{self, PassBytes, PassShape};
+use nextn_model::pass_bytes::{self, PassBytes, PassShape};
 use nextn_model::{LogitRows, NextnHead};
 use serde_json::{json, Value};
 
@@ -153,7 +153,7 @@ impl PassFloor {
 }
 
 fn moe_counts(loaded: &Loaded) -> Option<(u64, u64)> {
-    (loaded.model.config.n_expert > 0).then(|| traffic::expert_reads(&loaded.model.layers))
+    (loaded.model.config.n_expert > 0).then(|| pass_bytes::expert_reads(&loaded.model.layers))
 }
 
 /// Time and account decode, verify passes of 1..=max_rows rows and a draft step at the context
@@ -182,7 +182,7 @@ fn measure_passes(
     let mut times = Vec::new();
     for _ in 0..reps {
         let mut dec = st.clone();
-        traffic::reset_expert_usage(model);
+        pass_bytes::reset_expert_usage(model);
         let t = Instant::now();
         model.forward(&probe[..1], &mut dec, LogitRows::Last, pool)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
@@ -190,14 +190,14 @@ fn measure_passes(
     passes.push(PassFloor {
         name: "plain decode".into(),
         ms: median(times),
-        bytes: traffic::trunk_pass_bytes(model, &shape(prompt.len(), 1, 1)),
+        bytes: pass_bytes::trunk_pass_bytes(model, &shape(prompt.len(), 1, 1)),
         experts: moe_counts(loaded),
     });
 
     for r in 1..=max_rows {
         let mut times = Vec::new();
         for _ in 0..reps {
-            traffic::reset_expert_usage(model);
+            pass_bytes::reset_expert_usage(model);
             let t = Instant::now();
             model.forward_verify(&probe[..r], st, pool)?;
             model.commit(st, 0)?;
@@ -206,7 +206,7 @@ fn measure_passes(
         passes.push(PassFloor {
             name: format!("verify {r} row{}", if r == 1 { "" } else { "s" }),
             ms: median(times),
-            bytes: traffic::trunk_pass_bytes(model, &shape(prompt.len(), r, r)),
+            bytes: pass_bytes::trunk_pass_bytes(model, &shape(prompt.len(), r, r)),
             experts: moe_counts(loaded),
         });
     }
@@ -215,7 +215,7 @@ fn measure_passes(
         let h_last = &at.h_last;
         let mut times = Vec::new();
         for _ in 0..reps {
-            traffic::reset_head_expert_usage(head);
+            pass_bytes::reset_head_expert_usage(head);
             times.push(time_draft_step(
                 loaded,
                 head,
@@ -228,9 +228,9 @@ fn measure_passes(
         passes.push(PassFloor {
             name: "draft step (full vocab)".into(),
             ms: median(times),
-            bytes: traffic::head_pass_bytes(head, &shape(prompt.len(), 1, 1)),
+            bytes: pass_bytes::head_pass_bytes(head, &shape(prompt.len(), 1, 1)),
             experts: (model.config.n_expert > 0)
-                .then(|| traffic::expert_reads(std::slice::from_ref(head.layer()))),
+                .then(|| pass_bytes::expert_reads(std::slice::from_ref(head.layer()))),
         });
     }
     Ok(passes)
@@ -310,7 +310,7 @@ pub fn report(
             100.0 * floor / p.ms
         );
     }
-    let all_experts = traffic::all_expert_bytes(&loaded.model);
+    let all_experts = pass_bytes::all_expert_bytes(&loaded.model);
     if all_experts > 0 {
         println!(
             "  routed experts: {:.1} MiB in all; streamed per pass (distinct experts / weight reads over all layers):",

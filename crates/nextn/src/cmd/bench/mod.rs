@@ -624,25 +624,45 @@ fn emit_report(
     Ok(())
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
-    // With -o md|csv|json|jsonl stdout carries only that table; the report goes to stderr.
-    let human_to_stdout = args.output == "text";
-    macro_rules! say {
-        () => {
-            if human_to_stdout {
-                println!()
-            } else {
-                eprintln!()
-            }
-        };
-        ($($t:tt)*) => {
-            if human_to_stdout {
-                println!($($t)*)
-            } else {
-                eprintln!($($t)*)
-            }
-        };
+/// Where the text report goes: stdout, unless stdout carries the table of runs (-o md|csv|json|jsonl).
+#[derive(Clone, Copy)]
+struct ReportOut {
+    to_stdout: bool,
+}
+
+impl ReportOut {
+    fn line(self, line: impl std::fmt::Display) {
+        if self.to_stdout {
+            println!("{line}")
+        } else {
+            eprintln!("{line}")
+        }
     }
+}
+
+/// One line of the text report: `say!(out)` for an empty one, `say!(out, format, args...)`.
+macro_rules! say {
+    ($out:expr) => {
+        $out.line("")
+    };
+    ($out:expr, $($t:tt)*) => {
+        $out.line(format_args!($($t)*))
+    };
+}
+
+/// What every mode of the bench is given: the arguments, the model, its head and the prompts.
+struct Bench<'a> {
+    args: &'a Args,
+    loaded: &'a Loaded,
+    head: Option<&'a NextnHead>,
+    prompts: &'a [Prompt],
+    out: ReportOut,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let out = ReportOut {
+        to_stdout: args.output == "text",
+    };
     if args.repetitions == 0 {
         bail!("-r 0: at least one repetition is needed");
     }
@@ -650,19 +670,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let loaded = common::load(&args.model, policies.iter().any(|&p| p != Policy::Plain))?;
     let head = NextnHead::load(&loaded.model).ok();
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
-    let forced = if args.force_acceptance.is_empty() {
-        None
-    } else {
-        if args.grammar.source()?.is_some() {
-            bail!("--force-acceptance cannot be combined with a grammar: it rewrites the drafts towards the plain output, which the grammar's masks do not follow");
-        }
-        ForcedAcceptance::new(&args.force_acceptance, args.seed, Vec::new())
-            .map_err(|e| anyhow::anyhow!("--force-acceptance: {e}"))?;
-        // The plain run goes first: its output is what the drafts are forced towards.
-        policies.retain(|&p| p != Policy::Plain);
-        policies.insert(0, Policy::Plain);
-        Some((args.force_acceptance.clone(), args.seed))
-    };
+    let forced = forced_acceptance(&args, &mut policies)?;
     let want_spec = policies.iter().any(|&p| p != Policy::Plain);
     if want_spec && head.is_none() {
         bail!(
@@ -679,98 +687,235 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         _ => None,
     };
-    // The pass-timing modes print their table lines through this (stdout for the text report).
-    let say_line = |line: String| {
-        if human_to_stdout {
-            println!("{line}")
-        } else {
-            eprintln!("{line}")
-        }
+    let bench = Bench {
+        args: &args,
+        loaded: &loaded,
+        head: head.as_ref(),
+        prompts: &prompts,
+        out,
     };
     if !args.depth.is_empty() {
-        eprintln!(
-            "bench at depth: {} threads, {} kernels, KV {}/{}, median of {} reps",
-            loaded.pool.n_threads(),
-            kernels_label(&loaded),
-            loaded.k_type.name(),
-            loaded.v_type.name(),
-            args.reps
-        );
-        let rows = depth::run(
-            &loaded,
-            head.as_ref(),
-            &prompts[0].tokens,
-            &depth::DepthPlan {
-                depths: &args.depth,
-                max_rows: args.floor.verify_rows.max(2),
-                reps: args.reps,
-                fill_from: args.depth_fill,
-            },
-            &say_line,
-        )?;
-        emit_report("depths", &json!(rows), human_to_stdout, args.json.as_ref())?;
-        return Ok(ExitCode::SUCCESS);
+        return run_depths(&bench);
     }
     if args.expert_union {
-        eprintln!(
-            "bench --expert-union: {} threads, {} kernels, median of {} reps",
-            loaded.pool.n_threads(),
-            kernels_label(&loaded),
-            args.reps
-        );
-        let report = union::run(
-            &loaded,
-            head.as_ref(),
-            &prompts[0].tokens,
-            args.floor.verify_rows,
-            args.reps,
-            &args.assume_acceptance,
-            &say_line,
-        )?;
-        emit_report("expert_union", &report, human_to_stdout, args.json.as_ref())?;
-        return Ok(ExitCode::SUCCESS);
+        return run_expert_union(&bench);
     }
-    let mut full_runs = Vec::new();
+    run_generation(&bench, &policies, forced, trimmed.as_ref())
+}
+
+/// `--force-acceptance`: its rates and seed, checked, with the plain run moved first in
+/// `policies` (its output is what the drafts are forced towards).
+fn forced_acceptance(args: &Args, policies: &mut Vec<Policy>) -> Result<Option<(Vec<f64>, u64)>> {
+    if args.force_acceptance.is_empty() {
+        return Ok(None);
+    }
+    if args.grammar.source()?.is_some() {
+        bail!("--force-acceptance cannot be combined with a grammar: it rewrites the drafts towards the plain output, which the grammar's masks do not follow");
+    }
+    ForcedAcceptance::new(&args.force_acceptance, args.seed, Vec::new())
+        .map_err(|e| anyhow::anyhow!("--force-acceptance: {e}"))?;
+    policies.retain(|&p| p != Policy::Plain);
+    policies.insert(0, Policy::Plain);
+    Ok(Some((args.force_acceptance.clone(), args.seed)))
+}
+
+/// `-d N,...`: the passes of the loop timed after a prefill of each depth.
+fn run_depths(b: &Bench) -> Result<ExitCode> {
+    let (args, loaded) = (b.args, b.loaded);
+    eprintln!(
+        "bench at depth: {} threads, {} kernels, KV {}/{}, median of {} reps",
+        loaded.pool.n_threads(),
+        kernels_label(loaded),
+        loaded.k_type.name(),
+        loaded.v_type.name(),
+        args.reps
+    );
+    let rows = depth::run(
+        loaded,
+        b.head,
+        &b.prompts[0].tokens,
+        &depth::DepthPlan {
+            depths: &args.depth,
+            max_rows: args.floor.verify_rows.max(2),
+            reps: args.reps,
+            fill_from: args.depth_fill,
+        },
+        &|line: String| b.out.line(line),
+    )?;
+    emit_report("depths", &json!(rows), b.out.to_stdout, args.json.as_ref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--expert-union`: verify passes timed at every number of distinct experts their rows pick.
+fn run_expert_union(b: &Bench) -> Result<ExitCode> {
+    let (args, loaded) = (b.args, b.loaded);
+    eprintln!(
+        "bench --expert-union: {} threads, {} kernels, median of {} reps",
+        loaded.pool.n_threads(),
+        kernels_label(loaded),
+        args.reps
+    );
+    let report = union::run(
+        loaded,
+        b.head,
+        &b.prompts[0].tokens,
+        args.floor.verify_rows,
+        args.reps,
+        &args.assume_acceptance,
+        &|line: String| b.out.line(line),
+    )?;
+    emit_report("expert_union", &report, b.out.to_stdout, args.json.as_ref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The generation runs (the default mode): every policy, draft-sampling mode and draft mask
+/// measured through the loop, then the cost model, its projections and the optional reports
+/// (draft vocabulary, floor, --check), the --json file, the plot and the table.
+fn run_generation(
+    b: &Bench,
+    policies: &[Policy],
+    forced: Option<(Vec<f64>, u64)>,
+    trimmed: Option<&NextnHead>,
+) -> Result<ExitCode> {
+    let (args, loaded, prompts) = (b.args, b.loaded, b.prompts);
     let max_n = policies.iter().map(|p| p.n_max()).max().unwrap_or(0);
     eprintln!(
         "bench: {} prompts × {} tokens, {} threads, {} kernels, draft depths {}",
         prompts.len(),
         args.n_predict,
         loaded.pool.n_threads(),
-        kernels_label(&loaded),
+        kernels_label(loaded),
         args.n_max.join(",")
     );
-
-    let mut rows = Vec::new();
-    let mut plain_tps = None;
     let setup = Setup {
-        loaded: &loaded,
-        prompts: &prompts,
+        loaded,
+        prompts,
         n: args.n_predict,
         sampling: sampler_config(args.temp, args.seed),
         grammar: args.grammar.source()?,
         compiler: std::cell::RefCell::new(None),
         forced: forced.clone(),
     };
+    let runs = run_kinds(b, policies, &setup);
+    let measured = measure_runs(b, &setup, &runs)?;
+    let (grammar_ms, grammar_masks, generated) = measured.grammar_time;
+    if setup.grammar.is_some() && generated > 0 {
+        say!(
+            b.out,
+            "grammar masks: {:.3} ms per generated token ({} masks, {:.3} ms per mask)",
+            grammar_ms / generated as f64,
+            grammar_masks,
+            grammar_ms / grammar_masks.max(1) as f64
+        );
+    }
+
+    let mut at = depth::prefill(loaded, b.head, &prompts[0].tokens)?;
+    let costs = depth::time_passes(
+        loaded,
+        b.head,
+        &mut at,
+        &prompts[0].tokens,
+        max_n.max(1) + 1,
+        args.reps,
+    )?;
+    say_costs(b, &costs);
+    // Forced runs are projected at the rates they were forced to, for a like-for-like comparison.
+    let assumed = forced
+        .as_ref()
+        .map_or(args.assume_acceptance.clone(), |(r, _)| r.clone());
+    let projections = if b.head.is_some() {
+        project_speedups(b, &measured, &costs, &assumed, max_n, forced.is_some())
+    } else {
+        Vec::new()
+    };
+    let draft_vocab_report = match trimmed.filter(|_| !costs.draft_ms.is_nan()) {
+        Some(trimmed) => {
+            draft_vocab_report(b, &setup, &measured, trimmed, &costs, &assumed, max_n)?
+        }
+        None => Value::Null,
+    };
+    let floor_report = if args.floor.floor {
+        floor::report(
+            loaded,
+            b.head,
+            &prompts[0].tokens,
+            costs.verify_ms.len(),
+            args.reps,
+            &args.floor,
+        )?
+    } else {
+        Value::Null
+    };
+    let peak_rss = peak_rss_bytes();
+    if let Some(bytes) = peak_rss {
+        say!(b.out);
+        say!(
+            b.out,
+            "peak RSS {:.1} MiB (model file {:.1} MiB, mapped; {:.1} MiB of it repacked for the kernels)",
+            bytes as f64 / (1 << 20) as f64,
+            loaded.file_bytes as f64 / (1 << 20) as f64,
+            nextn_quant::kernels::repacked_bytes() as f64 / (1 << 20) as f64
+        );
+    }
+    let check = if args.check {
+        check_report(b, &setup, &measured, policies)?
+    } else {
+        Value::Null
+    };
+
+    if let Some(path) = &args.json {
+        let report = json!({
+            "check": check,
+            "peak_rss_bytes": peak_rss,
+            "repacked_bytes": nextn_quant::kernels::repacked_bytes(),
+            "model_file_bytes": loaded.file_bytes,
+            "model": loaded.path.display().to_string(),
+            "threads": loaded.pool.n_threads(),
+            "kernels": nextn_quant::kernels::kernel_isa(),
+            "device": loaded.model.device.as_ref().map(|d| d.gpu().info.to_string()),
+            "n_predict": args.n_predict,
+            "prompts": prompts.iter().map(|p| json!({"name": p.name, "n_tokens": p.tokens.len()})).collect::<Vec<_>>(),
+            "runs": measured.rows,
+            "costs": {
+                "decode_ms": costs.decode_ms,
+                "verify_ms": costs.verify_ms,
+                "draft_ms": if costs.draft_ms.is_nan() { Value::Null } else { json!(costs.draft_ms) },
+            },
+            "assume_acceptance": assumed,
+            "forced_acceptance": forced.as_ref().map(|(r, _)| r.clone()),
+            "projections": projections,
+            "floor": floor_report,
+            "draft_vocab": draft_vocab_report,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        plot::plot(path, &measured.table)?;
+        eprintln!("plot: {}", path.display());
+    }
+    if !b.out.to_stdout {
+        print!("{}", write_table(&args.output, &measured.table));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every configuration to measure, in order: plain once, every other policy in each
+/// draft-sampling mode and draft mask.
+fn run_kinds(b: &Bench, policies: &[Policy], setup: &Setup) -> Vec<RunKind> {
     // Forced acceptance steers coupled drafts only.
-    let modes: Vec<DraftSampling> = if args.temp > 0.0 && forced.is_none() {
+    let modes: Vec<DraftSampling> = if b.args.temp > 0.0 && setup.forced.is_none() {
         vec![DraftSampling::Coupled, DraftSampling::Sample]
     } else {
         vec![DraftSampling::Coupled]
     };
     let masks: Vec<bool> = if setup.grammar.is_some() {
-        args.draft_mask.iter().map(|m| m == "on").collect()
+        b.args.draft_mask.iter().map(|m| m == "on").collect()
     } else {
         vec![true]
     };
-    let mut plain_outputs: Vec<Vec<u32>> = Vec::new();
-    let mut spec_agree = (0usize, 0usize);
-    say!(
-        "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
-        "n_max", "drafts", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
-    );
     let mut runs = Vec::new();
-    for &policy in &policies {
+    for &policy in policies {
         if policy == Policy::Plain {
             runs.push(RunKind {
                 policy,
@@ -789,186 +934,245 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
-    let mut grammar_time = (0.0, 0u64, 0usize);
-    let n_runs = runs.len() * args.repetitions;
-    let mut run_no = 0;
-    let mut plain_reps: Vec<f64> = Vec::new();
-    let mut table = Vec::new();
-    for kind in runs {
-        let (policy, mode) = (kind.policy, kind.mode);
-        let k = policy.n_max();
-        let mut outputs = Vec::new();
-        // Each repetition on a fresh loop; the statistics add up over them.
-        let mut decode_reps = Vec::new();
-        let mut prefill_reps = Vec::new();
-        let mut t = RunTotals::default();
-        let device = loaded.model.device.as_deref();
-        if let Some(d) = device {
-            d.set_timing(true);
-            d.take_stats();
-        }
-        let cpu_before = process_cpu_seconds();
-        for rep in 0..args.repetitions {
-            run_no += 1;
-            let started = Instant::now();
-            let r = run_depth(
-                &setup,
-                head.as_ref(),
-                kind,
-                (rep == 0).then_some(&mut outputs),
-                &plain_outputs,
-            )?;
-            let d = r.predicted_n as f64 * 1e3 / r.predicted_ms.max(1e-9);
-            let p = r.prompt_n as f64 * 1e3 / r.prompt_ms.max(1e-9);
-            eprintln!(
-                "[{run_no}/{n_runs}] n_max {} {}: {d:.1} tok/s decode, {p:.1} tok/s prefill ({:.1} s)",
-                policy.label(),
-                kind.mode_name(),
-                started.elapsed().as_secs_f64()
-            );
-            decode_reps.push(d);
-            prefill_reps.push(p);
-            t.prompt_n += r.prompt_n;
-            t.prompt_ms += r.prompt_ms;
-            t.predicted_n += r.predicted_n;
-            t.predicted_ms += r.predicted_ms;
-            t.stats.merge(&r.stats);
-            t.grammar_ms += r.grammar_ms;
-            t.grammar_masks += r.grammar_masks;
-        }
-        let device_cost = device.map(|d| {
-            let cpu = process_cpu_seconds()
-                .zip(cpu_before)
-                .map(|(after, before)| after - before);
-            device_report(d, t.prompt_n + t.predicted_n, cpu)
-        });
-        if let Some((line, _)) = &device_cost {
-            eprintln!("{line}");
-        }
-        let (decode_mean, decode_sd) = mean_sd(&decode_reps);
-        let (prefill_mean, prefill_sd) = mean_sd(&prefill_reps);
-        grammar_time.0 += t.grammar_ms;
-        grammar_time.1 += t.grammar_masks;
-        grammar_time.2 += t.predicted_n;
-        if k == 0 {
-            plain_outputs = outputs;
-        } else if mode == DraftSampling::Coupled && !plain_outputs.is_empty() {
-            // Greedy, or coupled sampling: the very tokens plain decoding gives.
-            for (a, b) in outputs.iter().zip(&plain_outputs) {
-                spec_agree.0 += a.iter().zip(b).filter(|(x, y)| x == y).count();
-                spec_agree.1 += b.len();
-            }
-        }
-        let prefill = t.prompt_n as f64 * 1e3 / t.prompt_ms.max(1e-9);
-        let decode = t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9);
-        if k == 0 {
-            plain_tps = Some(decode);
-            plain_reps = decode_reps.clone();
-        }
-        let speedup = plain_tps.map(|p| decode / p);
-        // Speedup per repetition against plain decoding's mean, for its spread.
-        let speedup_sd = plain_tps
-            .filter(|_| !plain_reps.is_empty())
-            .map(|p| mean_sd(&decode_reps.iter().map(|d| d / p).collect::<Vec<_>>()).1);
-        let per_pos: Vec<f64> = t
-            .stats
-            .accepted_per_pos
-            .iter()
-            .zip(&t.stats.drafted_per_pos)
-            .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
-            .collect();
-        let mode_name = kind.mode_name();
-        let with_sd = |mean: f64, sd: f64| {
-            if args.repetitions > 1 {
-                format!("{mean:.1}±{sd:.1}")
-            } else {
-                format!("{mean:.1}")
-            }
-        };
-        say!(
-            "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
-            policy.label(),
-            mode_name,
-            with_sd(prefill_mean, prefill_sd),
-            with_sd(decode_mean, decode_sd),
-            speedup
-                .map(|s| format!("{s:.3}x"))
-                .unwrap_or_else(|| "-".into()),
-            if k > 0 {
-                format!("{:.3}", t.stats.acceptance_rate())
-            } else {
-                "-".into()
-            },
-            t.stats.mean_accepted_len(),
-            t.stats.draft_ms,
-            t.stats.verify_ms,
-            per_pos
-                .iter()
-                .map(|p| format!("{p:.2}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        table.push(TableRow {
-            n_max: policy.label(),
-            drafts: mode_name.clone(),
-            prefill: (prefill_mean, prefill_sd),
-            decode: (decode_mean, decode_sd),
-            speedup: speedup.map(|s| (s, speedup_sd.unwrap_or(0.0))),
-            acceptance: (k > 0).then(|| t.stats.acceptance_rate()),
-            mean_len: t.stats.mean_accepted_len(),
-            per_position: per_pos.clone(),
-        });
-        rows.push(json!({
-            "device": device_cost.as_ref().map(|(_, j)| j.clone()),
-            "n_max": k,
-            "policy": policy.kind(),
-            "draft_sampling": if k == 0 { "-" } else { mode.as_str() },
-            "mask_drafts": kind.mask_drafts,
-            "temperature": args.temp,
-            "prompt_n": t.prompt_n,
-            "prompt_ms": t.prompt_ms,
-            "prefill_tok_s": prefill,
-            "predicted_n": t.predicted_n,
-            "predicted_ms": t.predicted_ms,
-            "decode_tok_s": decode,
-            "decode_tok_s_mean": decode_mean,
-            "decode_tok_s_sd": decode_sd,
-            "prefill_tok_s_sd": prefill_sd,
-            "repetitions": args.repetitions,
-            "speedup_vs_plain": speedup,
-            "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
-            "grammar_ms": t.grammar_ms,
-            "grammar_masks": t.grammar_masks,
-        }));
-        full_runs.push((kind, t.stats.clone(), decode));
-    }
-    if setup.grammar.is_some() && grammar_time.2 > 0 {
-        say!(
-            "grammar masks: {:.3} ms per generated token ({} masks, {:.3} ms per mask)",
-            grammar_time.0 / grammar_time.2 as f64,
-            grammar_time.1,
-            grammar_time.0 / grammar_time.1.max(1) as f64
-        );
-    }
+    runs
+}
 
-    let mut at = depth::prefill(&loaded, head.as_ref(), &prompts[0].tokens)?;
-    let costs = depth::time_passes(
-        &loaded,
-        head.as_ref(),
-        &mut at,
-        &prompts[0].tokens,
-        max_n.max(1) + 1,
-        args.reps,
-    )?;
-    say!();
+/// What the generation runs measured, for the reports after them.
+#[derive(Default)]
+struct Measured {
+    /// One JSON object per configuration (the --json file's `runs`).
+    rows: Vec<Value>,
+    table: Vec<TableRow>,
+    /// Each configuration's statistics and decode tokens/s.
+    full_runs: Vec<(RunKind, SpecStats, f64)>,
+    /// Plain decoding's tokens, per prompt.
+    plain_outputs: Vec<Vec<u32>>,
+    plain_tps: Option<f64>,
+    /// Plain decoding's tokens/s, per repetition.
+    plain_reps: Vec<f64>,
+    /// Tokens of coupled speculative runs equal to plain decoding's, of all compared.
+    spec_agree: (usize, usize),
+    /// With a grammar: milliseconds computing masks, masks and generated tokens, over all runs.
+    grammar_time: (f64, u64, usize),
+}
+
+/// One configuration's repetitions.
+struct KindRuns {
+    totals: RunTotals,
+    /// The first repetition's tokens, per prompt.
+    outputs: Vec<Vec<u32>>,
+    decode_reps: Vec<f64>,
+    prefill_reps: Vec<f64>,
+    /// On a device: its report line and JSON.
+    device_cost: Option<(String, Value)>,
+}
+
+/// Every configuration in `runs`, each `-r` times, with a table line as each finishes.
+fn measure_runs(b: &Bench, setup: &Setup, runs: &[RunKind]) -> Result<Measured> {
     say!(
-        "cost model (median of {} reps, context {} tokens):",
-        args.reps,
-        prompts[0].tokens.len()
+        b.out,
+        "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6} | {:>8} | {:>8} | per-position acceptance",
+        "n_max", "drafts", "prefill/s", "decode/s", "speedup", "accept", "len", "draft ms", "verify ms"
     );
-    say!("  plain decode step        {:8.3} ms", costs.decode_ms);
+    let n_runs = runs.len() * b.args.repetitions;
+    let mut run_no = 0;
+    let mut m = Measured::default();
+    for &kind in runs {
+        let r = measure_kind(b, setup, kind, &m.plain_outputs, &mut run_no, n_runs)?;
+        record_kind(b, &mut m, kind, r);
+    }
+    Ok(m)
+}
+
+/// The repetitions of one configuration, each on a fresh loop; the statistics add up over them.
+fn measure_kind(
+    b: &Bench,
+    setup: &Setup,
+    kind: RunKind,
+    plain_outputs: &[Vec<u32>],
+    run_no: &mut usize,
+    n_runs: usize,
+) -> Result<KindRuns> {
+    let mut outputs = Vec::new();
+    let mut decode_reps = Vec::new();
+    let mut prefill_reps = Vec::new();
+    let mut t = RunTotals::default();
+    let device = b.loaded.model.device.as_deref();
+    if let Some(d) = device {
+        d.set_timing(true);
+        d.take_stats();
+    }
+    let cpu_before = process_cpu_seconds();
+    for rep in 0..b.args.repetitions {
+        *run_no += 1;
+        let started = Instant::now();
+        let r = run_depth(
+            setup,
+            b.head,
+            kind,
+            (rep == 0).then_some(&mut outputs),
+            plain_outputs,
+        )?;
+        let d = r.predicted_n as f64 * 1e3 / r.predicted_ms.max(1e-9);
+        let p = r.prompt_n as f64 * 1e3 / r.prompt_ms.max(1e-9);
+        eprintln!(
+            "[{run_no}/{n_runs}] n_max {} {}: {d:.1} tok/s decode, {p:.1} tok/s prefill ({:.1} s)",
+            kind.policy.label(),
+            kind.mode_name(),
+            started.elapsed().as_secs_f64()
+        );
+        decode_reps.push(d);
+        prefill_reps.push(p);
+        t.prompt_n += r.prompt_n;
+        t.prompt_ms += r.prompt_ms;
+        t.predicted_n += r.predicted_n;
+        t.predicted_ms += r.predicted_ms;
+        t.stats.merge(&r.stats);
+        t.grammar_ms += r.grammar_ms;
+        t.grammar_masks += r.grammar_masks;
+    }
+    let device_cost = device.map(|d| {
+        let cpu = process_cpu_seconds()
+            .zip(cpu_before)
+            .map(|(after, before)| after - before);
+        device_report(d, t.prompt_n + t.predicted_n, cpu)
+    });
+    if let Some((line, _)) = &device_cost {
+        eprintln!("{line}");
+    }
+    Ok(KindRuns {
+        totals: t,
+        outputs,
+        decode_reps,
+        prefill_reps,
+        device_cost,
+    })
+}
+
+/// One configuration's results into `m`: plain decoding's output and speed (what later runs are
+/// compared with), the agreement of coupled runs with it, its table line, table row and JSON.
+fn record_kind(b: &Bench, m: &mut Measured, kind: RunKind, r: KindRuns) {
+    let args = b.args;
+    let (policy, mode) = (kind.policy, kind.mode);
+    let k = policy.n_max();
+    let t = r.totals;
+    let (decode_mean, decode_sd) = mean_sd(&r.decode_reps);
+    let (prefill_mean, prefill_sd) = mean_sd(&r.prefill_reps);
+    m.grammar_time.0 += t.grammar_ms;
+    m.grammar_time.1 += t.grammar_masks;
+    m.grammar_time.2 += t.predicted_n;
+    if k == 0 {
+        m.plain_outputs = r.outputs;
+    } else if mode == DraftSampling::Coupled && !m.plain_outputs.is_empty() {
+        // Greedy, or coupled sampling: the very tokens plain decoding gives.
+        for (ours, plain) in r.outputs.iter().zip(&m.plain_outputs) {
+            m.spec_agree.0 += ours.iter().zip(plain).filter(|(x, y)| x == y).count();
+            m.spec_agree.1 += plain.len();
+        }
+    }
+    let prefill = t.prompt_n as f64 * 1e3 / t.prompt_ms.max(1e-9);
+    let decode = t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9);
+    if k == 0 {
+        m.plain_tps = Some(decode);
+        m.plain_reps = r.decode_reps.clone();
+    }
+    let speedup = m.plain_tps.map(|p| decode / p);
+    // Speedup per repetition against plain decoding's mean, for its spread.
+    let speedup_sd = m
+        .plain_tps
+        .filter(|_| !m.plain_reps.is_empty())
+        .map(|p| mean_sd(&r.decode_reps.iter().map(|d| d / p).collect::<Vec<_>>()).1);
+    let per_pos: Vec<f64> = t
+        .stats
+        .accepted_per_pos
+        .iter()
+        .zip(&t.stats.drafted_per_pos)
+        .map(|(&a, &d)| if d > 0 { a as f64 / d as f64 } else { 0.0 })
+        .collect();
+    let mode_name = kind.mode_name();
+    let with_sd = |mean: f64, sd: f64| {
+        if args.repetitions > 1 {
+            format!("{mean:.1}±{sd:.1}")
+        } else {
+            format!("{mean:.1}")
+        }
+    };
+    say!(
+        b.out,
+        "{:>5} {:>16} | {:>10} | {:>10} | {:>7} | {:>6} | {:>6.3} | {:>8.1} | {:>8.1} | {}",
+        policy.label(),
+        mode_name,
+        with_sd(prefill_mean, prefill_sd),
+        with_sd(decode_mean, decode_sd),
+        speedup
+            .map(|s| format!("{s:.3}x"))
+            .unwrap_or_else(|| "-".into()),
+        if k > 0 {
+            format!("{:.3}", t.stats.acceptance_rate())
+        } else {
+            "-".into()
+        },
+        t.stats.mean_accepted_len(),
+        t.stats.draft_ms,
+        t.stats.verify_ms,
+        per_pos
+            .iter()
+            .map(|p| format!("{p:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    m.table.push(TableRow {
+        n_max: policy.label(),
+        drafts: mode_name.clone(),
+        prefill: (prefill_mean, prefill_sd),
+        decode: (decode_mean, decode_sd),
+        speedup: speedup.map(|s| (s, speedup_sd.unwrap_or(0.0))),
+        acceptance: (k > 0).then(|| t.stats.acceptance_rate()),
+        mean_len: t.stats.mean_accepted_len(),
+        per_position: per_pos.clone(),
+    });
+    m.rows.push(json!({
+        "device": r.device_cost.as_ref().map(|(_, j)| j.clone()),
+        "n_max": k,
+        "policy": policy.kind(),
+        "draft_sampling": if k == 0 { "-" } else { mode.as_str() },
+        "mask_drafts": kind.mask_drafts,
+        "temperature": args.temp,
+        "prompt_n": t.prompt_n,
+        "prompt_ms": t.prompt_ms,
+        "prefill_tok_s": prefill,
+        "predicted_n": t.predicted_n,
+        "predicted_ms": t.predicted_ms,
+        "decode_tok_s": decode,
+        "decode_tok_s_mean": decode_mean,
+        "decode_tok_s_sd": decode_sd,
+        "prefill_tok_s_sd": prefill_sd,
+        "repetitions": args.repetitions,
+        "speedup_vs_plain": speedup,
+        "spec": if k > 0 { t.stats.to_json(t.predicted_n) } else { Value::Null },
+        "grammar_ms": t.grammar_ms,
+        "grammar_masks": t.grammar_masks,
+    }));
+    m.full_runs.push((kind, t.stats, decode));
+}
+
+/// The cost model's lines: decode step, verify of 1.. rows, draft step.
+fn say_costs(b: &Bench, costs: &depth::Costs) {
+    say!(b.out);
+    say!(
+        b.out,
+        "cost model (median of {} reps, context {} tokens):",
+        b.args.reps,
+        b.prompts[0].tokens.len()
+    );
+    say!(
+        b.out,
+        "  plain decode step        {:8.3} ms",
+        costs.decode_ms
+    );
     for (i, v) in costs.verify_ms.iter().enumerate() {
         say!(
+            b.out,
             "  verify {} row{}            {:8.3} ms  ({:.2}x decode)",
             i + 1,
             if i == 0 { " " } else { "s" },
@@ -976,259 +1180,233 @@ pub fn run(args: Args) -> Result<ExitCode> {
             v / costs.decode_ms
         );
     }
-    if head.is_some() {
+    if b.head.is_some() {
         say!(
+            b.out,
             "  draft step (full vocab)  {:8.3} ms  ({:.2}x decode)",
             costs.draft_ms,
             costs.draft_ms / costs.decode_ms
         );
     }
-    let mut projections = Vec::new();
-    // Forced runs are projected at the rates they were forced to, for a like-for-like comparison.
-    let assumed = forced
-        .as_ref()
-        .map_or(args.assume_acceptance.clone(), |(r, _)| r.clone());
-    if head.is_some() {
-        say!("projected speedup at acceptance {assumed:?}:");
-        for n in 1..=max_n.max(1) {
-            let Some((tokens, speedup)) = project(
-                costs.decode_ms,
-                &costs.verify_ms,
-                costs.draft_ms,
-                &assumed,
-                n,
-            ) else {
-                break;
-            };
-            // The forced run at this depth, measured in the same process.
-            let measured = forced.as_ref().and(plain_tps).and_then(|plain| {
-                full_runs
-                    .iter()
-                    .find(|(k, _, _)| k.policy == Policy::Fixed(n))
-                    .map(|(_, stats, d)| (d / plain, stats.mean_accepted_len()))
-            });
-            match measured {
-                Some((m, len)) => say!(
-                    "  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x projected; measured {m:.3}x at {len:.2} tokens/step"
-                ),
-                None => say!("  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x"),
-            }
-            projections.push(json!({
-                "n_max": n,
-                "tokens_per_step": tokens,
-                "speedup": speedup,
-                "measured_speedup": measured.map(|m| m.0),
-                "measured_tokens_per_step": measured.map(|m| m.1),
-            }));
-        }
-    }
+}
 
-    let mut draft_vocab_report = Value::Null;
-    if let Some(trimmed) = trimmed.as_ref().filter(|_| !costs.draft_ms.is_nan()) {
-        let cost = draft_vocab::costs(
-            &loaded,
-            trimmed,
-            &prompts[0].tokens,
-            args.reps,
+/// The speedup the costs project at acceptance `assumed` for each depth up to `max_n`, next to
+/// the forced run at that depth when there is one.
+fn project_speedups(
+    b: &Bench,
+    m: &Measured,
+    costs: &depth::Costs,
+    assumed: &[f64],
+    max_n: usize,
+    forced: bool,
+) -> Vec<Value> {
+    say!(b.out, "projected speedup at acceptance {assumed:?}:");
+    let mut projections = Vec::new();
+    for n in 1..=max_n.max(1) {
+        let Some((tokens, speedup)) = project(
             costs.decode_ms,
             &costs.verify_ms,
             costs.draft_ms,
-            &assumed,
-            max_n,
-        )?;
-        let accept = draft_vocab::acceptance(trimmed, &full_runs, plain_tps, |h, kind| {
-            let t = run_depth(&setup, Some(h), kind, None, &plain_outputs)?;
-            Ok((
-                t.stats,
-                t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9),
-            ))
-        })?;
-        draft_vocab_report = json!({"costs": cost, "acceptance": accept});
-    }
-
-    let floor_report = if args.floor.floor {
-        let rows = costs.verify_ms.len();
-        floor::report(
-            &loaded,
-            head.as_ref(),
-            &prompts[0].tokens,
-            rows,
-            args.reps,
-            &args.floor,
-        )?
-    } else {
-        Value::Null
-    };
-
-    let peak_rss = peak_rss_bytes();
-    if let Some(b) = peak_rss {
-        say!();
-        say!(
-            "peak RSS {:.1} MiB (model file {:.1} MiB, mapped; {:.1} MiB of it repacked for the kernels)",
-            b as f64 / (1 << 20) as f64,
-            loaded.file_bytes as f64 / (1 << 20) as f64,
-            nextn_quant::kernels::repacked_bytes() as f64 / (1 << 20) as f64
-        );
-    }
-    let mut check = Value::Null;
-    if args.check {
-        let Some(head) = head.as_ref() else {
-            bail!("--check needs a NextN head")
+            assumed,
+            n,
+        ) else {
+            break;
         };
-        let (mut agree, mut rows_n, mut kl) = (0, 0, 0.0);
-        for (i, p) in prompts.iter().enumerate() {
+        // The forced run at this depth, measured in the same process.
+        let measured = m.plain_tps.filter(|_| forced).and_then(|plain| {
+            m.full_runs
+                .iter()
+                .find(|(k, _, _)| k.policy == Policy::Fixed(n))
+                .map(|(_, stats, d)| (d / plain, stats.mean_accepted_len()))
+        });
+        match measured {
+            Some((ms, len)) => say!(
+                b.out,
+                "  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x projected; measured {ms:.3}x at {len:.2} tokens/step"
+            ),
+            None => say!(b.out, "  n_max {n}: {tokens:.2} tokens/step, {speedup:.3}x"),
+        }
+        projections.push(json!({
+            "n_max": n,
+            "tokens_per_step": tokens,
+            "speedup": speedup,
+            "measured_speedup": measured.map(|m| m.0),
+            "measured_tokens_per_step": measured.map(|m| m.1),
+        }));
+    }
+    projections
+}
+
+/// `--spec-draft-vocab`: the trimmed head's draft step and the acceptance it keeps.
+fn draft_vocab_report(
+    b: &Bench,
+    setup: &Setup,
+    m: &Measured,
+    trimmed: &NextnHead,
+    costs: &depth::Costs,
+    assumed: &[f64],
+    max_n: usize,
+) -> Result<Value> {
+    let cost = draft_vocab::costs(
+        b.loaded,
+        trimmed,
+        &b.prompts[0].tokens,
+        b.args.reps,
+        costs.decode_ms,
+        &costs.verify_ms,
+        costs.draft_ms,
+        assumed,
+        max_n,
+    )?;
+    let accept = draft_vocab::acceptance(trimmed, &m.full_runs, m.plain_tps, |h, kind| {
+        let t = run_depth(setup, Some(h), kind, None, &m.plain_outputs)?;
+        Ok((
+            t.stats,
+            t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9),
+        ))
+    })?;
+    Ok(json!({"costs": cost, "acceptance": accept}))
+}
+
+/// Each prompt followed by plain decoding's output for it.
+fn checked_sequences(prompts: &[Prompt], plain_outputs: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
             let mut seq = p.tokens.clone();
             if let Some(out) = plain_outputs.get(i) {
                 seq.extend_from_slice(out);
             }
-            let (a, r, k) = head_agreement(&loaded, head, &seq)?;
-            agree += a;
-            rows_n += r;
-            kl += k;
-        }
-        let spec_agree_v = if spec_agree.1 > 0 {
-            Some(spec_agree.0 as f64 / spec_agree.1 as f64)
-        } else {
-            None
-        };
-        say!();
-        say!(
-            "check over {} prompts ({} teacher-forced rows):",
-            prompts.len(),
-            rows_n
-        );
-        match spec_agree_v {
-            Some(v) => say!("  SPEC_AGREE  {v:.4}  (MTP tokens equal to plain decoding's: greedy, or coupled sampling with the same seed)"),
-            None => say!("  SPEC_AGREE  -       (needs n_max 0 plus a depth > 0)"),
-        }
-        say!(
-            "  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)",
-            agree as f64 / rows_n.max(1) as f64
-        );
-        say!(
-            "  KL          {:.4}  (mean KL(target ‖ head), nats)",
-            kl / rows_n.max(1) as f64
-        );
-        check = json!({
-            "spec_agree": spec_agree_v,
-            "draft_top1": agree as f64 / rows_n.max(1) as f64,
-            "kl_target_head": kl / rows_n.max(1) as f64,
-            "rows": rows_n,
-        });
-        if let Some(other_path) = &args.check_against {
-            // Both files on the same token sequences (this model's prompts and plain outputs)
-            // and the same draft depth, so the numbers differ only by the files' weights.
-            let depth = policies
-                .iter()
-                .map(|p| p.n_max())
-                .max()
-                .filter(|&k| k > 0)
-                .unwrap_or(3);
-            let sequences: Vec<Vec<u32>> = prompts
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let mut seq = p.tokens.clone();
-                    if let Some(out) = plain_outputs.get(i) {
-                        seq.extend_from_slice(out);
-                    }
-                    seq
-                })
-                .collect();
-            let ours = check_file(&setup, head, &sequences, depth)?;
-            let other_args = common::ModelArgs {
-                model: Some(other_path.clone()),
-                ..args.model.clone()
-            };
-            let other = common::load(&other_args, true)
-                .with_context(|| format!("--check-against {}", other_path.display()))?;
-            if other.model.n_vocab != loaded.model.n_vocab {
-                bail!(
-                    "--check-against {}: its vocabulary has {} tokens, this model's {}: not the same model",
-                    other_path.display(),
-                    other.model.n_vocab,
-                    loaded.model.n_vocab
-                );
-            }
-            let other_head = NextnHead::load(&other.model).with_context(|| {
-                format!("--check-against {}: no NextN head", other_path.display())
-            })?;
-            let other_setup = Setup {
-                loaded: &other,
-                prompts: &prompts,
-                n: args.n_predict,
-                sampling: sampler_config(args.temp, args.seed),
-                grammar: None,
-                compiler: std::cell::RefCell::new(None),
-                forced: None,
-            };
-            let theirs = check_file(&other_setup, &other_head, &sequences, depth)?;
-            say!();
-            say!(
-                "check against {} (same sequences, n_max {depth}):",
-                other_path.display()
-            );
-            say!("              {:>10} {:>10}", "this", "other");
-            say!(
-                "  DRAFT_TOP1  {:>10.4} {:>10.4}",
-                ours.draft_top1,
-                theirs.draft_top1
-            );
-            say!("  KL          {:>10.4} {:>10.4}", ours.kl, theirs.kl);
-            say!(
-                "  acceptance  {:>10.4} {:>10.4}",
-                ours.acceptance,
-                theirs.acceptance
-            );
-            if let Some(c) = check.as_object_mut() {
-                c.insert(
-                    "against".into(),
-                    json!({
-                        "file": other_path.display().to_string(),
-                        "n_max": depth,
-                        "this": ours.json(),
-                        "other": theirs.json(),
-                    }),
-                );
-            }
-        }
-    }
+            seq
+        })
+        .collect()
+}
 
-    if let Some(path) = &args.json {
-        let report = json!({
-            "check": check,
-            "peak_rss_bytes": peak_rss,
-            "repacked_bytes": nextn_quant::kernels::repacked_bytes(),
-            "model_file_bytes": loaded.file_bytes,
-            "model": loaded.path.display().to_string(),
-            "threads": loaded.pool.n_threads(),
-            "kernels": nextn_quant::kernels::kernel_isa(),
-            "device": loaded.model.device.as_ref().map(|d| d.gpu().info.to_string()),
-            "n_predict": args.n_predict,
-            "prompts": prompts.iter().map(|p| json!({"name": p.name, "n_tokens": p.tokens.len()})).collect::<Vec<_>>(),
-            "runs": rows,
-            "costs": {
-                "decode_ms": costs.decode_ms,
-                "verify_ms": costs.verify_ms,
-                "draft_ms": if costs.draft_ms.is_nan() { Value::Null } else { json!(costs.draft_ms) },
-            },
-            "assume_acceptance": assumed,
-            "forced_acceptance": forced.as_ref().map(|(r, _)| r.clone()),
-            "projections": projections,
-            "floor": floor_report,
-            "draft_vocab": draft_vocab_report,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+/// `--check`: SPEC_AGREE, DRAFT_TOP1 and KL, and with --check-against the same for another file.
+fn check_report(b: &Bench, setup: &Setup, m: &Measured, policies: &[Policy]) -> Result<Value> {
+    let Some(head) = b.head else {
+        bail!("--check needs a NextN head")
+    };
+    let sequences = checked_sequences(b.prompts, &m.plain_outputs);
+    let (mut agree, mut rows_n, mut kl) = (0, 0, 0.0);
+    for seq in &sequences {
+        let (a, r, k) = head_agreement(b.loaded, head, seq)?;
+        agree += a;
+        rows_n += r;
+        kl += k;
     }
-    if let Some(path) = &args.plot {
-        plot::plot(path, &table)?;
-        eprintln!("plot: {}", path.display());
+    let spec_agree = if m.spec_agree.1 > 0 {
+        Some(m.spec_agree.0 as f64 / m.spec_agree.1 as f64)
+    } else {
+        None
+    };
+    say!(b.out);
+    say!(
+        b.out,
+        "check over {} prompts ({} teacher-forced rows):",
+        b.prompts.len(),
+        rows_n
+    );
+    match spec_agree {
+        Some(v) => say!(b.out, "  SPEC_AGREE  {v:.4}  (MTP tokens equal to plain decoding's: greedy, or coupled sampling with the same seed)"),
+        None => say!(b.out, "  SPEC_AGREE  -       (needs n_max 0 plus a depth > 0)"),
     }
-    if !human_to_stdout {
-        print!("{}", write_table(&args.output, &table));
+    say!(
+        b.out,
+        "  DRAFT_TOP1  {:.4}  (head top-1 equals the target's top-1)",
+        agree as f64 / rows_n.max(1) as f64
+    );
+    say!(
+        b.out,
+        "  KL          {:.4}  (mean KL(target ‖ head), nats)",
+        kl / rows_n.max(1) as f64
+    );
+    let mut check = json!({
+        "spec_agree": spec_agree,
+        "draft_top1": agree as f64 / rows_n.max(1) as f64,
+        "kl_target_head": kl / rows_n.max(1) as f64,
+        "rows": rows_n,
+    });
+    if let Some(other_path) = &b.args.check_against {
+        let against = check_against(b, setup, head, &sequences, policies, other_path)?;
+        if let Some(c) = check.as_object_mut() {
+            c.insert("against".into(), against);
+        }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(check)
+}
+
+/// `--check-against FILE`: both files on the same token sequences (this model's prompts and plain
+/// outputs) and the same draft depth, so the numbers differ only by the files' weights.
+fn check_against(
+    b: &Bench,
+    setup: &Setup,
+    head: &NextnHead,
+    sequences: &[Vec<u32>],
+    policies: &[Policy],
+    other_path: &std::path::Path,
+) -> Result<Value> {
+    let args = b.args;
+    let depth = policies
+        .iter()
+        .map(|p| p.n_max())
+        .max()
+        .filter(|&k| k > 0)
+        .unwrap_or(3);
+    let ours = check_file(setup, head, sequences, depth)?;
+    let other_args = common::ModelArgs {
+        model: Some(other_path.to_path_buf()),
+        ..args.model.clone()
+    };
+    let other = common::load(&other_args, true)
+        .with_context(|| format!("--check-against {}", other_path.display()))?;
+    if other.model.n_vocab != b.loaded.model.n_vocab {
+        bail!(
+            "--check-against {}: its vocabulary has {} tokens, this model's {}: not the same model",
+            other_path.display(),
+            other.model.n_vocab,
+            b.loaded.model.n_vocab
+        );
+    }
+    let other_head = NextnHead::load(&other.model)
+        .with_context(|| format!("--check-against {}: no NextN head", other_path.display()))?;
+    let other_setup = Setup {
+        loaded: &other,
+        prompts: b.prompts,
+        n: args.n_predict,
+        sampling: sampler_config(args.temp, args.seed),
+        grammar: None,
+        compiler: std::cell::RefCell::new(None),
+        forced: None,
+    };
+    let theirs = check_file(&other_setup, &other_head, sequences, depth)?;
+    say!(b.out);
+    say!(
+        b.out,
+        "check against {} (same sequences, n_max {depth}):",
+        other_path.display()
+    );
+    say!(b.out, "              {:>10} {:>10}", "this", "other");
+    say!(
+        b.out,
+        "  DRAFT_TOP1  {:>10.4} {:>10.4}",
+        ours.draft_top1,
+        theirs.draft_top1
+    );
+    say!(b.out, "  KL          {:>10.4} {:>10.4}", ours.kl, theirs.kl);
+    say!(
+        b.out,
+        "  acceptance  {:>10.4} {:>10.4}",
+        ours.acceptance,
+        theirs.acceptance
+    );
+    Ok(json!({
+        "file": other_path.display().to_string(),
+        "n_max": depth,
+        "this": ours.json(),
+        "other": theirs.json(),
+    }))
 }
 
 fn mean_sd(xs: &[f64]) -> (f64, f64) {

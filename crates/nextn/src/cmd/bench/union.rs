@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use nextn_model::ffn::{Ffn, MoeFfn, Routing};
-use nextn_model::traffic;
+use nextn_model::pass_bytes;
 use nextn_model::NextnHead;
 use serde_json::{json, Value};
 
@@ -127,12 +127,12 @@ pub fn run(
     let mut measured_union = Vec::new();
     for r in 1..=max_rows {
         let probe = super::depth::synthetic_prompt(prompt, r);
-        traffic::reset_expert_usage(&loaded.model);
+        pass_bytes::reset_expert_usage(&loaded.model);
         loaded
             .model
             .forward_verify(&probe, &mut at.state, &loaded.pool)?;
         loaded.model.commit(&mut at.state, 0)?;
-        let (distinct, _) = traffic::expert_reads(&loaded.model.layers);
+        let (distinct, _) = pass_bytes::expert_reads(&loaded.model.layers);
         measured_union.push(distinct as f64 / layers.len() as f64);
     }
     let costs = time_passes(loaded, Some(head), &mut at, prompt, max_rows, reps)?;

@@ -5,7 +5,7 @@ use crate::GgmlType;
 
 /// Buffers for one decoded weight row; which ones a type fills depends on its family and
 /// on the instruction set (see the decoders).
-pub(crate) struct Stage {
+pub(crate) struct DecodedRow {
     /// One byte per weight: int8 values (or unsigned, for types whose kernel subtracts an
     /// offset through the activation sums).
     pub q: Vec<u8>,
@@ -23,10 +23,10 @@ pub(crate) struct Stage {
     pub f: Vec<f32>,
 }
 
-impl Stage {
+impl DecodedRow {
     /// Buffers large enough for rows of `cols` weights of type `ty`.
-    pub(crate) fn new(ty: GgmlType, cols: usize) -> Stage {
-        let mut st = Stage {
+    pub(crate) fn new(ty: GgmlType, cols: usize) -> DecodedRow {
+        let mut st = DecodedRow {
             q: Vec::new(),
             qabs: Vec::new(),
             d: Vec::new(),
@@ -64,19 +64,23 @@ impl Stage {
         }
     }
 
-    /// Run `f` with this thread's cached stage prepared for (`ty`, `cols`), so repeated
-    /// products do not allocate; falls back to a fresh stage if the cache is in use.
-    pub(crate) fn with_cached<R>(ty: GgmlType, cols: usize, f: impl FnOnce(&mut Stage) -> R) -> R {
+    /// Run `f` with this thread's cached buffers prepared for (`ty`, `cols`), so repeated
+    /// products do not allocate; falls back to fresh buffers if the cache is in use.
+    pub(crate) fn with_cached<R>(
+        ty: GgmlType,
+        cols: usize,
+        f: impl FnOnce(&mut DecodedRow) -> R,
+    ) -> R {
         thread_local! {
-            static CACHE: std::cell::RefCell<Option<Stage>> = const { std::cell::RefCell::new(None) };
+            static CACHE: std::cell::RefCell<Option<DecodedRow>> = const { std::cell::RefCell::new(None) };
         }
         CACHE.with(|cell| match cell.try_borrow_mut() {
             Ok(mut slot) => {
-                let st = slot.get_or_insert_with(|| Stage::new(ty, cols));
+                let st = slot.get_or_insert_with(|| DecodedRow::new(ty, cols));
                 st.prepare(ty, cols);
                 f(st)
             }
-            Err(_) => f(&mut Stage::new(ty, cols)),
+            Err(_) => f(&mut DecodedRow::new(ty, cols)),
         })
     }
 }

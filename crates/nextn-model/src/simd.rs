@@ -31,7 +31,7 @@ macro_rules! avx2_and_baseline {
                 unsafe fn with_avx2($($arg: $ty),*) $(-> $ret)? {
                     $baseline($($arg),*)
                 }
-                if $crate::wide::has_avx2() {
+                if $crate::simd::has_avx2() {
                     // SAFETY: the CPU supports AVX2 (checked above).
                     return unsafe { with_avx2($($arg),*) };
                 }

@@ -1,11 +1,11 @@
-//! Byte accounting of a pass (`traffic`) against sums computed straight from the GGUF's tensor
+//! Byte accounting of a pass (`pass_bytes`) against sums computed straight from the GGUF's tensor
 //! directory, and the MoE rule that rows choosing the same expert read its weights once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nextn_gguf::{GgmlType, GgufFile};
-use nextn_model::traffic::{self, PassShape};
+use nextn_model::pass_bytes::{self, PassShape};
 use nextn_model::{KvType, LogitRows, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
@@ -58,7 +58,7 @@ fn decode_bytes_equal_the_tensors_the_forward_reads() {
         k_type: KvType::F16,
         v_type: KvType::F32,
     };
-    let decode = traffic::trunk_pass_bytes(&model, &shape(10, 1, 1));
+    let decode = pass_bytes::trunk_pass_bytes(&model, &shape(10, 1, 1));
     assert_eq!(decode.weights + decode.experts, weights);
     assert_eq!(decode.lm_head, lm_head);
     assert_eq!(decode.embedding, embd_row);
@@ -86,12 +86,12 @@ fn decode_bytes_equal_the_tensors_the_forward_reads() {
     );
 
     // A verify pass reads the same weights once, whatever its row count; no logits, no LM head.
-    let verify = traffic::trunk_pass_bytes(&model, &shape(10, 4, 4));
+    let verify = pass_bytes::trunk_pass_bytes(&model, &shape(10, 4, 4));
     assert_eq!(verify.weights, decode.weights);
     assert_eq!(verify.lm_head, decode.lm_head);
     assert_eq!(verify.embedding, 4 * embd_row);
     assert_eq!(
-        traffic::trunk_pass_bytes(&model, &shape(10, 1, 0)).lm_head,
+        pass_bytes::trunk_pass_bytes(&model, &shape(10, 1, 0)).lm_head,
         0
     );
 
@@ -113,7 +113,7 @@ fn decode_bytes_equal_the_tensors_the_forward_reads() {
         }
         head_weights += resident_bytes(&file, &t.name);
     }
-    let draft = traffic::head_pass_bytes(&head, &shape(10, 1, 1));
+    let draft = pass_bytes::head_pass_bytes(&head, &shape(10, 1, 1));
     if file
         .tensor(&format!("blk.{block}.nextn.shared_head_norm.weight"))
         .is_none()
@@ -147,9 +147,9 @@ fn moe_verify_rows_read_each_chosen_expert_once() {
         .expect("prefill");
 
     let mut st = base.clone();
-    traffic::reset_expert_usage(&model);
+    pass_bytes::reset_expert_usage(&model);
     let verify = model.forward_verify(&rows, &mut st, &pool).expect("verify");
-    let (distinct, reads) = traffic::expert_reads(&model.layers);
+    let (distinct, reads) = pass_bytes::expert_reads(&model.layers);
     assert!(distinct > 0);
     assert_eq!(
         reads, distinct,
@@ -168,18 +168,18 @@ fn moe_verify_rows_read_each_chosen_expert_once() {
         k_type: KvType::F16,
         v_type: KvType::F16,
     };
-    let bytes = traffic::trunk_pass_bytes(&model, &shape);
-    assert!(bytes.experts > 0 && bytes.experts < traffic::all_expert_bytes(&model));
+    let bytes = pass_bytes::trunk_pass_bytes(&model, &shape);
+    assert!(bytes.experts > 0 && bytes.experts < pass_bytes::all_expert_bytes(&model));
 
     // Row by row: the same logits to the bit, and each single-row pass reads k experts per layer.
     let mut single = base.clone();
     let mut per_row_reads = 0;
     for (i, &t) in rows.iter().enumerate() {
-        traffic::reset_expert_usage(&model);
+        pass_bytes::reset_expert_usage(&model);
         let out = model
             .forward(&[t], &mut single, LogitRows::Last, &pool)
             .expect("decode");
-        let (d, r) = traffic::expert_reads(&model.layers);
+        let (d, r) = pass_bytes::expert_reads(&model.layers);
         assert_eq!((d, r), (k * n_moe, k * n_moe));
         per_row_reads += r;
         let a: Vec<u32> = out.logits.iter().map(|v| v.to_bits()).collect();

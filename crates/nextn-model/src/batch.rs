@@ -1,0 +1,122 @@
+//! What a forward pass takes and gives, shared by the trunk ([`crate::Model`]), the NextN head
+//! ([`crate::NextnHead`]), their layers and their device copies: one sequence's rows in a batch,
+//! which rows need logits, the output, and the tail every CPU pass ends with.
+
+use crate::cache::{LayerCache, SequenceState};
+use crate::ops;
+use crate::ModelError;
+
+/// One sequence's share of a batch inside a layer: its rows, where they start, its cache.
+pub struct Segment<'c> {
+    pub rows: std::ops::Range<usize>,
+    pub start_pos: usize,
+    pub cache: &'c mut LayerCache,
+    /// Keep the rows pending (speculative verify) instead of committing them.
+    pub verify: bool,
+    /// The rotary positions of the rows.
+    pub positions: crate::ops::RowPositions,
+}
+
+/// One sequence's part of a multi-sequence forward pass.
+pub struct BatchItem<'s> {
+    pub tokens: &'s [u32],
+    pub state: &'s mut SequenceState,
+    pub logits: LogitRows,
+    /// A speculative verify: rows stay pending until [`crate::Model::commit`].
+    pub verify: bool,
+}
+
+/// Which rows of a batch need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    Last,
+    All,
+}
+
+impl LogitRows {
+    /// The first row and the number of rows that need logits among `len` rows.
+    pub(crate) fn span(self, len: usize) -> (usize, usize) {
+        match self {
+            _ if len == 0 => (0, 0),
+            LogitRows::None => (0, 0),
+            LogitRows::Last => (len - 1, 1),
+            LogitRows::All => (0, len),
+        }
+    }
+}
+
+/// What a forward pass returns.
+#[derive(Clone, Debug)]
+pub struct ForwardOutput {
+    /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed.
+    pub hidden: Vec<f32>,
+    /// Logits of the requested rows (`rows × n_vocab`), in row order.
+    pub logits: Vec<f32>,
+    pub n_vocab: usize,
+}
+
+impl ForwardOutput {
+    pub fn logits_row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+}
+
+/// One sequence's rows in a head pass: `tokens[i]` at position `start_pos + i`, paired with
+/// `hidden_prev[i]`, the post-norm hidden state of the position before (the target's, or the
+/// head's own for a chained draft).
+pub struct HeadBatchItem<'a> {
+    pub tokens: &'a [u32],
+    pub hidden_prev: &'a [f32],
+    pub start_pos: usize,
+    /// The sequence's head cache; the rows are appended to it.
+    pub cache: &'a mut LayerCache,
+    pub logits: LogitRows,
+}
+
+/// The end of a CPU pass over `h` (`n × e`, `e = norm.len()`), whose parts are
+/// `(first row, rows, which need logits)`: the final norm of every row, one LM-head product
+/// (`lm_head(rows, n) -> n × n_vocab logits`) over the rows that need logits, and each part's
+/// post-norm hidden rows and logits.
+pub(crate) fn finish_pass(
+    h: &[f32],
+    norm: &[f32],
+    eps: f32,
+    parts: &[(usize, usize, LogitRows)],
+    n_vocab: usize,
+    lm_head: impl FnOnce(&[f32], usize) -> Result<Vec<f32>, ModelError>,
+) -> Result<Vec<ForwardOutput>, ModelError> {
+    let e = norm.len();
+    let mut hidden = vec![0.0f32; h.len()];
+    ops::rms_norm_rows(h, norm, eps, &mut hidden);
+    let (picked, ranges) = gather_logit_rows(&hidden, e, parts.iter().copied());
+    let n_picked = picked.len() / e.max(1);
+    let logits = lm_head(&picked, n_picked)?;
+    Ok(parts
+        .iter()
+        .zip(&ranges)
+        .map(|(&(start, len, _), &(lr, count))| ForwardOutput {
+            hidden: hidden[start * e..(start + len) * e].to_vec(),
+            logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
+            n_vocab,
+        })
+        .collect())
+}
+
+/// The hidden rows (`e` wide) that need logits, copied together for one LM-head product, from
+/// parts `(first row, rows, which need logits)` of a batch; and for each part, where its logit
+/// rows start in the product and how many there are.
+fn gather_logit_rows(
+    hidden: &[f32],
+    e: usize,
+    parts: impl Iterator<Item = (usize, usize, LogitRows)>,
+) -> (Vec<f32>, Vec<(usize, usize)>) {
+    let mut picked = Vec::new();
+    let mut ranges = Vec::new();
+    for (start, len, rows) in parts {
+        let (first, count) = rows.span(len);
+        ranges.push((picked.len() / e.max(1), count));
+        picked.extend_from_slice(&hidden[(start + first) * e..(start + first + count) * e]);
+    }
+    (picked, ranges)
+}
