@@ -10,7 +10,3 @@ pub mod scheduler;
 pub mod slot_file;
 pub mod speculative;
 pub mod tokenizer;
-
-/// The speculative parts under their earlier path, which the server still imports from.
-#[doc(hidden)]
-pub use speculative as spec;

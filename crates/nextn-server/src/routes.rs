@@ -14,7 +14,7 @@ use axum::Router;
 use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource};
 use nextn_engine::scheduler::{Phase, SubmitError};
-use nextn_engine::spec::forced::ForcedAcceptance;
+use nextn_engine::speculative::forced::ForcedAcceptance;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;

@@ -18,8 +18,8 @@ use anyhow::{bail, Context, Result};
 use nextn_engine::grammar::{GrammarCompiler, GrammarSource};
 use nextn_engine::sampler::{argmax, SamplerConfig};
 use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
-use nextn_engine::spec::forced::ForcedAcceptance;
-use nextn_engine::spec::{DraftSampling, SpecConfig, SpecStats};
+use nextn_engine::speculative::forced::ForcedAcceptance;
+use nextn_engine::speculative::{DraftSampling, SpecConfig, SpecStats};
 use nextn_model::{LayerCache, LogitRows, NextnHead};
 use serde_json::{json, Value};
 
