@@ -4,6 +4,10 @@
 //! metadata and tensor directory, and hands out tensor data as slices of the mapping.
 //! [`GgufWriter`] builds files, and reproduces a parsed file byte for byte.
 
+// Every unsafe operation sits in its own block with a SAFETY comment saying why it is sound,
+// unsafe functions included.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 mod error;
 mod reader;
 mod split;

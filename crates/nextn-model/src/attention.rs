@@ -838,6 +838,7 @@ mod tests {
     /// give the same bits, for queries of different lengths across several key tiles.
     #[test]
     fn attention_copies_agree_bit_for_bit() {
+        crate::simd::report_missing_avx2("the AVX2 copy of attention");
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -1064,6 +1065,7 @@ mod tests {
     /// without a tail.
     #[test]
     fn dot_x4_copies_agree_bit_for_bit() {
+        crate::simd::report_missing_avx2("the AVX2 copies of the attention dot products");
         for n in [8usize, 31, 64, 256, 100] {
             let q: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let keys: Vec<Vec<f32>> = (0..4)

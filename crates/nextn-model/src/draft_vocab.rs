@@ -498,10 +498,7 @@ mod tests {
         use crate::{KvType, LogitRows, Model, NextnHead};
 
         fn tiny() -> Model {
-            let path = concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../models/tiny-qwen35-mtp-Q8_0.gguf"
-            );
+            let path = nextn_testdata::bundled_model();
             let file = Arc::new(GgufFile::open(path).expect("bundled tiny model"));
             Model::load(file).expect("tiny model loads")
         }

@@ -1,6 +1,10 @@
 //! The Qwen3.5 / Qwen3.6 model (`qwen35`, `qwen35moe`): configuration from GGUF metadata, weights
 //! bound from the mapped file, one file per layer kind, and the per-sequence caches.
 
+// Every unsafe operation sits in its own block with a SAFETY comment saying why it is sound,
+// unsafe functions included.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 pub mod attention;
 pub mod batch;
 pub mod cache;

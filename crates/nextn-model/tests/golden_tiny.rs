@@ -1,6 +1,5 @@
 //! The trained tiny Qwen3.5 model against its independent JAX reference (../shared/models/tiny-qwen35-mtp).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use nextn_gguf::GgufFile;
@@ -106,8 +105,7 @@ fn bundled_q8_0_tracks_llamacpp() {
         &std::fs::read_to_string(dir.join("llamacpp_vs_jax_Q8_0.json")).unwrap(),
     )
     .unwrap();
-    let bundled =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
+    let bundled = nextn_testdata::bundled_model();
     let model = Model::load(Arc::new(GgufFile::open(bundled).unwrap())).unwrap();
     let pool = ThreadPool::new(2);
     for (g, l) in jax["goldens"]

@@ -1,7 +1,7 @@
 //! Byte accounting of a pass (`pass_bytes`) against sums computed straight from the GGUF's tensor
 //! directory, and the MoE rule that rows choosing the same expert read its weights once.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use nextn_gguf::{GgmlType, GgufFile};
@@ -10,7 +10,7 @@ use nextn_model::{KvType, LogitRows, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
 fn bundled() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+    nextn_testdata::bundled_model()
 }
 
 /// Block index of a `blk.N.` tensor name.

@@ -1,7 +1,6 @@
 //! Speculative verify + commit must leave exactly the state that decoding the kept rows one at a
 //! time leaves: same recurrent states, same KV, bit-identical logits afterwards.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use nextn_gguf::GgufFile;
@@ -9,7 +8,7 @@ use nextn_model::{KvType, LayerCache, LogitRows, Model, RecurrentState, Sequence
 use nextn_quant::kernels::ThreadPool;
 
 fn bundled() -> Model {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
+    let p = nextn_testdata::bundled_model();
     Model::load(Arc::new(GgufFile::open(p).expect("bundled model"))).expect("load")
 }
 

@@ -98,6 +98,39 @@ pub fn decide(ci: Option<&str>, exists: bool) -> Decision {
     }
 }
 
+/// CPU features every machine this project's CI runs on has: AVX2 (with FMA and F16C) on
+/// x86-64. Wider ones (AVX-512, VNNI) differ between machines of the same kind.
+pub const CI_CPU_FEATURES: &[&str] = if cfg!(target_arch = "x86_64") {
+    &["avx2", "f16c"]
+} else {
+    &[]
+};
+
+/// What a test does when the CPU lacks `feature`, given the value of `CI`: a feature in
+/// [`CI_CPU_FEATURES`] fails under `CI=true` (the test would otherwise pass without checking
+/// anything); any other is skipped.
+pub fn decide_cpu_feature(ci: Option<&str>, feature: &str) -> Decision {
+    if is_ci(ci) && CI_CPU_FEATURES.contains(&feature) {
+        Decision::Fail
+    } else {
+        Decision::Skip
+    }
+}
+
+/// Report that the part `what` of a test does not run because this CPU has no `feature`
+/// (`"avx2"`, `"avx512"`, `"vnni"`, ...). The line goes straight to the process's stderr, past the
+/// test harness's capture, so a passing run shows what it did not check. Under `CI=true` a
+/// feature of [`CI_CPU_FEATURES`] panics instead.
+#[track_caller]
+pub fn cpu_feature_missing(feature: &str, what: &str) {
+    use std::io::Write;
+    let line = format!("skipped: {what}: this CPU has no {feature}");
+    if decide_cpu_feature(ci_value().as_deref(), feature) == Decision::Fail {
+        panic!("{line}, which every CI machine must have (CI=true)");
+    }
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// `../shared` or `../shared/<sub>`, as messages name it.
 fn label(sub: &str) -> String {
     let sub = sub.trim_matches('/');
@@ -212,5 +245,22 @@ mod tests {
         if std::env::var_os(SHARED_ENV).is_none() {
             assert_eq!(shared_location(), root.parent().unwrap().join("shared"));
         }
+    }
+
+    #[test]
+    fn a_missing_cpu_feature_fails_under_ci_only_where_every_ci_machine_has_it() {
+        for ci in [None, Some("false")] {
+            for feature in ["avx2", "avx512", "vnni"] {
+                assert_eq!(decide_cpu_feature(ci, feature), Decision::Skip);
+            }
+        }
+        assert_eq!(decide_cpu_feature(Some("true"), "avx512"), Decision::Skip);
+        assert_eq!(decide_cpu_feature(Some("true"), "vnni"), Decision::Skip);
+        let required = if cfg!(target_arch = "x86_64") {
+            Decision::Fail
+        } else {
+            Decision::Skip
+        };
+        assert_eq!(decide_cpu_feature(Some("true"), "avx2"), required);
     }
 }

@@ -1,5 +1,9 @@
 //! `nextn`: Qwen3.5 / Qwen3.6 GGUF inference with MTP speculative decoding.
 
+// Every unsafe operation sits in its own block with a SAFETY comment saying why it is sound,
+// unsafe functions included.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 mod cmd;
 
 use std::process::ExitCode;

@@ -1,13 +1,13 @@
 //! `nextn bench --floor` on the bundled model with tiny settings: the bandwidth line, one floor
 //! line per pass, prefill and time to first token, and the same numbers in the JSON report.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 
 fn bundled() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+    nextn_testdata::bundled_model()
 }
 
 #[test]

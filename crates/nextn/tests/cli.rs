@@ -1,6 +1,6 @@
 //! The real `nextn` binary on the bundled model and on broken or foreign files.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use nextn_gguf::{GgufFile, GgufWriter};
@@ -10,7 +10,7 @@ fn bin() -> Command {
 }
 
 fn bundled() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+    nextn_testdata::bundled_model()
 }
 
 fn run(args: &[&str]) -> Output {

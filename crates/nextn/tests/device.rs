@@ -13,7 +13,7 @@ fn bin() -> Command {
 }
 
 fn bundled() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+    nextn_testdata::bundled_model()
 }
 
 fn text(b: &[u8]) -> String {

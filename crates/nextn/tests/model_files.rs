@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use nextn_gguf::{GgmlType, GgufFile, GgufWriter, MetadataArray, MetadataValue};
 
 fn bundled() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf")
+    nextn_testdata::bundled_model()
 }
 
 fn tmp_dir() -> PathBuf {

@@ -191,8 +191,7 @@ fn pinned_nextn_tensors_and_the_check_against_the_unpinned_file() {
 /// pattern and requantizing without --allow-requantize are clear errors.
 #[test]
 fn quantize_dry_run_and_refusals() {
-    let bundled =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
+    let bundled = nextn_testdata::bundled_model();
     let m = bundled.to_str().unwrap();
     let out = tmp("never.gguf");
     let o = nextn(&[

@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn simd_conversion_matches_scalar() {
         if !crate::kernels::SimdLevel::Avx2.is_supported() {
-            eprintln!("skipped: no AVX2 conversion on this CPU");
+            nextn_testdata::cpu_feature_missing("avx2", "the AVX2 activation conversions");
             return;
         }
         let mut state = 0x9e37_79b9u32;

@@ -260,12 +260,15 @@ mod tests {
     #[test]
     fn vnni_kernels_match_fused_bit_for_bit() {
         if !SimdLevel::Avx2.is_supported() {
-            eprintln!("skipped: no AVX2");
+            nextn_testdata::cpu_feature_missing("avx2", "the VNNI kernels");
             return;
         }
         let detected = fused_vnni::detected_vnni();
         if detected.is_none() {
-            eprintln!("this CPU has no VNNI: checking the emulated VNNI kernels only");
+            nextn_testdata::cpu_feature_missing(
+                "vnni",
+                "the VNNI kernels on the hardware instructions (the emulated ones are checked)",
+            );
         }
         // Extreme activations (±127, −128 after rounding) and the largest quants exercise
         // the i16 bounds the VNNI kernels rely on.
@@ -311,7 +314,7 @@ mod tests {
     #[test]
     fn repacked_kernels_match_bit_for_bit() {
         if !SimdLevel::Avx2.is_supported() {
-            eprintln!("skipped: no AVX2");
+            nextn_testdata::cpu_feature_missing("avx2", "the repacked AVX2 kernels");
             return;
         }
         let cases: [(GgmlType, usize, &[usize]); 2] = [
@@ -385,7 +388,7 @@ mod tests {
     #[test]
     fn fused_kernels_match_staged_bit_for_bit() {
         if !SimdLevel::Avx2.is_supported() {
-            eprintln!("skipped: no AVX2");
+            nextn_testdata::cpu_feature_missing("avx2", "the fused AVX2 kernels");
             return;
         }
         let cases: [(GgmlType, usize, &[usize]); 4] = [
