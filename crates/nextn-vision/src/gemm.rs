@@ -99,6 +99,7 @@ impl Panels {
 struct SharedOut(*mut f32);
 // SAFETY: tasks write disjoint elements.
 unsafe impl Send for SharedOut {}
+// SAFETY: tasks write disjoint elements.
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
@@ -186,64 +187,68 @@ fn kernel_portable(a: &[f32], mr: usize, k: usize, panel: &[f32], acc: &mut [[f3
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn kernel_avx512(a: &[f32], k: usize, panel: &[f32], acc: &mut [[f32; NR]; MR]) {
-    use std::arch::x86_64::*;
-    let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21) = (
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-    );
-    let (mut c30, mut c31, mut c40, mut c41, mut c50, mut c51) = (
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-        _mm512_setzero_ps(),
-    );
-    let (a0, a1, a2) = (a.as_ptr(), a.as_ptr().add(k), a.as_ptr().add(2 * k));
-    let (a3, a4, a5) = (
-        a.as_ptr().add(3 * k),
-        a.as_ptr().add(4 * k),
-        a.as_ptr().add(5 * k),
-    );
-    let mut pb = panel.as_ptr();
-    for kk in 0..k {
-        let b0 = _mm512_loadu_ps(pb);
-        let b1 = _mm512_loadu_ps(pb.add(16));
-        pb = pb.add(NR);
-        let v = _mm512_set1_ps(*a0.add(kk));
-        c00 = _mm512_fmadd_ps(v, b0, c00);
-        c01 = _mm512_fmadd_ps(v, b1, c01);
-        let v = _mm512_set1_ps(*a1.add(kk));
-        c10 = _mm512_fmadd_ps(v, b0, c10);
-        c11 = _mm512_fmadd_ps(v, b1, c11);
-        let v = _mm512_set1_ps(*a2.add(kk));
-        c20 = _mm512_fmadd_ps(v, b0, c20);
-        c21 = _mm512_fmadd_ps(v, b1, c21);
-        let v = _mm512_set1_ps(*a3.add(kk));
-        c30 = _mm512_fmadd_ps(v, b0, c30);
-        c31 = _mm512_fmadd_ps(v, b1, c31);
-        let v = _mm512_set1_ps(*a4.add(kk));
-        c40 = _mm512_fmadd_ps(v, b0, c40);
-        c41 = _mm512_fmadd_ps(v, b1, c41);
-        let v = _mm512_set1_ps(*a5.add(kk));
-        c50 = _mm512_fmadd_ps(v, b0, c50);
-        c51 = _mm512_fmadd_ps(v, b1, c51);
-    }
-    let rows = [
-        (c00, c01),
-        (c10, c11),
-        (c20, c21),
-        (c30, c31),
-        (c40, c41),
-        (c50, c51),
-    ];
-    for (r, (lo, hi)) in rows.iter().enumerate() {
-        _mm512_storeu_ps(acc[r].as_mut_ptr(), *lo);
-        _mm512_storeu_ps(acc[r].as_mut_ptr().add(16), *hi);
+    // SAFETY: the caller guarantees AVX-512F and FMA; `a` holds MR rows of k and `panel` k * NR
+    // floats, so every pointer offset and load below stays inside them.
+    unsafe {
+        use std::arch::x86_64::*;
+        let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21) = (
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+        );
+        let (mut c30, mut c31, mut c40, mut c41, mut c50, mut c51) = (
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+        );
+        let (a0, a1, a2) = (a.as_ptr(), a.as_ptr().add(k), a.as_ptr().add(2 * k));
+        let (a3, a4, a5) = (
+            a.as_ptr().add(3 * k),
+            a.as_ptr().add(4 * k),
+            a.as_ptr().add(5 * k),
+        );
+        let mut pb = panel.as_ptr();
+        for kk in 0..k {
+            let b0 = _mm512_loadu_ps(pb);
+            let b1 = _mm512_loadu_ps(pb.add(16));
+            pb = pb.add(NR);
+            let v = _mm512_set1_ps(*a0.add(kk));
+            c00 = _mm512_fmadd_ps(v, b0, c00);
+            c01 = _mm512_fmadd_ps(v, b1, c01);
+            let v = _mm512_set1_ps(*a1.add(kk));
+            c10 = _mm512_fmadd_ps(v, b0, c10);
+            c11 = _mm512_fmadd_ps(v, b1, c11);
+            let v = _mm512_set1_ps(*a2.add(kk));
+            c20 = _mm512_fmadd_ps(v, b0, c20);
+            c21 = _mm512_fmadd_ps(v, b1, c21);
+            let v = _mm512_set1_ps(*a3.add(kk));
+            c30 = _mm512_fmadd_ps(v, b0, c30);
+            c31 = _mm512_fmadd_ps(v, b1, c31);
+            let v = _mm512_set1_ps(*a4.add(kk));
+            c40 = _mm512_fmadd_ps(v, b0, c40);
+            c41 = _mm512_fmadd_ps(v, b1, c41);
+            let v = _mm512_set1_ps(*a5.add(kk));
+            c50 = _mm512_fmadd_ps(v, b0, c50);
+            c51 = _mm512_fmadd_ps(v, b1, c51);
+        }
+        let rows = [
+            (c00, c01),
+            (c10, c11),
+            (c20, c21),
+            (c30, c31),
+            (c40, c41),
+            (c50, c51),
+        ];
+        for (r, (lo, hi)) in rows.iter().enumerate() {
+            _mm512_storeu_ps(acc[r].as_mut_ptr(), *lo);
+            _mm512_storeu_ps(acc[r].as_mut_ptr().add(16), *hi);
+        }
     }
 }
 

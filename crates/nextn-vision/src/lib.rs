@@ -14,6 +14,7 @@
 //! assert_eq!(emb.data.len(), emb.n_tokens() * emb.width);
 //! # Ok(()) }
 //! ```
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod block;
 mod config;

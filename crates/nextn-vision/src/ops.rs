@@ -11,6 +11,7 @@ use crate::weights::Norm;
 struct RowsPtr(*mut f32);
 // SAFETY: `par_rows` hands each task a disjoint range of rows.
 unsafe impl Send for RowsPtr {}
+// SAFETY: `par_rows` hands each task a disjoint range of rows.
 unsafe impl Sync for RowsPtr {}
 
 impl RowsPtr {
