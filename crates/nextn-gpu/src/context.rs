@@ -21,6 +21,11 @@ pub struct DeviceInfo {
     pub software: bool,
     /// The largest single storage binding the adapter allows, in bytes.
     pub max_binding_bytes: u64,
+    /// Whether quantized products take int8 activations with packed 4 x 8-bit integer dot
+    /// products (`dot4I8Packed`): a Vulkan adapter of version 1.3 or with
+    /// VK_KHR_shader_integer_dot_product. Elsewhere naga would emulate the instruction, so the
+    /// f32-activation kernels run.
+    pub int8_dot: bool,
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -32,7 +37,11 @@ impl std::fmt::Display for DeviceInfo {
         if self.software {
             write!(f, " [software]")?;
         }
-        Ok(())
+        write!(
+            f,
+            ", int8 dot: {}",
+            if self.int8_dot { "yes" } else { "no" }
+        )
     }
 }
 
@@ -87,11 +96,26 @@ fn adapters(inst: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
                 device_type: info.device_type,
                 software: info.device_type == wgpu::DeviceType::Cpu,
                 max_binding_bytes: a.limits().max_storage_buffer_binding_size,
+                int8_dot: has_int8_dot(&a),
             },
             a,
         ));
     }
     out
+}
+
+/// Whether the adapter runs `dot4I8Packed` as an instruction: wgpu hands naga the SPIR-V
+/// integer dot product capabilities exactly when the Vulkan device has the feature, which
+/// Vulkan 1.3 and VK_KHR_shader_integer_dot_product require.
+fn has_int8_dot(a: &wgpu::Adapter) -> bool {
+    // SAFETY: the Vulkan adapter is only read (its properties), not used to create anything.
+    let Some(hal) = (unsafe { a.as_hal::<wgpu::hal::api::Vulkan>() }) else {
+        return false;
+    };
+    let caps = hal.physical_device_capabilities();
+    let v = caps.properties().api_version;
+    let (major, minor) = (v >> 22 & 0x7f, v >> 12 & 0x3ff);
+    (major, minor) >= (1, 3) || caps.supports_extension(c"VK_KHR_shader_integer_dot_product")
 }
 
 fn inst_backends() -> wgpu::Backends {
@@ -205,6 +229,18 @@ impl Gpu {
     /// Whether passes can be timed on the device (timestamp queries).
     pub fn has_timestamps(&self) -> bool {
         self.timestamps
+    }
+
+    /// Whether matrices uploaded from now on take int8 activations where their type allows
+    /// ([`DeviceInfo::int8_dot`], unless turned off).
+    pub fn int8_dot(&self) -> bool {
+        self.info.int8_dot
+    }
+
+    /// Keep every matrix uploaded from now on on the f32-activation path (for comparisons);
+    /// [`DeviceInfo::int8_dot`] then says "no", the path that runs.
+    pub fn disable_int8_dot(&mut self) {
+        self.info.int8_dot = false;
     }
 
     /// The largest buffer one kernel binding may see, in bytes.

@@ -27,7 +27,7 @@
 
 use nextn_gguf::GgmlType;
 
-use crate::kernels::matvec::{self as kernels, Family};
+use crate::kernels::matvec::{self as kernels, ActBlocks, Family};
 use crate::{Gpu, GpuError};
 
 /// How one weight type is laid out on the device.
@@ -45,6 +45,8 @@ pub(crate) struct Format {
     aux2: (usize, usize),
     /// Kernel work units per block.
     units: usize,
+    /// The int8-activation kernels and the activation blocks they take, for types that have them.
+    int8: Option<(&'static Family, ActBlocks)>,
 }
 
 impl Format {
@@ -71,6 +73,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 2),
         aux2: NONE,
         units: 2,
+        int8: Some((&kernels::Q8_0_I8, ActBlocks::Q8_0)),
     };
     static Q4_0: Format = Format {
         family: &kernels::Q4_0,
@@ -80,6 +83,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 2),
         aux2: NONE,
         units: 1,
+        int8: Some((&kernels::Q4_0_I8, ActBlocks::Q8_0)),
     };
     static Q4_1: Format = Format {
         family: &kernels::Q4_1,
@@ -89,6 +93,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 4),
         aux2: NONE,
         units: 1,
+        int8: None,
     };
     static Q5_0: Format = Format {
         family: &kernels::Q5_0,
@@ -98,6 +103,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (2, 6),
         aux2: (0, 2),
         units: 1,
+        int8: None,
     };
     static Q5_1: Format = Format {
         family: &kernels::Q5_1,
@@ -107,6 +113,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (4, 8),
         aux2: (0, 4),
         units: 1,
+        int8: None,
     };
     static IQ4_NL: Format = Format {
         family: &kernels::IQ4_NL,
@@ -116,6 +123,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 2),
         aux2: NONE,
         units: 1,
+        int8: None,
     };
     static MXFP4: Format = Format {
         family: &kernels::MXFP4,
@@ -125,6 +133,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 1),
         aux2: NONE,
         units: 1,
+        int8: None,
     };
     static Q2_K: Format = Format {
         family: &kernels::Q2_K,
@@ -134,6 +143,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (80, 84),
         aux2: NONE,
         units: 8,
+        int8: None,
     };
     static Q3_K: Format = Format {
         family: &kernels::Q3_K,
@@ -143,6 +153,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (96, 108),
         aux2: (108, 110),
         units: 8,
+        int8: None,
     };
     static Q4_K: Format = Format {
         family: &kernels::Q4_K,
@@ -152,6 +163,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 16),
         aux2: NONE,
         units: 8,
+        int8: Some((&kernels::Q4_K_I8, ActBlocks::Q8K)),
     };
     static Q5_K: Format = Format {
         family: &kernels::Q5_K,
@@ -161,6 +173,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 16),
         aux2: NONE,
         units: 8,
+        int8: Some((&kernels::Q5_K_I8, ActBlocks::Q8K)),
     };
     static Q6_K: Format = Format {
         family: &kernels::Q6_K,
@@ -170,6 +183,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (208, 210),
         aux2: NONE,
         units: 8,
+        int8: Some((&kernels::Q6_K_I8, ActBlocks::Q8K)),
     };
     static IQ4_XS: Format = Format {
         family: &kernels::IQ4_XS,
@@ -179,6 +193,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: (0, 8),
         aux2: NONE,
         units: 8,
+        int8: Some((&kernels::IQ4_XS_I8, ActBlocks::Q8K)),
     };
     static F32: Format = Format {
         family: &kernels::F32,
@@ -188,6 +203,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: NONE,
         aux2: NONE,
         units: 1,
+        int8: None,
     };
     static F16: Format = Format {
         family: &kernels::F16,
@@ -197,6 +213,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: NONE,
         aux2: NONE,
         units: 1,
+        int8: None,
     };
     static BF16: Format = Format {
         family: &kernels::BF16,
@@ -206,6 +223,7 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         aux: NONE,
         aux2: NONE,
         units: 1,
+        int8: None,
     };
     Some(match ty {
         T::Q8_0 => &Q8_0,
@@ -226,6 +244,12 @@ fn format(ty: GgmlType) -> Option<&'static Format> {
         T::BF16 => &BF16,
         _ => return None,
     })
+}
+
+/// Whether products with weights of type `ty` can take int8-quantized activations (on adapters
+/// with packed integer dot products).
+pub fn has_int8_kernels(ty: GgmlType) -> bool {
+    format(ty).is_some_and(|f| f.int8.is_some())
 }
 
 /// Whether the device kernels read weights of type `ty`.
@@ -255,9 +279,27 @@ pub(crate) struct Packed {
     pub(crate) bpr: usize,
     pub(crate) chunks: Vec<Chunk>,
     bytes: u64,
+    /// Products quantize the activations to int8 (the type has such kernels).
+    int8: bool,
 }
 
 impl Packed {
+    /// The int8 kernels and activation blocks, when this matrix's products use them.
+    pub(crate) fn int8_path(&self) -> Option<(&'static Family, ActBlocks)> {
+        self.format.int8.filter(|_| self.int8)
+    }
+
+    fn set_int8(&mut self, on: bool) -> Result<(), GpuError> {
+        if on && self.format.int8.is_none() {
+            return Err(GpuError::BadTensor {
+                tensor: self.name.clone(),
+                why: format!("{} has no int8-activation kernels", self.ty),
+            });
+        }
+        self.int8 = on;
+        Ok(())
+    }
+
     pub(crate) fn units_per_row(&self) -> usize {
         self.bpr * self.format.units
     }
@@ -400,6 +442,7 @@ fn pack(
         bpr,
         chunks,
         bytes,
+        int8: gpu.int8_dot() && format.int8.is_some(),
     })
 }
 
@@ -492,6 +535,18 @@ impl DeviceMatrix {
     pub fn buffer_count(&self) -> usize {
         self.packed.chunks.len()
     }
+    /// Whether products quantize the activation rows to int8 and multiply them with packed
+    /// integer dot products: chosen at upload (the adapter has them and the type has such
+    /// kernels), the f32 path otherwise.
+    pub fn int8(&self) -> bool {
+        self.packed.int8
+    }
+    /// Choose the path of every later product (`false`: f32 activations). Fails for a type
+    /// without int8 kernels. A matrix keeps one path for all its products, or rows computed
+    /// before and after would differ.
+    pub fn set_int8(&mut self, on: bool) -> Result<(), GpuError> {
+        self.packed.set_int8(on)
+    }
     pub(crate) fn packed(&self) -> &Packed {
         &self.packed
     }
@@ -567,6 +622,18 @@ impl DeviceExperts {
     }
     pub fn buffer_count(&self) -> usize {
         self.packed.chunks.len()
+    }
+    /// Whether products quantize the activation rows to int8 and multiply them with packed
+    /// integer dot products: chosen at upload (the adapter has them and the type has such
+    /// kernels), the f32 path otherwise.
+    pub fn int8(&self) -> bool {
+        self.packed.int8
+    }
+    /// Choose the path of every later product (`false`: f32 activations). Fails for a type
+    /// without int8 kernels. A matrix keeps one path for all its products, or rows computed
+    /// before and after would differ.
+    pub fn set_int8(&mut self, on: bool) -> Result<(), GpuError> {
+        self.packed.set_int8(on)
     }
     pub(crate) fn packed(&self) -> &Packed {
         &self.packed

@@ -1,5 +1,6 @@
-//! Weight matrices on the device times activation rows, against the scalar definition: the
-//! weights dequantized by `nextn_quant::formats::dequantize` (ggml's reference), dots in f64.
+//! Weight matrices on the device times activation rows on the f32-activation path (every type;
+//! the int8 path is tests/matvec_int8.rs), against the scalar definition: the weights
+//! dequantized by `nextn_quant::formats::dequantize` (ggml's reference), dots in f64.
 //!
 //! Tolerance: `|y - ref| <= TOL * sum_c |w_rc * x_c|` with `TOL = 1e-5` (f32 partial sums of
 //! at most a few hundred terms each, folded in a tree; the sum of magnitudes bounds what
@@ -14,6 +15,14 @@ use nextn_gpu::{is_device_type, DeviceExperts, DeviceMatrix, Gpu, GpuError, Reco
 use nextn_quant::formats;
 
 const TOL: f64 = 1e-5;
+
+/// The test device with every matrix uploaded onto the f32-activation path.
+fn f32_device() -> Option<Gpu> {
+    test_device().map(|mut g| {
+        g.disable_int8_dot();
+        g
+    })
+}
 
 /// Every type the kernels read, in the order of how much published Qwen3.5/3.6 GGUFs use them.
 const TYPES: [GgmlType; 16] = [
@@ -169,7 +178,7 @@ fn check_against_reference(
 
 #[test]
 fn every_type_matches_the_reference() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = f32_device() else { return };
     let mut worst = Vec::new();
     for (t, ty) in TYPES.into_iter().enumerate() {
         assert!(is_device_type(ty), "{ty}");
@@ -233,7 +242,7 @@ fn every_type_matches_the_reference() {
 
 #[test]
 fn dequantization_is_exact() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = f32_device() else { return };
     for (t, ty) in TYPES.into_iter().enumerate() {
         let rows = 19;
         let cols = match ty.block_size() {
@@ -312,22 +321,28 @@ fn check_batch_invariance(gpu: &Gpu, ty: GgmlType, ns: &[u32]) {
 
 #[test]
 fn a_row_is_the_same_bits_in_any_batch() {
-    let Some(gpu) = test_device() else { return };
-    check_batch_invariance(&gpu, GgmlType::Q4_K, &[2, 3, 4, 5, 6, 7, 8, 9, 17]);
+    let Some(gpu) = f32_device() else { return };
+    // Groups of 8 and prefill tiles too.
+    let t = nextn_gpu::kernels::matvec::TILE_ROWS;
+    check_batch_invariance(
+        &gpu,
+        GgmlType::Q4_K,
+        &[2, 3, 4, 5, 6, 7, 8, 9, 17, t, t + 1, 2 * t + 9],
+    );
     for ty in [
         GgmlType::Q8_0,
         GgmlType::Q6_K,
         GgmlType::IQ4_XS,
         GgmlType::F16,
     ] {
-        check_batch_invariance(&gpu, ty, &[3, 9]);
+        check_batch_invariance(&gpu, ty, &[3, 9, 37]);
     }
     assert_clean(&gpu);
 }
 
 #[test]
 fn a_matrix_over_the_binding_limit_is_split_by_rows() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = f32_device() else { return };
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F32] {
         let (rows, cols) = (41, widths(ty)[0]);
         let data = weights(ty, rows, cols, 1234);
@@ -489,7 +504,7 @@ fn check_experts(gpu: &Gpu, ty: GgmlType) {
 
 #[test]
 fn experts_match_their_own_matrices() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = f32_device() else { return };
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::MXFP4] {
         check_experts(&gpu, ty);
     }
@@ -498,7 +513,7 @@ fn experts_match_their_own_matrices() {
 
 #[test]
 fn bad_tensors_are_refused() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = f32_device() else { return };
     let err = DeviceMatrix::upload(&gpu, "a", GgmlType::IQ2_XXS, 4, 256, &[0u8; 4 * 66]);
     assert!(
         matches!(&err, Err(GpuError::UnsupportedType { tensor, ty }) if tensor == "a" && ty == "IQ2_XXS"),
@@ -542,7 +557,7 @@ fn vector_width_child() {
     let Ok(bits) = std::env::var(WIDTH_ENV) else {
         return;
     };
-    let gpu = test_device().expect("the child needs the device its parent saw");
+    let gpu = f32_device().expect("the child needs the device its parent saw");
     let want = format!("{bits} bits");
     assert!(
         gpu.info.description.contains(&want),
@@ -580,7 +595,7 @@ fn vector_width_child() {
 /// when the Vulkan instance is created, so each width runs in its own process).
 #[test]
 fn lavapipe_vector_widths() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = f32_device() else { return };
     if !gpu.info.description.contains("llvmpipe") {
         eprintln!(
             "skipped: the adapter is '{}', not lavapipe",

@@ -29,3 +29,52 @@ fn every_kernel_validates_and_translates() {
         .unwrap_or_else(|e| panic!("{} to MSL: {e}", k.name));
     }
 }
+
+/// The int8 kernels use the SPIR-V integer dot product where the device declares it (what
+/// wgpu does on Vulkan 1.3 and with VK_KHR_shader_integer_dot_product) and translate without
+/// it too (naga then writes the bytes out one by one).
+#[test]
+fn int8_kernels_use_the_integer_dot_product_where_declared() {
+    use naga::back::spv::{Capability, Options};
+    const OP_SDOT: u32 = 4450;
+    let has_sdot = |words: &[u32]| words.iter().any(|w| w & 0xffff == OP_SDOT && w >> 16 == 6);
+    let mut seen = 0;
+    for k in nextn_gpu::kernels::all() {
+        if !k.source.contains("dot4I8Packed") {
+            continue;
+        }
+        seen += 1;
+        let module = naga::front::wgsl::parse_str(k.source).unwrap();
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap();
+        let base = [
+            Capability::Shader,
+            Capability::Matrix,
+            Capability::StorageBuffer16BitAccess,
+        ];
+        let with: naga::FastHashSet<Capability> = base
+            .into_iter()
+            .chain([
+                Capability::DotProduct,
+                Capability::DotProductInput4x8BitPacked,
+            ])
+            .collect();
+        let without: naga::FastHashSet<Capability> = base.into_iter().collect();
+        let spv = |caps| {
+            let opts = Options {
+                capabilities: Some(caps),
+                ..Options::default()
+            };
+            naga::back::spv::write_vec(&module, &info, &opts, None)
+                .unwrap_or_else(|e| panic!("{}: {e}", k.name))
+        };
+        assert!(has_sdot(&spv(with)), "{}: no OpSDot", k.name);
+        assert!(!has_sdot(&spv(without)), "{}: OpSDot undeclared", k.name);
+    }
+    // Six types, each 8 mat-vec modules, a tile and the experts.
+    assert_eq!(seen, 6 * 10);
+}

@@ -44,10 +44,12 @@ fn argmax(x: &[f32]) -> usize {
 
 /// Every fixture variant on the device against llama.cpp's logits, within a bound in units of the
 /// row's spread (std): F32 files to float rounding (the device's exp, sqrt and summation order are
-/// not the CPU's); other files further, because llama.cpp's CPU multiplies quantized weights by
-/// int8-quantized activations (f16 ones for F16 weights) and the device by the f32 activations,
-/// a rounding the random-weight stacks amplify. Top-1 must agree wherever llama.cpp's margin
-/// exceeds twice the bound.
+/// not the CPU's); other files further. llama.cpp's CPU multiplies quantized weights by
+/// int8-quantized activations (f16 ones for F16 weights); so does the device on an adapter with
+/// int8 dot products for Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS, with the CPU's quantization
+/// bit for bit, and elsewhere it takes f32 activations, a rounding the random-weight stacks
+/// amplify: the bounds go by the path. Top-1 must agree wherever llama.cpp's margin exceeds twice
+/// the bound.
 #[test]
 fn golden_logits_on_the_device() {
     let Some(golden) = nextn_testdata::shared("golden") else {
@@ -72,19 +74,39 @@ fn golden_logits_on_the_device() {
             let quantized = !["F32", "F16", "BF16"].contains(&variant.as_str());
             let moe = fixture.starts_with("q35moe");
             // Measured on lavapipe (max |Δ| over the top logits, in row spreads): F32 5e-6 to
-            // 9e-6; F16 3e-3 and BF16 2e-2 (llama.cpp rounds activations to f16 for F16 weights);
-            // the Q8_0 embedding as a tied LM head 2e-2; quantized dense 0.11-0.20 and MoE
-            // 0.16-0.37 (a router that picks another expert moves a row further). llama.cpp's CPU
-            // rounds activations to int8 for quantized weights and nextn's CPU path with it: the
-            // CPU sits 0.04-0.09 from it on the same files.
+            // 9e-6; F16 3e-3 and BF16 2e-2 (llama.cpp rounds activations to f16 for F16 weights).
+            // With int8 activations: the Q8_0 embedding as a tied LM head 5e-7, quantized dense
+            // 0.06-0.16, MoE 0.06-0.14 (nextn's CPU path sits 0.04-0.09 from llama.cpp on the
+            // same files). With f32 activations: the embedding 2e-2, quantized dense 0.11-0.20
+            // and MoE 0.16-0.37 (a router that picks another expert moves a row further).
+            let int8 = gpu.int8_dot();
             let tol_spread = match (variant.as_str(), quantized, moe) {
                 ("F32", _, _) => 1e-4,
                 (_, false, _) => 0.05,
-                (v, _, _) if v.contains("emb") => 0.05,
-                (_, true, false) => 0.3,
-                (_, true, true) => 0.5,
+                (v, _, _) if v.contains("emb") => {
+                    if int8 {
+                        1e-4
+                    } else {
+                        0.05
+                    }
+                }
+                (_, true, false) => {
+                    if int8 {
+                        0.2
+                    } else {
+                        0.3
+                    }
+                }
+                (_, true, true) => {
+                    if int8 {
+                        0.2
+                    } else {
+                        0.5
+                    }
+                }
             };
             let mut argmax_checked = 0;
+            let mut worst = 0f64;
             for seq in v["sequences"].as_array().expect("sequences") {
                 let toks = tokens(&seq["tokens"]);
                 let mut state = model.new_sequence(toks.len() + 8, KvType::F32, KvType::F32);
@@ -100,6 +122,7 @@ fn golden_logits_on_the_device() {
                         let id = e[0].as_u64().expect("id") as usize;
                         let want = e[1].as_f64().expect("logit");
                         let d = (ours[id] as f64 - want).abs();
+                        worst = worst.max(d / std);
                         assert!(
                             d <= tol,
                             "{fixture} {variant} {} row {p} token {id}: device {} vs llama.cpp {want} (|d| {d:.3e} > {tol:.3e})",
@@ -118,6 +141,7 @@ fn golden_logits_on_the_device() {
                     }
                 }
             }
+            eprintln!("{fixture} {variant}: max |d| {worst:.2e} row spreads (bound {tol_spread})");
             checked_top1 += argmax_checked;
             checked += 1;
             assert_clean(&gpu);
@@ -229,9 +253,12 @@ fn head_on_the_device() {
             .zip(b)
             .map(|(x, y)| (x - y).abs())
             .fold(0.0f32, f32::max);
-        // The CPU rounds activations to int8 for the Q8_0 weights, the device does not.
+        // Both round activations to int8 for the Q8_0 weights where the adapter has int8 dot
+        // products (measured on lavapipe: at most 2.3e-7 of the spread); with f32 activations
+        // the device does not, and only the looser bound holds.
+        let bound = if gpu.int8_dot() { 1e-4 } else { 0.05 };
         assert!(
-            worst <= 0.05 * spread,
+            worst <= bound * spread,
             "row {i}: |d| {worst} vs spread {spread}"
         );
         if sorted[0] - sorted[1] > 0.1 * spread {
@@ -254,6 +281,59 @@ fn head_on_the_device() {
             )
             .expect("one row");
         assert!(o.logits == d.logits_row(i), "head row {i}");
+    }
+    assert_clean(&gpu);
+}
+
+/// A long prompt in one pass (prefill tiles of 32 rows, groups of 8, int8 activations where the
+/// adapter has them) gives every row the bits of the same rows fed in pieces of 5, 8 and the
+/// rest: a warm prefix cache continues exactly as a cold prefill.
+#[test]
+fn a_long_prefill_is_the_bits_of_its_pieces() {
+    let Some(gpu) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let mut files = vec![nextn_testdata::bundled_model()];
+    if let Some(g) = nextn_testdata::shared("golden") {
+        files.push(g.join("q35moe-a/q35moe-a-Q4_K_M.gguf"));
+    }
+    for file in files {
+        let model = load(&file, Some(&gpu));
+        let e = model.config.n_embd;
+        let prompt: Vec<u32> = (0..77).map(|i| (i * 41 % 600 + 2) as u32).collect();
+        let mut whole = model.new_sequence(96, KvType::F16, KvType::F16);
+        let all = model
+            .forward(&prompt, &mut whole, LogitRows::All, &pool)
+            .expect("one pass");
+        let mut parts = model.new_sequence(96, KvType::F16, KvType::F16);
+        let mut row = 0;
+        for len in [5, 8, prompt.len() - 13] {
+            let o = model
+                .forward(&prompt[row..row + len], &mut parts, LogitRows::All, &pool)
+                .expect("piece");
+            for i in 0..len {
+                assert!(
+                    o.hidden[i * e..(i + 1) * e] == all.hidden[(row + i) * e..(row + i + 1) * e],
+                    "{}: hidden row {}",
+                    file.display(),
+                    row + i
+                );
+                assert!(
+                    o.logits_row(i) == all.logits_row(row + i),
+                    "{}: logits row {}",
+                    file.display(),
+                    row + i
+                );
+            }
+            row += len;
+        }
+        // And both go on alike.
+        let a = model
+            .forward(&[9], &mut whole, LogitRows::All, &pool)
+            .expect("next");
+        let b = model
+            .forward(&[9], &mut parts, LogitRows::All, &pool)
+            .expect("next");
+        assert!(a.logits == b.logits, "{}: the next row", file.display());
     }
     assert_clean(&gpu);
 }

@@ -1,105 +1,161 @@
 //! Weight matrix times activation rows: `y[i][r] = sum_c W[r][c] * x[i][c]`, for a
 //! [`DeviceMatrix`] or for the experts of a [`DeviceExperts`] that a MoE router picked.
 //!
-//! One WGSL module per weight type and per count N (1..=8) of activation rows that a
-//! workgroup multiplies by the weight blocks it has read once (decode is N = 1, speculative
-//! verify of 1 + k rows N = 1 + k; prefill goes in groups of 8). Each module is the shared
-//! `matvec.wgsl` with the type's unit decoder appended. A row's result is the same bits for
-//! every N: the threads sharing a weight row, the units each takes and the tree that adds
-//! their partial sums depend only on the matrix's type and width.
+//! One WGSL module per weight type and per count N of activation rows that a workgroup
+//! multiplies by the weight blocks it has read once: N = 1..=8 for decode and speculative verify
+//! (1 + k rows), and a tile of [`TILE_ROWS`] rows for prefill (longer batches go in tiles, the
+//! rest in groups of 8 and one smaller group). Each module is a shared skeleton with the type's
+//! unit decoder appended. A row's result is the same bits for every N, tile or group: the
+//! threads sharing a weight row, the units each takes and the tree that adds their partial sums
+//! depend only on the matrix's type and width.
+//!
+//! Two paths, fixed per matrix at upload ([`DeviceMatrix::int8`]):
+//! - f32 activations (`matvec.wgsl`): weights decoded to f32 and multiplied by the f32 rows;
+//! - int8 activations (`matvec_i8.wgsl`), for Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS on
+//!   adapters with packed 4 x 8-bit integer dot products ([`crate::DeviceInfo::int8_dot`]):
+//!   each row is first quantized on the device as nextn-quant's CPU path quantizes it for the
+//!   type (Q8_0 blocks of 32 for Q8_0 and Q4_0, Q8_K blocks of 256 for the others), then every
+//!   block is an exact integer sum (`dot4I8Packed`) scaled once in f32, as the CPU forms it.
 
 use super::Kernel;
 use crate::weights::{DeviceExperts, DeviceMatrix, Packed};
 use crate::{GpuError, Recorder};
 
-/// Threads per workgroup (`WG` in matvec.wgsl).
+/// Threads per workgroup (`WG` in matvec.wgsl and matvec_i8.wgsl).
 const WG: u32 = 128;
 
-/// Activation rows a workgroup takes at most; larger batches go in groups of this many.
+/// Activation rows a mat-vec workgroup takes at most (decode, verify).
 pub const MAX_BATCH: u32 = 8;
+
+/// Activation rows a prefill tile takes: batches of more rows than this go in tiles first.
+pub const TILE_ROWS: u32 = 32;
 
 /// Weight rows each thread carries, by N - 1 (`R` in the module of N): more rows share each
 /// activation load when few activation rows are in flight.
 const ROWS_PER_THREAD: [u32; 8] = [4, 4, 2, 2, 2, 2, 2, 2];
 
-/// The kernels of one weight type: `matvec` for N = 1..=8, and `matvec_experts` (in the N = 1
-/// module).
+/// Weight rows per thread in a tile, and the outputs it reduces per round (its workgroup
+/// memory is `WG * TILE_RED` floats, as large as the 8-row module's).
+const TILE_R: u32 = 1;
+const TILE_RED: u32 = 16;
+const _: () = assert!((TILE_ROWS * TILE_R).is_multiple_of(TILE_RED));
+
+/// The kernels of one weight type on one path: `matvec` for N = 1..=8 and for a tile, and
+/// `matvec_experts` (in the N = 1 module).
 pub struct Family {
     pub rows: [Kernel; 8],
+    pub tile: Kernel,
     pub experts: Kernel,
 }
 
+/// How a type's int8 path quantizes the activations (`kind` in quantize_q8.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActBlocks {
+    /// 32 values, an f16-rounded scale (Q8_0).
+    Q8_0,
+    /// 256 values, an f32 scale (Q8_K).
+    Q8K,
+}
+
+impl ActBlocks {
+    fn len(self) -> u32 {
+        match self {
+            ActBlocks::Q8_0 => 32,
+            ActBlocks::Q8K => 256,
+        }
+    }
+}
+
 macro_rules! source {
-    ($file:literal, $n:literal, $r:literal) => {
+    ($skel:literal, $file:literal, $n:literal, $r:literal, $red:literal) => {
         concat!(
             "const N: u32 = ",
             $n,
             "u;\nconst R: u32 = ",
             $r,
+            "u;\nconst RED: u32 = ",
+            $red,
             "u;\n",
-            include_str!("../shaders/matvec.wgsl"),
+            include_str!(concat!("../shaders/", $skel)),
             include_str!(concat!("../shaders/", $file))
         )
     };
-    ($file:literal, $n:literal, $r:literal, experts) => {
+    ($skel:literal, $file:literal, $n:literal, $r:literal, $red:literal, $experts:literal) => {
         concat!(
-            source!($file, $n, $r),
-            include_str!("../shaders/matvec_experts.wgsl")
+            source!($skel, $file, $n, $r, $red),
+            include_str!(concat!("../shaders/", $experts))
         )
     };
 }
 
 macro_rules! family {
-    ($id:ident, $label:literal, $file:literal) => {
+    ($id:ident, $label:literal, $skel:literal, $experts:literal, $file:literal) => {
         pub static $id: Family = Family {
             rows: [
                 Kernel {
                     name: concat!("matvec_", $label, "_n1"),
-                    source: source!($file, 1, 4, experts),
+                    source: source!($skel, $file, 1, 4, 4, $experts),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n2"),
-                    source: source!($file, 2, 4),
+                    source: source!($skel, $file, 2, 4, 8),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n3"),
-                    source: source!($file, 3, 2),
+                    source: source!($skel, $file, 3, 2, 6),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n4"),
-                    source: source!($file, 4, 2),
+                    source: source!($skel, $file, 4, 2, 8),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n5"),
-                    source: source!($file, 5, 2),
+                    source: source!($skel, $file, 5, 2, 10),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n6"),
-                    source: source!($file, 6, 2),
+                    source: source!($skel, $file, 6, 2, 12),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n7"),
-                    source: source!($file, 7, 2),
+                    source: source!($skel, $file, 7, 2, 14),
                     entry: "matvec",
                 },
                 Kernel {
                     name: concat!("matvec_", $label, "_n8"),
-                    source: source!($file, 8, 2),
+                    source: source!($skel, $file, 8, 2, 16),
                     entry: "matvec",
                 },
             ],
+            tile: Kernel {
+                name: concat!("matmul_", $label, "_tile"),
+                source: source!($skel, $file, 32, 1, 16),
+                entry: "matvec",
+            },
             experts: Kernel {
                 name: concat!("matvec_experts_", $label),
-                source: source!($file, 1, 4, experts),
+                source: source!($skel, $file, 1, 4, 4, $experts),
                 entry: "matvec_experts",
             },
         };
+    };
+    ($id:ident, $label:literal, $file:literal) => {
+        family!($id, $label, "matvec.wgsl", "matvec_experts.wgsl", $file);
+    };
+    (int8 $id:ident, $label:literal, $file:literal) => {
+        family!(
+            $id,
+            $label,
+            "matvec_i8.wgsl",
+            "matvec_i8_experts.wgsl",
+            $file
+        );
     };
 }
 
@@ -120,16 +176,31 @@ family!(F32, "f32", "matvec_f32.wgsl");
 family!(F16, "f16", "matvec_f16.wgsl");
 family!(BF16, "bf16", "matvec_bf16.wgsl");
 
-static FAMILIES: [&Family; 16] = [
+family!(int8 Q8_0_I8, "q8_0_i8", "matvec_i8_q8_0.wgsl");
+family!(int8 Q4_0_I8, "q4_0_i8", "matvec_i8_q4_0.wgsl");
+family!(int8 Q4_K_I8, "q4_k_i8", "matvec_i8_q4_k.wgsl");
+family!(int8 Q5_K_I8, "q5_k_i8", "matvec_i8_q5_k.wgsl");
+family!(int8 Q6_K_I8, "q6_k_i8", "matvec_i8_q6_k.wgsl");
+family!(int8 IQ4_XS_I8, "iq4_xs_i8", "matvec_i8_iq4_xs.wgsl");
+
+/// Activation rows quantized to int8 for the int8 path.
+pub static QUANTIZE_Q8: Kernel = Kernel {
+    name: "quantize_q8",
+    source: include_str!("../shaders/quantize_q8.wgsl"),
+    entry: "quantize_q8",
+};
+
+static FAMILIES: [&Family; 22] = [
     &Q8_0, &Q4_0, &Q4_1, &Q5_0, &Q5_1, &IQ4_NL, &MXFP4, &Q2_K, &Q3_K, &Q4_K, &Q5_K, &Q6_K, &IQ4_XS,
-    &F32, &F16, &BF16,
+    &F32, &F16, &BF16, &Q8_0_I8, &Q4_0_I8, &Q4_K_I8, &Q5_K_I8, &Q6_K_I8, &IQ4_XS_I8,
 ];
 
 /// Every matvec kernel, for [`super::all`].
 pub fn kernels() -> Vec<&'static Kernel> {
     FAMILIES
         .iter()
-        .flat_map(|f| f.rows.iter().chain(std::iter::once(&f.experts)))
+        .flat_map(|f| f.rows.iter().chain([&f.tile, &f.experts]))
+        .chain(std::iter::once(&QUANTIZE_Q8))
         .collect()
 }
 
@@ -141,8 +212,75 @@ fn tpr_log2(units_per_row: usize) -> u32 {
     (63 - units.leading_zeros()).min(WG.trailing_zeros())
 }
 
-fn rows_per_group(n: u32, tpr_log2: u32) -> u32 {
-    (WG >> tpr_log2) * ROWS_PER_THREAD[n as usize - 1]
+/// One dispatch of a batch: the module (`N`, 1..=8, or a tile), its first activation row and
+/// its groups along z (each `N` rows further).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Step {
+    module: Module,
+    batch0: u32,
+    z: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Module {
+    Rows(u32),
+    Tile,
+}
+
+impl Module {
+    fn n(self) -> u32 {
+        match self {
+            Module::Rows(n) => n,
+            Module::Tile => TILE_ROWS,
+        }
+    }
+    fn rows_per_thread(self) -> u32 {
+        match self {
+            Module::Rows(n) => ROWS_PER_THREAD[n as usize - 1],
+            Module::Tile => TILE_R,
+        }
+    }
+    fn kernel(self, f: &'static Family) -> &'static Kernel {
+        match self {
+            Module::Rows(n) => &f.rows[n as usize - 1],
+            Module::Tile => &f.tile,
+        }
+    }
+}
+
+/// The dispatches of `n` activation rows: tiles of [`TILE_ROWS`] while that many remain (more
+/// than [`MAX_BATCH`] rows in all), then groups of [`MAX_BATCH`], then the rest in one.
+fn plan(n: u32, max_z: u32) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut push = |module: Module, first: u32, count: u32| {
+        let mut done = 0;
+        while done < count {
+            let z = (count - done).min(max_z.max(1));
+            steps.push(Step {
+                module,
+                batch0: first + done * module.n(),
+                z,
+            });
+            done += z;
+        }
+    };
+    let mut at = 0;
+    if n > MAX_BATCH {
+        let tiles = n / TILE_ROWS;
+        push(Module::Tile, 0, tiles);
+        at = tiles * TILE_ROWS;
+        let groups = (n - at) / MAX_BATCH;
+        push(Module::Rows(MAX_BATCH), at, groups);
+        at += groups * MAX_BATCH;
+    }
+    if at < n {
+        push(Module::Rows(n - at), at, 1);
+    }
+    steps
+}
+
+fn rows_per_group(module: Module, tpr_log2: u32) -> u32 {
+    (WG >> tpr_log2) * module.rows_per_thread()
 }
 
 fn bad(m: &Packed, why: String) -> GpuError {
@@ -211,11 +349,67 @@ fn x_aligned(io: &Io, x_rows: u64) -> u32 {
     (io.x_off.is_multiple_of(4) && (x_rows == 1 || io.x_stride.is_multiple_of(4))) as u32
 }
 
+/// `rows` activation rows quantized for the int8 path, in a buffer of their own.
+struct Quantized {
+    buffer: wgpu::Buffer,
+    /// u32 words per row (a multiple of 4) and where the row's f32 scales start.
+    stride: u32,
+    d_off: u32,
+}
+
+/// Record the quantization of `rows` rows of `x` (`cols` values, `x_stride` apart from `x_off`)
+/// into a new buffer: row i's packed bytes at words `i * stride ..`, its block scales from word
+/// `i * stride + d_off`.
+fn quantize_rows(
+    rec: &mut Recorder,
+    m: &Packed,
+    act: ActBlocks,
+    io: &Io,
+    rows: u64,
+) -> Result<Quantized, GpuError> {
+    let cols = m.cols as u64;
+    let block = act.len() as u64;
+    if !cols.is_multiple_of(block) {
+        return Err(bad(
+            m,
+            format!("{cols} columns is not a whole number of {block}-value activation blocks"),
+        ));
+    }
+    let nb = cols / block;
+    let stride = cols / 4 + nb.next_multiple_of(4);
+    let words = rows * stride;
+    let total_blocks = rows * nb;
+    if words > u32::MAX as u64 || total_blocks > u32::MAX as u64 {
+        return Err(bad(m, format!("{rows} quantized activation rows")));
+    }
+    let gpu = rec.gpu();
+    let buffer = gpu.buffer("x-int8", (words * 4).next_multiple_of(16))?;
+    let params = [
+        rows as u32,
+        cols as u32,
+        io.x_off,
+        io.x_stride,
+        stride as u32,
+        (cols / 4) as u32,
+        (act == ActBlocks::Q8K) as u32,
+        nb as u32,
+    ];
+    let groups = crate::groups_1d(gpu, (total_blocks as u32).div_ceil(64));
+    rec.dispatch(&QUANTIZE_Q8, &[], &params, &[io.x, &buffer], groups)?;
+    Ok(Quantized {
+        buffer,
+        stride: stride as u32,
+        d_off: (cols / 4) as u32,
+    })
+}
+
 /// `y[y_off + i*y_stride + r] = sum_c W[r][c] * x[x_off + i*x_stride + c]` for `i < n` and every
-/// row `r` of `m`, in f32 (activations and accumulation). Up to [`MAX_BATCH`] rows of x share
-/// one read of the weights; larger `n` go in groups of that many. Row `i`'s result is the same
-/// bits whatever `n` is and wherever the row sits. `x` and `y` are distinct buffers of f32; the
-/// y rows must not overlap (`y_stride >= rows` when `n > 1`).
+/// row `r` of `m`, accumulated in f32; on the f32 path ([`DeviceMatrix::int8`] false) with the
+/// f32 activations, on the int8 path with each row quantized first (see the module's notes).
+/// Up to [`MAX_BATCH`] rows of x share one read of the weights; a batch of more rows goes in
+/// tiles of [`TILE_ROWS`], then groups of [`MAX_BATCH`] and the rest. Row `i`'s result is the
+/// same bits whatever `n` is and wherever the row sits. `x` and `y` are distinct buffers of f32;
+/// the y rows must not overlap (`y_stride >= rows` when `n > 1`).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec(
     rec: &mut Recorder,
@@ -242,60 +436,83 @@ pub fn matvec(
     };
     check_io(pk, &io, n as u64, n as u64)?;
     let gpu = rec.gpu();
-    let max_z = gpu.max_groups_x().max(1);
-    // (N, first activation row, groups along z).
-    let mut plan: Vec<(u32, u32, u32)> = Vec::new();
-    if n <= MAX_BATCH {
-        plan.push((n, 0, 1));
-    } else {
-        let full = n / MAX_BATCH;
-        let mut done = 0;
-        while done < full {
-            let z = (full - done).min(max_z);
-            plan.push((MAX_BATCH, done * MAX_BATCH, z));
-            done += z;
-        }
-        if !n.is_multiple_of(MAX_BATCH) {
-            plan.push((n % MAX_BATCH, full * MAX_BATCH, 1));
-        }
-    }
-    let units = pk.units_per_row();
+    let steps = plan(n, gpu.max_groups_x());
+    let quantized = match pk.int8_path() {
+        Some((family, act)) => Some((family, quantize_rows(rec, pk, act, &io, n as u64)?)),
+        None => None,
+    };
+    let units = match &quantized {
+        Some(_) => pk.bpr,
+        None => pk.units_per_row(),
+    };
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, n as u64);
     for chunk in &pk.chunks {
-        for &(nb, batch0, z) in &plan {
-            let blocks = (chunk.rows as u32).div_ceil(rows_per_group(nb, tl));
+        for step in &steps {
+            let blocks = (chunk.rows as u32).div_ceil(rows_per_group(step.module, tl));
             let mut groups = crate::groups_1d(gpu, blocks);
-            groups[2] = z;
-            let params = [
-                chunk.rows as u32,
-                units as u32,
-                tl,
-                pk.bpr as u32,
-                chunk.aux_off,
-                chunk.aux2_off,
-                pk.cols as u32,
-                x_off,
-                x_stride,
-                aligned,
-                y_off,
-                y_stride,
-                chunk.first_row as u32,
-                batch0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-            ];
-            rec.dispatch(
-                &pk.format.family.rows[nb as usize - 1],
-                &[],
-                &params,
-                &[&chunk.buffer, x, x, y],
-                groups,
-            )?;
+            groups[2] = step.z;
+            match &quantized {
+                Some((family, q)) => {
+                    let params = [
+                        chunk.rows as u32,
+                        units as u32,
+                        tl,
+                        chunk.aux_off,
+                        chunk.aux2_off,
+                        q.stride,
+                        q.d_off,
+                        y_off,
+                        y_stride,
+                        chunk.first_row as u32,
+                        step.batch0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ];
+                    rec.dispatch(
+                        step.module.kernel(family),
+                        &[],
+                        &params,
+                        &[&chunk.buffer, &q.buffer, y],
+                        groups,
+                    )?;
+                }
+                None => {
+                    let params = [
+                        chunk.rows as u32,
+                        units as u32,
+                        tl,
+                        pk.bpr as u32,
+                        chunk.aux_off,
+                        chunk.aux2_off,
+                        pk.cols as u32,
+                        x_off,
+                        x_stride,
+                        aligned,
+                        y_off,
+                        y_stride,
+                        chunk.first_row as u32,
+                        step.batch0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ];
+                    rec.dispatch(
+                        step.module.kernel(pk.format.family),
+                        &[],
+                        &params,
+                        &[&chunk.buffer, x, x, y],
+                        groups,
+                    )?;
+                }
+            }
         }
     }
     Ok(())
@@ -306,8 +523,9 @@ pub fn matvec(
 /// `x[x_off + j*x_stride ..]` with `j = i*n_used + s` when `x_per_slot` (each slot its own
 /// input, as the down projection), `j = i` otherwise (the token's input, as gate and up), into
 /// `y[y_off + (i*n_used + s)*y_stride + r]` for every row `r` of the expert. Each output row is
-/// the same bits as [`matvec`] on expert `e`'s matrix alone. Rows of an id not below the
-/// number of experts are left as they were.
+/// the same bits as [`matvec`] on expert `e`'s matrix alone (on the same path,
+/// [`DeviceExperts::int8`]). Rows of an id not below the number of experts are left as they
+/// were.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_experts(
     rec: &mut Recorder,
@@ -354,45 +572,86 @@ pub fn matvec_experts(
     }
     let gpu = rec.gpu();
     let max_z = gpu.max_groups_x().max(1) as u64;
-    let units = pk.units_per_row();
+    let quantized = match pk.int8_path() {
+        Some((family, act)) => Some((family, quantize_rows(rec, pk, act, &io, x_rows)?)),
+        None => None,
+    };
+    let units = match &quantized {
+        Some(_) => pk.bpr,
+        None => pk.units_per_row(),
+    };
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, x_rows);
-    let blocks = (pk.rows as u32).div_ceil(rows_per_group(1, tl));
+    let blocks = (pk.rows as u32).div_ceil(rows_per_group(Module::Rows(1), tl));
     for chunk in &pk.chunks {
         let mut pair0 = 0u64;
+        let e_base = (chunk.first_row / pk.rows) as u32;
+        let e_count = (chunk.rows / pk.rows) as u32;
         while pair0 < pairs {
             let z = (pairs - pair0).min(max_z);
             let mut groups = crate::groups_1d(gpu, blocks);
             groups[2] = z as u32;
-            let params = [
-                pk.rows as u32,
-                units as u32,
-                tl,
-                pk.bpr as u32,
-                chunk.aux_off,
-                chunk.aux2_off,
-                pk.cols as u32,
-                x_off,
-                x_stride,
-                aligned,
-                y_off,
-                y_stride,
-                0,
-                0,
-                n_used,
-                ids_off,
-                (chunk.first_row / pk.rows) as u32,
-                (chunk.rows / pk.rows) as u32,
-                x_per_slot as u32,
-                pair0 as u32,
-            ];
-            rec.dispatch(
-                &pk.format.family.experts,
-                &[],
-                &params,
-                &[&chunk.buffer, x, x, y, ids],
-                groups,
-            )?;
+            match &quantized {
+                Some((family, q)) => {
+                    let params = [
+                        pk.rows as u32,
+                        units as u32,
+                        tl,
+                        chunk.aux_off,
+                        chunk.aux2_off,
+                        q.stride,
+                        q.d_off,
+                        y_off,
+                        y_stride,
+                        0,
+                        0,
+                        n_used,
+                        ids_off,
+                        e_base,
+                        e_count,
+                        x_per_slot as u32,
+                        pair0 as u32,
+                    ];
+                    rec.dispatch(
+                        &family.experts,
+                        &[],
+                        &params,
+                        &[&chunk.buffer, &q.buffer, y, ids],
+                        groups,
+                    )?;
+                }
+                None => {
+                    let params = [
+                        pk.rows as u32,
+                        units as u32,
+                        tl,
+                        pk.bpr as u32,
+                        chunk.aux_off,
+                        chunk.aux2_off,
+                        pk.cols as u32,
+                        x_off,
+                        x_stride,
+                        aligned,
+                        y_off,
+                        y_stride,
+                        0,
+                        0,
+                        n_used,
+                        ids_off,
+                        e_base,
+                        e_count,
+                        x_per_slot as u32,
+                        pair0 as u32,
+                    ];
+                    rec.dispatch(
+                        &pk.format.family.experts,
+                        &[],
+                        &params,
+                        &[&chunk.buffer, x, x, y, ids],
+                        groups,
+                    )?;
+                }
+            }
             pair0 += z;
         }
     }
@@ -407,14 +666,19 @@ mod tests {
     fn module_constants_match_the_host() {
         for f in FAMILIES {
             for (i, k) in f.rows.iter().enumerate() {
+                let (n, r) = (i as u32 + 1, ROWS_PER_THREAD[i]);
                 let head = format!(
-                    "const N: u32 = {}u;\nconst R: u32 = {}u;\n",
-                    i + 1,
-                    ROWS_PER_THREAD[i]
+                    "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {}u;\n",
+                    n * r
                 );
                 assert!(k.source.starts_with(&head), "{}", k.name);
                 assert!(k.source.contains(&format!("const WG: u32 = {WG}u;")));
             }
+            let head = format!(
+                "const N: u32 = {TILE_ROWS}u;\nconst R: u32 = {TILE_R}u;\nconst RED: u32 = {TILE_RED}u;\n"
+            );
+            assert!(f.tile.source.starts_with(&head), "{}", f.tile.name);
+            assert!((TILE_ROWS * TILE_R).is_multiple_of(TILE_RED));
             assert_eq!(f.experts.source, f.rows[0].source);
         }
     }
@@ -427,5 +691,31 @@ mod tests {
         assert_eq!(tpr_log2(127), 6);
         assert_eq!(tpr_log2(128), 7);
         assert_eq!(tpr_log2(100_000), 7);
+    }
+
+    /// Every row is covered once, by tiles first when the batch is longer than a group.
+    #[test]
+    fn batches_are_planned_in_tiles_then_groups() {
+        for n in 1..=200u32 {
+            for max_z in [1, 2, 65535] {
+                let steps = plan(n, max_z);
+                let mut covered = Vec::new();
+                for s in &steps {
+                    assert!(s.z >= 1 && s.z <= max_z);
+                    for zi in 0..s.z {
+                        let first = s.batch0 + zi * s.module.n();
+                        covered.extend(first..first + s.module.n());
+                    }
+                }
+                assert_eq!(covered, (0..n).collect::<Vec<_>>(), "n {n} max_z {max_z}");
+                let tiles: u32 = steps
+                    .iter()
+                    .filter(|s| s.module == Module::Tile)
+                    .map(|s| s.z)
+                    .sum();
+                let want = if n > MAX_BATCH { n / TILE_ROWS } else { 0 };
+                assert_eq!(tiles, want, "n {n}");
+            }
+        }
     }
 }

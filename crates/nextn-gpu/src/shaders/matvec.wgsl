@@ -1,5 +1,6 @@
 // Weight matrix times activation rows, shared by every weight type. The host prepends
-// `const N` (activation rows per workgroup) and `const R` (weight rows per thread) and appends
+// `const N` (activation rows per workgroup), `const R` (weight rows per thread) and `const RED`
+// (outputs reduced per round through workgroup memory, a divisor of R * N) and appends
 // the type's part: `Unit`, `XUnit`, `type_init`, `load_unit`, `load_x`, `dot_unit`.
 //
 // A workgroup of WG threads is cut into slots of 2^tpr_log2 threads; each slot owns R weight
@@ -7,7 +8,7 @@
 // blocks' elements, the same for every row), keeps one partial sum per (weight row, activation
 // row), and the slot adds its partials in a fixed tree. tpr depends only on the matrix shape,
 // and each (weight row, activation row) pair is computed by the same sequence of operations
-// whatever N, R, the slot or the position of the row: a row's result does not depend on the
+// whatever N, R, RED, the slot or the position of the row: a row's result does not depend on the
 // batch it is part of.
 
 struct Params {
@@ -49,7 +50,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = 128u;
-var<workgroup> partial: array<f32, WG * R * N>;
+var<workgroup> partial: array<f32, WG * RED>;
 
 fn xs(k: u32) -> f32 {
     return x1[k];
@@ -128,24 +129,28 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
             }
         }
     }
-    for (var v = 0u; v < R * N; v++) {
-        partial[v * WG + lid] = acc[v];
-    }
-    workgroupBarrier();
-    for (var step = tpr >> 1u; step > 0u; step >>= 1u) {
-        if (t < step) {
-            for (var v = 0u; v < R * N; v++) {
-                partial[v * WG + lid] = partial[v * WG + lid] + partial[v * WG + lid + step];
+    var yrow = yb;
+    for (var g0 = 0u; g0 < R * N; g0 += RED) {
+        for (var v = 0u; v < RED; v++) {
+            partial[v * WG + lid] = acc[g0 + v];
+        }
+        workgroupBarrier();
+        for (var step = tpr >> 1u; step > 0u; step >>= 1u) {
+            if (t < step) {
+                for (var v = 0u; v < RED; v++) {
+                    partial[v * WG + lid] = partial[v * WG + lid] + partial[v * WG + lid + step];
+                }
+            }
+            workgroupBarrier();
+        }
+        for (var v = t; v < RED; v += tpr) {
+            let o = g0 + v;
+            let r = first + o / N;
+            if (r < row_lim) {
+                y[yrow[o % N] + r] = partial[v * WG + slot * tpr];
             }
         }
         workgroupBarrier();
-    }
-    var yrow = yb;
-    for (var v = t; v < R * N; v += tpr) {
-        let r = first + v / N;
-        if (r < row_lim) {
-            y[yrow[v % N] + r] = partial[v * WG + slot * tpr];
-        }
     }
 }
 

@@ -73,7 +73,8 @@ impl Mat {
     }
 
     /// `y[i][r] = scale · W[r] · x[i]` for `n` rows; `x` rows `cols` apart from `x_off`, `y` rows
-    /// `y_stride` apart from `y_off`.
+    /// `y_stride` apart from `y_off`. The kernel goes by `n` (`matvec`: one mat-vec workgroup
+    /// for up to 8 rows, prefill tiles of 32 rows beyond), each row the same bits whichever runs.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
@@ -382,12 +383,17 @@ impl DeviceModel {
     }
 }
 
-/// What `-dev` / `-ngl` choose: a device to open, or the CPU.
+/// What `-dev` / `-ngl` choose: a device to open, or the CPU. `NEXTN_GPU_INT8=0` keeps the
+/// quantized products on f32 activations where the adapter has int8 dot products (for
+/// comparisons; the load line says which path runs).
 pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
-    Gpu::open(&nextn_gpu::OpenOptions {
+    let mut gpu = Gpu::open(&nextn_gpu::OpenOptions {
         name: name.map(str::to_string),
         validation: std::env::var("NEXTN_GPU_VALIDATION").as_deref() == Ok("1"),
     })
-    .map(Arc::new)
-    .map_err(gpu_err)
+    .map_err(gpu_err)?;
+    if std::env::var("NEXTN_GPU_INT8").as_deref() == Ok("0") {
+        gpu.disable_int8_dot();
+    }
+    Ok(Arc::new(gpu))
 }
