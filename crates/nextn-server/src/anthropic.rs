@@ -8,9 +8,8 @@
 //! Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -21,7 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::request::{fresh_seed, parse_chat, parse_json};
-use crate::respond::{failure, started, Part, Reply};
+use crate::respond::{failure, sse_response, started, Part, Reply};
 use crate::routes::{
     blocking, body_error, enqueue, frontend, prepare_chat, render_chat, with_server_defaults,
     AppState, Submitted,
@@ -977,6 +976,8 @@ enum Open {
     Tool(usize),
 }
 
+crate::respond::sse_frames!(StreamState);
+
 struct StreamState {
     rx: UnboundedReceiver<Event>,
     answer: Answer,
@@ -1148,27 +1149,7 @@ async fn stream(
         open: None,
         finished: false,
     };
-    let body = futures_util::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(f) = st.frames.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(f), st));
-            }
-            if st.finished {
-                return None;
-            }
-            let ev = st.rx.recv().await;
-            st.on_event(ev);
-        }
-    });
-    Ok((
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response())
+    Ok(sse_response(state))
 }
 
 #[cfg(test)]

@@ -542,9 +542,68 @@ fn native_final(reply: &Reply, c: &Completion, content: String) -> Value {
     v
 }
 
+/// The state of one server-sent-events answer: frames ready to send, whether it has ended, and
+/// the request's event channel, whose events `on_event` turns into frames in the API's shape.
+pub(crate) trait SseFrames: Send + 'static {
+    fn next_frame(&mut self) -> Option<Bytes>;
+    fn finished(&self) -> bool;
+    fn events(&mut self) -> &mut UnboundedReceiver<Event>;
+    fn on_event(&mut self, event: Option<Event>);
+}
+
+/// A streamed answer: the frames of `state` as they are made, until it has ended.
+pub(crate) fn sse_response(state: impl SseFrames) -> Response {
+    let body = futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(f) = st.next_frame() {
+                return Some((Ok::<Bytes, Infallible>(f), st));
+            }
+            if st.finished() {
+                return None;
+            }
+            let ev = st.events().recv().await;
+            st.on_event(ev);
+        }
+    });
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The three fields every API's stream state keeps under the same names.
+macro_rules! sse_frames {
+    ($state:ty) => {
+        impl $crate::respond::SseFrames for $state {
+            fn next_frame(&mut self) -> Option<axum::body::Bytes> {
+                self.frames.pop_front()
+            }
+            fn finished(&self) -> bool {
+                self.finished
+            }
+            fn events(
+                &mut self,
+            ) -> &mut tokio::sync::mpsc::UnboundedReceiver<nextn_engine::scheduler::Event> {
+                &mut self.rx
+            }
+            fn on_event(&mut self, event: Option<nextn_engine::scheduler::Event>) {
+                <$state>::on_event(self, event)
+            }
+        }
+    };
+}
+pub(crate) use sse_frames;
+
 fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
+
+sse_frames!(SseState);
 
 struct SseState {
     rx: UnboundedReceiver<Event>,
@@ -725,25 +784,5 @@ pub(crate) async fn stream(
         let v = state.reply.envelope(true, first);
         state.frames.push_back(sse(&v));
     }
-    let body = futures_util::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(f) = st.frames.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(f), st));
-            }
-            if st.finished {
-                return None;
-            }
-            let ev = st.rx.recv().await;
-            st.on_event(ev);
-        }
-    });
-    Ok((
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response())
+    Ok(sse_response(state))
 }

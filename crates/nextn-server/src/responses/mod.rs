@@ -13,13 +13,12 @@ mod output;
 pub(crate) mod store;
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use nextn_engine::output::FinishReason;
 use nextn_engine::scheduler::{Completion, Event, FailKind};
@@ -29,7 +28,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::request::{fresh_seed, parse_chat, parse_json};
-use crate::respond::{failure, started, unix_time, Endpoint, Reply};
+use crate::respond::{failure, sse_response, started, unix_time, Endpoint, Reply};
 use crate::routes::{
     blocking, body_error, enqueue, frontend, json_response, prepare_chat, with_server_defaults,
     AppState, Prepared, Submitted,
@@ -278,6 +277,8 @@ async fn collect(
     }
 }
 
+crate::respond::sse_frames!(SseState);
+
 struct SseState {
     rx: UnboundedReceiver<Event>,
     answer: Answer,
@@ -351,27 +352,7 @@ async fn stream(
     let begun = state.answer.object("in_progress", json!({}));
     state.send(json!({"type": "response.created", "response": begun}));
     state.send(json!({"type": "response.in_progress", "response": begun}));
-    let body = futures_util::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(f) = st.frames.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(f), st));
-            }
-            if st.finished {
-                return None;
-            }
-            let ev = st.rx.recv().await;
-            st.on_event(ev);
-        }
-    });
-    Ok((
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response())
+    Ok(sse_response(state))
 }
 
 /// `POST /v1/responses/input_tokens`: the prompt a request would run, counted.
