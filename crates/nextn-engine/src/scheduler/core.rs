@@ -330,12 +330,20 @@ impl<'e> Core<'e> {
             cache_n,
         );
         lock(&self.shared.metrics).prompt_tokens_cached_total += cache_n as u64;
+        // Counted before the client hears of it: a client that reads /metrics once its request
+        // has started sees it processing.
+        {
+            let mut m = lock(&self.shared.metrics);
+            m.requests_processing = self.busy() + 1;
+        }
         if slot.sink.send(Event::Started { slot: index }) {
             slot.report_prompt_progress(cache_n);
             self.slots[index] = Some(slot);
-            lock(&self.shared.metrics).requests_processing = self.busy();
         } else {
-            lock(&self.shared.metrics).requests_cancelled_total += 1;
+            let busy = self.busy();
+            let mut m = lock(&self.shared.metrics);
+            m.requests_cancelled_total += 1;
+            m.requests_processing = busy;
         }
     }
 
