@@ -6,7 +6,7 @@
 mod common;
 
 use common::{constrained_reference, generate_jobs, Job, Loaded, Setup};
-use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource};
+use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource, ReasoningBudget};
 use nextn_engine::output::FinishReason;
 use nextn_engine::sampler::{SamplerConfig, TokenLogprob};
 use nextn_engine::speculative::DraftSampling;
@@ -281,4 +281,100 @@ fn log_probabilities_do_not_depend_on_drafting() {
             }
         }
     }
+}
+
+/// A reasoning budget: the block the prompt opened takes exactly `budget` of the model's own
+/// tokens, then the closing sequence; drafting (masked, unmasked, one deep) gives the same tokens
+/// as plain decoding under the budget, greedy and seeded, and forced tokens are drafted.
+#[test]
+fn a_reasoning_budget_closes_the_block_with_and_without_drafting() {
+    let l = common::bundled(2);
+    let prompt = l.tok.encode("<think>\ndef parse(line):", true);
+    const BUDGET: usize = 24;
+    let budget = || {
+        ReasoningBudget::from_tags(
+            &l.tok,
+            BUDGET,
+            true,
+            "<think>",
+            "</think>",
+            " Enough thinking, the answer:",
+        )
+    };
+    let forced = l.tok.encode(" Enough thinking, the answer:</think>", true);
+    let compiler = GrammarCompiler::new(&l.tok, l.model.n_vocab).expect("compiler");
+    let n = 120;
+    for sampler in [SamplerConfig::greedy(), seeded(3)] {
+        let free = constrained_reference(&l, &prompt, &sampler, n, &plain(), None);
+        let want = constrained_reference(
+            &l,
+            &prompt,
+            &sampler,
+            n,
+            &plain(),
+            Some(compiler.reasoning_budget_only(budget())),
+        );
+        // The model's own tokens up to the budget, then the closing sequence.
+        assert_eq!(want.tokens[..BUDGET], free.tokens[..BUDGET]);
+        assert_eq!(want.tokens[BUDGET..BUDGET + forced.len()], forced[..]);
+        assert_ne!(want.tokens, free.tokens, "the budget changed nothing");
+        for (label, setup) in [
+            ("plain", plain()),
+            ("masked", drafting(3, true, DraftSampling::Coupled)),
+            ("unmasked", drafting(3, false, DraftSampling::Coupled)),
+            ("masked n_max 1", drafting(1, true, DraftSampling::Coupled)),
+        ] {
+            let job = Job {
+                cache_points: Vec::new(),
+                prompt: prompt.clone(),
+                sampler: sampler.clone(),
+                n,
+                grammar: Some(compiler.reasoning_budget_only(budget())),
+                logprobs: None,
+            };
+            let (c, _) = generate_jobs(&l, &setup, 1, vec![job]).remove(0);
+            let ctx = format!("{label}, seed {}", sampler.seed);
+            assert_eq!(c.tokens, want.tokens, "{ctx}");
+            assert_eq!(c.finish, want.finish, "{ctx}");
+            // No grammar: no grammar masks are reported.
+            assert!(c.grammar_masks.is_none(), "{ctx}");
+            if label == "masked" && sampler.is_greedy() {
+                assert!(
+                    c.spec.draft_n_accepted >= forced.len() as u64 / 2,
+                    "{ctx}: {} drafts accepted",
+                    c.spec.draft_n_accepted
+                );
+            }
+        }
+    }
+}
+
+/// A budget beside a grammar: while the output does not open a reasoning block, the budget
+/// changes nothing.
+#[test]
+fn a_reasoning_budget_outside_a_block_leaves_the_grammar_alone() {
+    let l = common::bundled(2);
+    let (_, source, prompt) = sources().remove(1);
+    let prompt = l.tok.encode(prompt, true);
+    let want = constrained_reference(
+        &l,
+        &prompt,
+        &SamplerConfig::greedy(),
+        N,
+        &plain(),
+        Some(constraint(&l, &source)),
+    );
+    let budget = ReasoningBudget::from_tags(&l.tok, 0, false, "<think>", "</think>", "");
+    let job = Job {
+        cache_points: Vec::new(),
+        prompt,
+        sampler: SamplerConfig::greedy(),
+        n: N,
+        grammar: Some(constraint(&l, &source).with_reasoning_budget(budget)),
+        logprobs: None,
+    };
+    let setup = drafting(3, true, DraftSampling::Coupled);
+    let (c, _) = generate_jobs(&l, &setup, 1, vec![job]).remove(0);
+    assert_eq!(c.tokens, want.tokens);
+    assert_eq!(c.finish, FinishReason::Stop);
 }

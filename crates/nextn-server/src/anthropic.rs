@@ -19,6 +19,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::reasoning::effort_budget;
 use crate::request::{fresh_seed, parse_chat, parse_json};
 use crate::respond::{failure, sse_response, started, Part, Reply};
 use crate::routes::{
@@ -463,8 +464,18 @@ fn convert_tool_choice(v: &Value) -> Result<(Value, bool), ApiError> {
     Ok((choice, parallel))
 }
 
-/// `thinking`: whether the template opens a reasoning block, and whether its text is shown.
-fn convert_thinking(v: &Value, max_tokens: Option<i64>) -> Result<(bool, bool), ApiError> {
+/// What `thinking` asks for.
+struct Thinking {
+    /// The template opens a reasoning block.
+    on: bool,
+    /// Its text is shown (`display` is not `omitted`).
+    show: bool,
+    /// `budget_tokens` of type `enabled`.
+    budget: Option<i64>,
+}
+
+/// `thinking`, validated as Anthropic does.
+fn convert_thinking(v: &Value, max_tokens: Option<i64>) -> Result<Thinking, ApiError> {
     let o = as_object(v, "thinking")?;
     let show = match o.get("display").and_then(Value::as_str) {
         None | Some("summarized") => true,
@@ -477,8 +488,16 @@ fn convert_thinking(v: &Value, max_tokens: Option<i64>) -> Result<(bool, bool), 
         }
     };
     match o.get("type").and_then(Value::as_str) {
-        Some("disabled") => Ok((false, show)),
-        Some("adaptive") => Ok((true, show)),
+        Some("disabled") => Ok(Thinking {
+            on: false,
+            show,
+            budget: None,
+        }),
+        Some("adaptive") => Ok(Thinking {
+            on: true,
+            show,
+            budget: None,
+        }),
         Some("enabled") => {
             let budget = o
                 .get("budget_tokens")
@@ -501,7 +520,11 @@ fn convert_thinking(v: &Value, max_tokens: Option<i64>) -> Result<(bool, bool), 
                     "'max_tokens' must be greater than 'thinking.budget_tokens'",
                 ));
             }
-            Ok((true, show))
+            Ok(Thinking {
+                on: true,
+                show,
+                budget: Some(budget),
+            })
         }
         _ => Err(bad(
             "thinking",
@@ -675,13 +698,27 @@ pub(crate) fn convert(o: &Map<String, Value>, count_only: bool) -> Result<Conver
         }
     }
     let mut show_thinking = true;
+    let mut budget = None;
     if let Some(t) = o.get("thinking").filter(|v| !v.is_null()) {
-        let (on, show) = convert_thinking(t, max_tokens)?;
-        show_thinking = show;
+        let thinking = convert_thinking(t, max_tokens)?;
+        show_thinking = thinking.show;
+        budget = thinking.budget;
         chat.insert(
             "chat_template_kwargs".into(),
-            json!({"enable_thinking": on}),
+            json!({"enable_thinking": thinking.on}),
         );
+    }
+    // An explicit budget wins over the effort's share of `max_tokens`.
+    let effort = o
+        .get("output_config")
+        .and_then(|c| c.get("effort"))
+        .and_then(Value::as_str);
+    let budget = budget.or_else(|| {
+        let allowance = u64::try_from(max_tokens?).ok()?;
+        effort_budget(effort?, allowance).and_then(|b| i64::try_from(b).ok())
+    });
+    if let Some(b) = budget {
+        chat.insert("thinking_budget_tokens".into(), json!(b));
     }
     // Thinking is always its own block here, whatever the server's --reasoning-format.
     chat.insert("reasoning_format".into(), json!("deepseek"));

@@ -67,6 +67,11 @@ pub struct ServerConfig {
     /// Where `POST /slots/{id}?action=save|restore` writes and reads slot files (`None`: the
     /// actions answer 501).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// `--reasoning-budget`: at most this many tokens of reasoning for requests that do not set
+    /// `thinking_budget_tokens` (`None`: no cap).
+    pub reasoning_budget: Option<usize>,
+    /// `--reasoning-budget-message`: written before the closing tag when a budget runs out.
+    pub reasoning_budget_message: String,
     /// Chat template variables for requests that do not set them (`--reasoning-budget 0` sets
     /// `enable_thinking: false`).
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,

@@ -2,8 +2,9 @@
 //! `reasoning_content`, the rest to `content` — also while streaming, where a tag may arrive split
 //! across pieces and is held back until it is whole.
 
-const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
+/// The tags of a reasoning block.
+pub const OPEN: &str = "<think>";
+pub const CLOSE: &str = "</think>";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -20,6 +21,18 @@ enum State {
 pub struct ReasoningSplitter {
     state: State,
     held: String,
+}
+
+/// The reasoning budget an effort level (Anthropic's `output_config.effort`, the Responses API's
+/// `reasoning.effort`) leaves out of an answer of at most `allowance` tokens: `low` a quarter of
+/// it, `medium` half, higher levels no cap (the allowance itself bounds the reasoning). The models
+/// have no effort setting of their own; how long they think is what an effort can change.
+pub fn effort_budget(effort: &str, allowance: u64) -> Option<u64> {
+    match effort {
+        "low" => Some(allowance / 4),
+        "medium" => Some(allowance / 2),
+        _ => None,
+    }
 }
 
 /// Whether a rendered prompt leaves the model inside an open `<think>` block (templates with

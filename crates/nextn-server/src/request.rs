@@ -43,6 +43,9 @@ pub struct GenParams {
     pub grammar: Option<GrammarSource>,
     /// Per-request `reasoning_format`.
     pub reasoning: Option<ReasoningFormat>,
+    /// `thinking_budget_tokens` (llama-server): at most this many tokens of reasoning, `Some(None)`
+    /// for no cap (-1); `None`: the server's `--reasoning-budget`.
+    pub reasoning_budget: Option<Option<usize>>,
     /// `cache_prompt`: resume from and add to the prefix cache (default true).
     pub cache_prompt: bool,
     /// `return_progress` (llama-server): a stream reports how far the prompt has been
@@ -110,6 +113,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "ignore_eos",
     "chat_template_kwargs",
     "reasoning_format",
+    "thinking_budget_tokens",
     "echo",
     "best_of",
     "suffix",
@@ -368,6 +372,17 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
             ))
         }
     };
+    let reasoning_budget = match integer(o, "thinking_budget_tokens")? {
+        None => None,
+        Some(-1) => Some(None),
+        Some(n) if n >= 0 => Some(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => {
+            return Err(ApiError::invalid_field(
+                "thinking_budget_tokens",
+                format!("'thinking_budget_tokens' must be -1 (no cap) or at least 0, got {n}"),
+            ))
+        }
+    };
     let include_usage = match field(o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => boolean(so, "include_usage")?.unwrap_or(false),
@@ -392,6 +407,7 @@ pub fn parse_params(o: &Map<String, Value>) -> Result<GenParams, ApiError> {
         logprobs,
         grammar,
         reasoning,
+        reasoning_budget,
         cache_prompt: boolean(o, "cache_prompt")?.unwrap_or(true),
         return_progress: boolean(o, "return_progress")?.unwrap_or(false),
         forced_reference: token_ids(o, "forced_acceptance_reference")?,

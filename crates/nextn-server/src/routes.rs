@@ -12,13 +12,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use nextn_engine::chat::final_header;
-use nextn_engine::grammar::{Constraint, GrammarSource};
+use nextn_engine::grammar::{Constraint, GrammarSource, ReasoningBudget};
 use nextn_engine::scheduler::{Phase, SubmitError};
 use nextn_engine::speculative::forced::ForcedAcceptance;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::reasoning::{prompt_opens_thinking, ReasoningSplitter};
+use crate::reasoning::{self, prompt_opens_thinking, ReasoningSplitter};
 use crate::request::{
     flag, parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, ChatRequest,
     GenParams, Prompt,
@@ -382,6 +382,40 @@ fn compile(fe: &Frontend, source: &GrammarSource, param: &str) -> Result<Constra
         .map_err(|e| ApiError::invalid_field(param, format!("'{param}': {e}")))
 }
 
+/// `grammar` with the request's reasoning budget (its `thinking_budget_tokens`, else the server's
+/// `--reasoning-budget`) when the output can reason: the prompt opened a block (`in_reasoning`)
+/// or the model may open one (`may_open`).
+fn with_reasoning_budget(
+    app: &App,
+    fe: &Frontend,
+    grammar: Option<Constraint>,
+    requested: Option<Option<usize>>,
+    in_reasoning: bool,
+    may_open: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(budget) = requested.unwrap_or(app.cfg.reasoning_budget) else {
+        return Ok(grammar);
+    };
+    if !in_reasoning && !may_open {
+        return Ok(grammar);
+    }
+    let budget = ReasoningBudget::from_tags(
+        &fe.tokenizer,
+        budget,
+        in_reasoning,
+        reasoning::OPEN,
+        reasoning::CLOSE,
+        &app.cfg.reasoning_budget_message,
+    );
+    Ok(Some(match grammar {
+        Some(g) => g.with_reasoning_budget(budget),
+        None => fe
+            .grammars()
+            .map_err(ApiError::internal)?
+            .reasoning_budget_only(budget),
+    }))
+}
+
 /// `logit_bias` keys as token ids: ids checked against the vocabulary, texts tokenized (every
 /// token of the text gets the bias, as in llama-server).
 fn resolve_bias(fe: &Frontend, params: &mut GenParams) -> Result<(), ApiError> {
@@ -470,6 +504,14 @@ pub(crate) fn prepare_chat(
         (_, Some(g)) => Some(compile(fe, g, grammar_param(o))?),
         _ => None,
     };
+    let grammar = with_reasoning_budget(
+        app,
+        fe,
+        grammar,
+        req.params.reasoning_budget,
+        in_reasoning,
+        fe.template.source().contains(reasoning::OPEN),
+    )?;
     let shaping = Shaping {
         splitter: match reasoning {
             ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
@@ -544,6 +586,19 @@ async fn completions_inner(
             Some(g) => Some(compile(&fe, g, grammar_param(&o))?),
             None => None,
         };
+        // A raw prompt reasons where it opened a block or the model opens one itself.
+        let in_reasoning = match &req.prompt {
+            Prompt::Text(t) => prompt_opens_thinking(t),
+            Prompt::Tokens(t) => prompt_opens_thinking(&fe.tokenizer.decode(t)),
+        };
+        let grammar = with_reasoning_budget(
+            &app,
+            &fe,
+            grammar,
+            req.params.reasoning_budget,
+            in_reasoning,
+            true,
+        )?;
         let shaping = Shaping {
             splitter: None,
             tools: None,

@@ -582,6 +582,72 @@ fn run_with_a_grammar_a_schema_and_a_logit_bias() {
     }
 }
 
+/// `--reasoning-budget N`: a prompt that ends in an open `<think>` block gets N of the model's own tokens
+/// of reasoning, then `--reasoning-budget-message` and `</think>`, with and without MTP.
+#[test]
+fn run_with_a_reasoning_budget_closes_the_block() {
+    let model = bundled();
+    let m = model.to_str().unwrap();
+    let tokens = |extra: &[&str]| -> (Vec<u64>, String) {
+        let mut a = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            "def add(a, b):\n<think>\n",
+            "-n",
+            "30",
+            "--temp",
+            "0",
+            "--json",
+        ];
+        a.extend(extra);
+        let o = run(&a);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let t = v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        (t, v["text"].as_str().unwrap().to_string())
+    };
+    let (free, free_text) = tokens(&[]);
+    assert!(!free_text.contains("</think>"), "{free_text}");
+    let budget = [
+        "--reasoning-budget",
+        "7",
+        "--reasoning-budget-message",
+        " Done.",
+    ];
+    for spec in ["none", "nextn"] {
+        let mut a = budget.to_vec();
+        a.extend(["--spec-type", spec]);
+        let (t, text) = tokens(&a);
+        assert_eq!(t[..7], free[..7], "{spec}");
+        assert!(text.contains(" Done.</think>"), "{spec}: {text}");
+        assert_eq!(t.len(), 30);
+    }
+    let o = run(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "x",
+        "-n",
+        "2",
+        "--reasoning-budget",
+        "-3",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--reasoning-budget -3"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// `--prompt-cache FILE`: the first run saves the prompt's state, a later run with the same
 /// prompt or a longer one resumes from it with the output of a run without the cache; a damaged
 /// file is an error that names it; `--prompt-cache-ro` leaves the file as it is.

@@ -514,6 +514,84 @@ fn reasoning_content_with_deepseek_format() {
         .is_empty());
 }
 
+/// A reasoning budget (`thinking_budget_tokens`, the server's `--reasoning-budget`) lets the
+/// block take that many of the model's own tokens, writes `--reasoning-budget-message` and the
+/// closing tag, and the answer follows as content; drafting on, streamed or not, and the same
+/// text as the plain model's first tokens.
+#[test]
+fn a_reasoning_budget_closes_the_block_and_the_answer_follows() {
+    let model = thinking_model();
+    let s = Server::start(&[
+        "-m",
+        model.to_str().unwrap(),
+        "-np",
+        "2",
+        "--spec-type",
+        "nextn",
+        "--reasoning-format",
+        "deepseek",
+        "--reasoning-budget",
+        "6",
+        "--reasoning-budget-message",
+        " Enough.",
+    ]);
+    let rendered = "<|im_start|>user\ndef add(a, b):<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    let first = |n: usize| -> String {
+        let r = s
+            .post(
+                "/v1/completions",
+                &json!({"prompt": rendered, "max_tokens": n, "temperature": 0, "thinking_budget_tokens": -1}),
+            )
+            .json();
+        r["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    for (budget, extra) in [(10, json!({"thinking_budget_tokens": 10})), (6, json!({}))] {
+        let mut body = chat("def add(a, b):", json!({"max_tokens": 48}));
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = s.post("/v1/chat/completions", &body).json();
+        let msg = &r["choices"][0]["message"];
+        let reasoning = msg["reasoning_content"].as_str().unwrap();
+        let want = format!("{} Enough.", first(budget));
+        assert_eq!(reasoning.trim(), want.trim(), "budget {budget}: {r}");
+        let content = msg["content"].as_str().unwrap();
+        assert!(
+            !content.is_empty(),
+            "budget {budget}: no answer after the block: {r}"
+        );
+        assert!(!content.contains("</think>"), "{r}");
+        assert_eq!(r["usage"]["completion_tokens"], 48);
+        body["stream"] = json!(true);
+        let (status, chunks, done) = s.stream("/v1/chat/completions", &body);
+        assert_eq!(status, 200);
+        assert!(done);
+        assert_eq!(stream_text(&chunks, "reasoning_content"), reasoning);
+        assert_eq!(stream_text(&chunks, "content"), content);
+    }
+    // -1 lifts the server's budget: the tiny model never closes the block itself.
+    let r = s
+        .post(
+            "/v1/chat/completions",
+            &chat(
+                "def add(a, b):",
+                json!({"max_tokens": 48, "thinking_budget_tokens": -1}),
+            ),
+        )
+        .json();
+    assert_eq!(r["choices"][0]["message"]["content"], "", "{r}");
+    let bad = s.post(
+        "/v1/chat/completions",
+        &chat("def add(a, b):", json!({"thinking_budget_tokens": -2})),
+    );
+    assert_eq!(bad.status, 400);
+    assert!(
+        bad.text().contains("thinking_budget_tokens"),
+        "{}",
+        bad.text()
+    );
+}
+
 /// A seed pins the output: the same seeded request, sent again and again while eight other
 /// streams keep the server busy and the `auto` policy drafts as load allows, gets the same text
 /// every time — the text it gets on an idle server.

@@ -157,3 +157,86 @@ fn claude_code_print_mode_against_a_synth_model() {
         s.log_text()
     );
 }
+
+/// `thinking.budget_tokens`, `output_config.effort` and the Responses API's `reasoning.effort`
+/// bound the thinking block: once spent, the
+/// block is closed and the answer follows as a text block (the tiny model never closes a block
+/// itself, so without a budget everything is thinking).
+#[test]
+fn thinking_budgets_and_efforts_close_the_thinking_block() {
+    let dir = std::env::temp_dir().join(format!("nextn-anthropic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("thinking.jinja");
+    std::fs::write(
+        &template,
+        "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}",
+    )
+    .unwrap();
+    let s = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "1",
+        "-c",
+        "4096",
+        "--chat-template-file",
+        template.to_str().unwrap(),
+        "--reasoning-budget-message",
+        " Time to answer.",
+    ]);
+    let ask = |extra: serde_json::Value| {
+        let mut body = json!({"model": "m", "temperature": 0,
+            "messages": [{"role": "user", "content": "def add(a, b):"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = s.post("/v1/messages", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let kinds = |v: &serde_json::Value| -> Vec<String> {
+        v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["type"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // An explicit budget wins over the effort (`high`: no cap of its own).
+    let v = ask(
+        json!({"max_tokens": 1100, "output_config": {"effort": "high"},
+        "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    );
+    assert_eq!(kinds(&v), ["thinking", "text"], "{v}");
+    let thought = v["content"][0]["thinking"].as_str().unwrap();
+    assert!(thought.trim_end().ends_with("Time to answer."), "{thought}");
+    assert_eq!(v["stop_reason"], "max_tokens");
+    // `low` effort: a quarter of max_tokens; `high`: no cap beyond max_tokens.
+    let v = ask(json!({"max_tokens": 64, "output_config": {"effort": "low"}}));
+    assert_eq!(kinds(&v), ["thinking", "text"], "{v}");
+    let v = ask(json!({"max_tokens": 64, "output_config": {"effort": "high"}}));
+    assert_eq!(kinds(&v), ["thinking"], "{v}");
+
+    // The Responses API's `reasoning.effort` maps the same way.
+    let text_of = |effort: &str| -> String {
+        let r = s.post(
+            "/v1/responses",
+            &json!({"model": "m", "input": "def add(a, b):", "max_output_tokens": 64,
+                    "temperature": 0, "reasoning": {"effort": effort}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["output"][0]["type"], "reasoning", "{v}");
+        v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|item| item["type"] == "message")
+            .flat_map(|item| item["content"].as_array().unwrap().clone())
+            .filter_map(|part| part["text"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert!(!text_of("low").is_empty());
+    assert!(!text_of("medium").is_empty());
+    assert_eq!(text_of("high"), "");
+}

@@ -5,8 +5,12 @@
 //! The generation loop masks the target's rows with it and, so that drafts stay inside the
 //! grammar and acceptance does not collapse, the NextN head's draft rows too: a copy of the
 //! matcher's state advances along the draft chain and is rolled back afterwards.
+//!
+//! A reasoning budget ([`ReasoningBudget`]) constrains the output the same way: where it forces
+//! the closing sequence, the mask allows that one token.
 
 mod gbnf;
+mod reasoning_budget;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +21,7 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
 pub use gbnf::{gbnf_to_lark, looks_like_gbnf, GbnfError};
+pub use reasoning_budget::ReasoningBudget;
 
 use crate::sampler::TokenMask;
 use crate::tokenizer::Tokenizer;
@@ -170,7 +175,8 @@ impl GrammarCompiler {
             });
         }
         Ok(Constraint {
-            matcher,
+            matcher: Some(matcher),
+            budget: None,
             n_vocab: self.n_vocab,
             eog: self.eog.clone(),
             eog_after_end: 0,
@@ -178,11 +184,27 @@ impl GrammarCompiler {
             masks: 0,
         })
     }
+
+    /// A constraint with no grammar, only `budget` on the reasoning block.
+    pub fn reasoning_budget_only(&self, budget: ReasoningBudget) -> Constraint {
+        Constraint {
+            matcher: None,
+            budget: Some(budget),
+            n_vocab: self.n_vocab,
+            eog: self.eog.clone(),
+            eog_after_end: 0,
+            mask_ms: 0.0,
+            masks: 0,
+        }
+    }
 }
 
-/// One request's grammar state: which tokens may come next, advanced token by token.
+/// One request's constraints on its output (a grammar, a reasoning budget, or both): which
+/// tokens may come next, advanced token by token.
 pub struct Constraint {
-    matcher: Matcher,
+    /// The grammar's matcher; none when only a reasoning budget constrains the output.
+    matcher: Option<Matcher>,
+    budget: Option<ReasoningBudget>,
     n_vocab: usize,
     eog: Vec<u32>,
     /// End-of-generation tokens taken after the grammar was complete (the matcher does not
@@ -203,24 +225,46 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    /// The tokens allowed next (only end-of-generation ones once the grammar is complete).
+    /// The same constraint with `budget` on the reasoning block as well.
+    pub fn with_reasoning_budget(mut self, budget: ReasoningBudget) -> Constraint {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The tokens allowed next (only end-of-generation ones once the grammar is complete; only
+    /// the forced one where the reasoning budget forces the closing sequence).
     pub fn mask(&mut self) -> Result<TokenMask, GrammarError> {
-        let t = Instant::now();
-        let vob = self.matcher.compute_mask_or_eos().map_err(|e| {
-            // llguidance reports a state no token continues (the output so far cannot be
-            // completed) as an error whose first line names its stop reason; the text is all
-            // the matcher keeps of it.
-            let message = e.to_string();
-            let reason = StopReason::NoExtensionBias.to_string();
-            if message.lines().next() == Some(reason.as_str()) {
-                GrammarError::NoToken
-            } else {
-                GrammarError::Matcher(message)
+        let forced = self.budget.as_ref().and_then(ReasoningBudget::forced_token);
+        let mask = match self.matcher.as_mut() {
+            Some(matcher) => {
+                let t = Instant::now();
+                let vob = matcher.compute_mask_or_eos().map_err(|e| {
+                    // llguidance reports a state no token continues (the output so far cannot be
+                    // completed) as an error whose first line names its stop reason; the text is
+                    // all the matcher keeps of it.
+                    let message = e.to_string();
+                    let reason = StopReason::NoExtensionBias.to_string();
+                    if message.lines().next() == Some(reason.as_str()) {
+                        GrammarError::NoToken
+                    } else {
+                        GrammarError::Matcher(message)
+                    }
+                })?;
+                self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
+                self.masks += 1;
+                let mask = TokenMask::from_words(vob.as_slice().to_vec(), self.n_vocab);
+                match forced {
+                    Some(t) if mask.allows(t) => TokenMask::only(t, self.n_vocab),
+                    // The grammar does not let the block close here: no token satisfies both.
+                    Some(_) => return Err(GrammarError::NoToken),
+                    None => mask,
+                }
             }
-        })?;
-        self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
-        self.masks += 1;
-        let mask = TokenMask::from_words(vob.as_slice().to_vec(), self.n_vocab);
+            None => match forced {
+                Some(t) => TokenMask::only(t, self.n_vocab),
+                None => TokenMask::all(self.n_vocab),
+            },
+        };
         if mask.count() == 0 {
             return Err(GrammarError::NoToken);
         }
@@ -230,31 +274,48 @@ impl Constraint {
     /// `token` comes next in the output. Once the grammar is complete only end-of-generation
     /// tokens may follow.
     pub fn consume(&mut self, token: u32) -> Result<(), GrammarError> {
-        if self.matcher.is_stopped() && self.eog.contains(&token) {
-            self.eog_after_end += 1;
+        let Some(matcher) = self.matcher.as_mut() else {
+            if let Some(b) = self.budget.as_mut() {
+                b.consume(token);
+            }
             return Ok(());
+        };
+        if matcher.is_stopped() && self.eog.contains(&token) {
+            self.eog_after_end += 1;
+        } else {
+            matcher
+                .consume_token(token)
+                .map_err(|e| GrammarError::Matcher(e.to_string()))?;
         }
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| GrammarError::Matcher(e.to_string()))
+        // The budget advances only with tokens the grammar took, so both undo the same tokens.
+        if let Some(b) = self.budget.as_mut() {
+            b.consume(token);
+        }
+        Ok(())
     }
 
     /// Undo the last `n` consumed tokens (drafts the target did not keep).
     pub fn rollback(&mut self, n: usize) -> Result<(), GrammarError> {
+        if let Some(b) = self.budget.as_mut() {
+            b.rollback(n);
+        }
+        let Some(matcher) = self.matcher.as_mut() else {
+            return Ok(());
+        };
         let after_end = n.min(self.eog_after_end);
         self.eog_after_end -= after_end;
         let n = n - after_end;
         if n == 0 {
             return Ok(());
         }
-        self.matcher
+        matcher
             .rollback(n)
             .map_err(|e| GrammarError::Matcher(e.to_string()))
     }
 
     /// The grammar is complete and admits nothing more (known once a mask or a token showed it).
     pub fn is_finished(&self) -> bool {
-        self.matcher.is_stopped()
+        self.matcher.as_ref().is_some_and(Matcher::is_stopped)
     }
 
     /// Whether `token` ends generation.
@@ -262,9 +323,9 @@ impl Constraint {
         self.eog.contains(&token)
     }
 
-    /// Milliseconds spent computing masks, and how many were computed.
-    pub fn mask_time(&self) -> (f64, u64) {
-        (self.mask_ms, self.masks)
+    /// With a grammar: milliseconds spent computing its masks, and how many were computed.
+    pub fn mask_time(&self) -> Option<(f64, u64)> {
+        self.matcher.as_ref().map(|_| (self.mask_ms, self.masks))
     }
 }
 

@@ -194,13 +194,49 @@ pub struct TokenProb {
 pub struct TokenMask {
     words: Vec<u32>,
     len: usize,
+    /// Built to allow every token: sampling under it is sampling without a mask.
+    all: bool,
 }
 
 impl TokenMask {
     /// A mask over `len` tokens from 32-bit words, bit `i % 32` of word `i / 32` for token `i`.
     pub fn from_words(mut words: Vec<u32>, len: usize) -> Self {
         words.resize(len.div_ceil(32), 0);
-        TokenMask { words, len }
+        TokenMask {
+            words,
+            len,
+            all: false,
+        }
+    }
+
+    /// Every one of `len` tokens.
+    pub fn all(len: usize) -> Self {
+        let mut words = vec![u32::MAX; len.div_ceil(32)];
+        if !len.is_multiple_of(32) {
+            if let Some(last) = words.last_mut() {
+                *last = (1u32 << (len % 32)) - 1;
+            }
+        }
+        TokenMask {
+            words,
+            len,
+            all: true,
+        }
+    }
+
+    /// Only token `id` of `len`.
+    pub fn only(id: u32, len: usize) -> Self {
+        let mut words = vec![0u32; len.div_ceil(32)];
+        let i = id as usize;
+        if i < len {
+            words[i / 32] |= 1 << (i % 32);
+        }
+        TokenMask::from_words(words, len)
+    }
+
+    /// Whether the mask was built to allow every token ([`TokenMask::all`]).
+    pub fn allows_all(&self) -> bool {
+        self.all
     }
 
     pub fn allows(&self, id: u32) -> bool {
@@ -349,6 +385,7 @@ impl Sampler {
 
     /// The row with the logit bias and `mask` applied, when either changes anything.
     fn shape(&mut self, logits: &[f32], mask: Option<&TokenMask>) -> Option<Vec<f32>> {
+        let mask = mask.filter(|m| !m.allows_all());
         if self.cfg.logit_bias.is_empty() && mask.is_none() {
             return None;
         }

@@ -252,6 +252,37 @@ fn token_mask_queries_and_application() {
     assert_eq!(mask_of(40, |_| false).first(), None);
 }
 
+/// `TokenMask::all` allows exactly the row's tokens and sampling under it is sampling without a
+/// mask; `TokenMask::only` allows one token, which is drawn whatever its logit.
+#[test]
+fn all_and_single_token_masks() {
+    for len in [1, 31, 32, 33, 70] {
+        let all = TokenMask::all(len);
+        assert!(all.allows_all());
+        assert_eq!(all.count(), len, "len {len}");
+        assert!(!all.allows(len as u32));
+        let one = TokenMask::only(len as u32 - 1, len);
+        assert_eq!((one.count(), one.first()), (1, Some(len as u32 - 1)));
+        assert!(!one.allows_all());
+    }
+    let logits = noisy_logits(300, 9);
+    for seed in 0..20 {
+        let mut free = Sampler::new(unfiltered(seed)).unwrap();
+        let mut masked = Sampler::new(unfiltered(seed)).unwrap();
+        let all = TokenMask::all(logits.len());
+        for i in 0..5 {
+            assert_eq!(
+                free.sample(&logits, i),
+                masked.sample_masked(&logits, Some(&all), i)
+            );
+        }
+        let mut row = logits.clone();
+        row[7] = f32::NEG_INFINITY;
+        let only = TokenMask::only(7, row.len());
+        assert_eq!(masked.sample_masked(&row, Some(&only), 9), 7);
+    }
+}
+
 /// Draws under a mask only ever give allowed tokens, and their distribution is the softmax of
 /// the allowed logits alone.
 #[test]

@@ -14,6 +14,7 @@ use super::{
     lock, Completion, DraftSampling, Engine, EngineInfo, EngineRef, Event, FailKind, Phase,
     Request, SchedulerConfig, Shared, SpecConfig,
 };
+use crate::grammar::Constraint;
 use crate::output::{ms_since, FinishReason, GrammarEnd, Timings};
 use crate::prefix_cache::{PrefixTree, Snapshot};
 use crate::sampler::Sampler;
@@ -412,7 +413,7 @@ impl<'e> Core<'e> {
             tokens,
             spec: std::mem::take(&mut slot.stats),
             grammar_end,
-            grammar_masks: slot.grammar.as_ref().map(|g| g.mask_time()),
+            grammar_masks: slot.grammar.as_ref().and_then(Constraint::mask_time),
         };
         // Counters first: a client that reads /metrics right after its answer sees itself counted.
         let busy = self.busy();

@@ -420,14 +420,17 @@ fn extend_chain(
     chain: &mut Vec<f32>,
 ) {
     let row = out.logits_row(0);
-    if p_min > 0.0 && top1_probability(row).1 < p_min {
-        return;
-    }
     let mask = match job.grammar.as_mut().map(|g| g.mask()) {
         None => None,
         Some(Ok(m)) => Some(m),
         Some(Err(_)) => return,
     };
+    // A token the constraints force (a reasoning budget's closing sequence) is drafted whatever
+    // the head thinks of it: the target takes it too.
+    let forced = mask.as_ref().is_some_and(|m| m.count() == 1);
+    if p_min > 0.0 && !forced && top1_probability(row).1 < p_min {
+        return;
+    }
     let pick = if job.sample_drafts {
         let q = job.sampler.distribution_masked(row, mask.as_ref()).to_vec();
         let u = job

@@ -59,6 +59,7 @@ pub(crate) const CHAT_FIELDS: &[&str] = &[
     "logit_bias",
     "chat_template_kwargs",
     "cache_prompt",
+    "thinking_budget_tokens",
 ];
 
 /// Most `metadata` pairs, and the longest key and value (OpenAI's limits).

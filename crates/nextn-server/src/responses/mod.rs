@@ -27,6 +27,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::reasoning::effort_budget;
 use crate::request::{fresh_seed, parse_chat, parse_json};
 use crate::respond::{failure, sse_response, started, unix_time, Endpoint, Reply};
 use crate::routes::{
@@ -97,6 +98,19 @@ fn prepare(app: &App, body: &[u8]) -> Result<(ResponsesRequest, Prepared), ApiEr
     let req = input::parse(&o, previous)?;
     let mut chat = req.chat.clone();
     with_server_defaults(app, &mut chat);
+    // An effort's share of the answer's allowance (`max_output_tokens`, else the server's
+    // `--n-predict`, else a slot's context), unless the request sets `thinking_budget_tokens`.
+    let effort = req.echo.get("reasoning").and_then(|r| r.get("effort"));
+    if let Some(effort) = effort.and_then(Value::as_str) {
+        let allowance = ["max_tokens", "n_predict"]
+            .iter()
+            .find_map(|k| chat.get(*k).and_then(Value::as_u64))
+            .or_else(|| app.handle.info().map(|i| i.n_ctx_slot as u64));
+        if let Some(budget) = allowance.and_then(|a| effort_budget(effort, a)) {
+            chat.entry("thinking_budget_tokens")
+                .or_insert(json!(budget));
+        }
+    }
     let parsed = parse_chat(&chat).map_err(in_responses_terms)?;
     let prepared = prepare_chat(app, &fe, &chat, parsed).map_err(in_responses_terms)?;
     Ok((req, prepared))

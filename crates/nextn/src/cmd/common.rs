@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use nextn_engine::chat::ChatTemplate;
-use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource};
+use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource, ReasoningBudget};
 use nextn_engine::sampler::SamplerConfig;
 use nextn_engine::scheduler::EngineRef;
 use nextn_engine::speculative::{DraftSampling, SpecConfig};
@@ -19,6 +19,7 @@ use nextn_model::config::LayerKind;
 use nextn_model::draft_vocab::TokenRanking;
 use nextn_model::{KvType, Model, NextnHead, SequenceState};
 use nextn_quant::kernels::ThreadPool;
+use nextn_server::reasoning::{self, prompt_opens_thinking};
 
 /// Relative path of the model shipped in the repository.
 pub const BUNDLED_MODEL: &str = "models/tiny-qwen35-mtp-Q8_0.gguf";
@@ -702,6 +703,44 @@ pub fn constraint(
         )?),
     };
     c.compile(source).context("--grammar / --json-schema")
+}
+
+/// `--reasoning-budget N` (`-1`: none) on a prompt whose rendered text is `prompt`: `grammar`
+/// with a budget on the reasoning block the prompt opened or the model opens.
+pub fn with_reasoning_budget(
+    compiler: &mut Option<GrammarCompiler>,
+    loaded: &Loaded,
+    grammar: Option<Constraint>,
+    budget: i64,
+    message: &str,
+    prompt: &str,
+) -> Result<Option<Constraint>> {
+    let budget = match budget {
+        -1 => return Ok(grammar),
+        n if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        n => bail!("--reasoning-budget {n}: -1 (no cap) or a token count"),
+    };
+    let budget = ReasoningBudget::from_tags(
+        &loaded.tokenizer,
+        budget,
+        prompt_opens_thinking(prompt),
+        reasoning::OPEN,
+        reasoning::CLOSE,
+        message,
+    );
+    Ok(Some(match grammar {
+        Some(g) => g.with_reasoning_budget(budget),
+        None => {
+            let c = match compiler {
+                Some(c) => c,
+                None => compiler.insert(GrammarCompiler::new(
+                    &loaded.tokenizer,
+                    loaded.model.n_vocab,
+                )?),
+            };
+            c.reasoning_budget_only(budget)
+        }
+    }))
 }
 
 #[derive(clap::Args, Clone, Debug)]

@@ -57,6 +57,7 @@ pub fn chat(
     if let Some(s) = &args.system_prompt {
         messages.push(ChatMessage::new("system", s));
     }
+    let mut compiler = None;
     let mut lines = std::io::stdin().lock().lines();
     loop {
         if interactive {
@@ -77,6 +78,14 @@ pub fn chat(
         messages.push(ChatMessage::new("user", user));
         let prompt = loaded.template.render(&messages, true, kwargs)?;
         let tokens = loaded.tokenizer.encode(&prompt, true);
+        let grammar = common::with_reasoning_budget(
+            &mut compiler,
+            loaded,
+            None,
+            args.reasoning_budget,
+            &args.reasoning_budget_message,
+            &prompt,
+        )?;
         let cache_points: Vec<usize> = final_header(&loaded.tokenizer, &tokens)
             .into_iter()
             .collect();
@@ -88,7 +97,7 @@ pub fn chat(
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
             trace: false,
-            grammar: None,
+            grammar,
             logprobs: None,
             cache_prompt: true,
             cache_points,

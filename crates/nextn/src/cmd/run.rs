@@ -54,6 +54,13 @@ pub struct Args {
     /// Extra chat template variables as JSON, e.g. '{"enable_thinking": false}'
     #[arg(long = "chat-template-kwargs")]
     pub chat_template_kwargs: Option<String>,
+    /// At most this many tokens of reasoning (-1: no cap): then --reasoning-budget-message and
+    /// `</think>` are forced and the model answers
+    #[arg(long = "reasoning-budget", default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
+    /// Written before `</think>` when the reasoning budget runs out
+    #[arg(long = "reasoning-budget-message", default_value = "")]
+    pub reasoning_budget_message: String,
     /// Keep generating after end-of-generation tokens
     #[arg(long)]
     pub ignore_eos: bool,
@@ -188,8 +195,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             loaded.model.n_vocab
         );
     }
+    let mut compiler = None;
     let grammar = match &grammar {
-        Some(g) => Some(common::constraint(&mut None, &loaded, g)?),
+        Some(g) => Some(common::constraint(&mut compiler, &loaded, g)?),
         None => None,
     };
     let head = if args.spec.enabled() {
@@ -225,6 +233,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         args.tokens.clone()
     };
+    let prompt_text = if args.tokens.is_empty() {
+        prompt
+    } else {
+        loaded.tokenizer.decode(&tokens)
+    };
+    let grammar = common::with_reasoning_budget(
+        &mut compiler,
+        &loaded,
+        grammar,
+        args.reasoning_budget,
+        &args.reasoning_budget_message,
+        &prompt_text,
+    )?;
     let mut scheduler = Scheduler::new(
         loaded.engine(head.as_ref()),
         SchedulerConfig {

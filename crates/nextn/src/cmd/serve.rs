@@ -129,10 +129,15 @@ pub struct Args {
     /// Serve /metrics (always on)
     #[arg(long = "metrics", env = "LLAMA_ARG_ENDPOINT_METRICS", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub metrics: bool,
-    /// Thinking budget: -1 unlimited, 0 no thinking (the default of `enable_thinking` for chat
-    /// requests that do not set it)
+    /// Thinking budget for requests that do not set `thinking_budget_tokens`: -1 unlimited, 0 no
+    /// thinking (also `enable_thinking: false` for chat requests that do not set it), N: after N
+    /// tokens of reasoning the block is closed and the model answers
     #[arg(long = "reasoning-budget", env = "LLAMA_ARG_THINK_BUDGET", default_value_t = -1, allow_negative_numbers = true)]
     pub reasoning_budget: i64,
+    /// Written before the closing tag when a reasoning budget runs out (e.g. "... let's answer
+    /// now.")
+    #[arg(long = "reasoning-budget-message", default_value = "")]
+    pub reasoning_budget_message: String,
     /// Origins browsers may call from (CORS): `*`, `localhost` (a localhost Origin is echoed),
     /// or a comma-separated list
     #[arg(
@@ -340,12 +345,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Some(args.force_acceptance.clone())
         },
         limits,
+        reasoning_budget: match args.reasoning_budget {
+            -1 => None,
+            n if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            n => bail!("--reasoning-budget {n}: -1 (unlimited), 0 (no thinking) or a token count"),
+        },
+        reasoning_budget_message: args.reasoning_budget_message.clone(),
         template_kwargs: match args.reasoning_budget {
-            -1 => serde_json::Map::new(),
             0 => serde_json::Map::from_iter([("enable_thinking".to_string(), false.into())]),
-            n => bail!(
-                "--reasoning-budget {n}: only -1 (unlimited) and 0 (no thinking) are supported"
-            ),
+            _ => serde_json::Map::new(),
         },
     };
     if args.no_cont_batching {
