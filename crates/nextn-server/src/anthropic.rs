@@ -137,9 +137,13 @@ fn text_of<'a>(b: &'a Map<String, Value>, param: &str) -> Result<&'a str, ApiErr
 
 fn refuse_block(kind: &str, param: &str) -> ApiError {
     match kind {
-        "image" | "document" => bad(
+        "image" => bad(
             param,
-            format!("content blocks of type '{kind}' are not supported: the model reads text only"),
+            "image blocks are read in user messages only (not in system prompts, tool results or assistant messages)",
+        ),
+        "document" => bad(
+            param,
+            "content blocks of type 'document' are not supported: the model reads text and images",
         ),
         other => bad(
             param,
@@ -276,6 +280,9 @@ fn convert_message(
         }
     };
     let mut text = String::new();
+    // A user message's images, each after the text before it: the message's content becomes
+    // chat completions' parts.
+    let mut parts: Vec<Value> = Vec::new();
     let mut thinking: Option<String> = None;
     let mut calls = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
@@ -284,6 +291,12 @@ fn convert_message(
         let kind = block_type(b, &bparam)?;
         match (kind, role) {
             ("text", _) => text.push_str(text_of(b, &bparam)?),
+            ("image", "user") => {
+                if !text.is_empty() {
+                    parts.push(json!({"type": "text", "text": std::mem::take(&mut text)}));
+                }
+                parts.push(image_part(b, &bparam)?);
+            }
             ("thinking", "assistant") => {
                 let t = b
                     .get("thinking")
@@ -312,8 +325,9 @@ fn convert_message(
                 }));
             }
             ("tool_result", "user") => {
-                if !text.is_empty() {
-                    out.push(json!({"role": "user", "content": std::mem::take(&mut text)}));
+                if !text.is_empty() || !parts.is_empty() {
+                    let content = user_content(&mut parts, std::mem::take(&mut text));
+                    out.push(json!({"role": "user", "content": content}));
                 }
                 let id = b
                     .get("tool_use_id")
@@ -342,7 +356,7 @@ fn convert_message(
             (other, _) => return Err(refuse_block(other, &bparam)),
         }
     }
-    let mut msg = json!({"role": role, "content": text});
+    let mut msg = json!({"role": role, "content": user_content(&mut parts, text)});
     if let Some(t) = thinking {
         msg["reasoning_content"] = json!(t);
     }
@@ -357,6 +371,53 @@ fn convert_message(
         out.push(msg);
     }
     Ok(())
+}
+
+/// A message's content for chat completions: its text, or with images its parts in order.
+fn user_content(parts: &mut Vec<Value>, text: String) -> Value {
+    if parts.is_empty() {
+        return json!(text);
+    }
+    if !text.is_empty() {
+        parts.push(json!({"type": "text", "text": text}));
+    }
+    Value::Array(std::mem::take(parts))
+}
+
+/// An `image` block as chat completions' `image_url` part: a `base64` source as a data URI, a
+/// `url` source as its URL (fetched only where the server allows it).
+fn image_part(b: &Map<String, Value>, param: &str) -> Result<Value, ApiError> {
+    let source = b
+        .get("source")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad(param, "an image block needs a 'source' object"))?;
+    let field = |name: &str| {
+        source.get(name).and_then(Value::as_str).ok_or_else(|| {
+            bad(
+                &format!("{param}.source.{name}"),
+                format!("the image source needs a '{name}' string"),
+            )
+        })
+    };
+    let url = match source.get("type").and_then(Value::as_str) {
+        Some("base64") => format!("data:{};base64,{}", field("media_type")?, field("data")?),
+        Some("url") => field("url")?.to_string(),
+        Some(other) => {
+            return Err(bad(
+                &format!("{param}.source.type"),
+                format!(
+                    "image sources of type '{other}' are not supported (use \"base64\" or \"url\")"
+                ),
+            ))
+        }
+        None => {
+            return Err(bad(
+                &format!("{param}.source.type"),
+                "the image source needs a 'type'",
+            ))
+        }
+    };
+    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
 }
 
 /// A request's tools: as chat completions takes them, their definitions by name (for

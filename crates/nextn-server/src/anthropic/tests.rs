@@ -105,6 +105,20 @@ fn wrong_fields_name_themselves() {
                 "messages",
                 json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
             ),
+            "messages[0].content[0].source.type",
+        ),
+        (
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]),
+            ),
+            "messages[0].content[0].source.type",
+        ),
+        (
+            with(
+                "messages",
+                json!([{"role": "assistant", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]),
+            ),
             "messages[0].content[0]",
         ),
         (
@@ -273,4 +287,36 @@ fn ids_and_signatures() {
     let mut c = Signature::new();
     c.add("other");
     assert_ne!(a.text(), c.text());
+}
+
+/// Image blocks of a user message become chat completions' `image_url` parts in order with its
+/// text: a base64 source as a data URI, a URL source as its URL.
+#[test]
+fn image_blocks_become_image_url_parts_in_order() {
+    let base =
+        || json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+    let mut b = base();
+    b["messages"] = json!([{"role": "user", "content": [
+        {"type": "text", "text": "Compare "},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+        {"type": "text", "text": "with"},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/b.jpg"}},
+        {"type": "text", "text": "."},
+    ]}]);
+    let c = conv(b).unwrap();
+    assert_eq!(
+        c.chat["messages"][0]["content"],
+        json!([
+            {"type": "text", "text": "Compare "},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR"}},
+            {"type": "text", "text": "with"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/b.jpg"}},
+            {"type": "text", "text": "."},
+        ])
+    );
+    // Text alone stays a string.
+    assert_eq!(
+        conv(base()).unwrap().chat["messages"][0]["content"],
+        json!("hi")
+    );
 }

@@ -654,19 +654,36 @@ fn parse_metadata(o: &Map<String, Value>) -> Result<Value, ApiError> {
     Ok(Value::Object(m.clone()))
 }
 
-/// The text of a message's content: a string, or `input_text` / `output_text` (and `refusal`)
-/// parts.
-fn content_text(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
+/// One part of a message's content.
+enum Part {
+    Text(String),
+    /// An `input_image` as chat completions' `image_url` part.
+    Image(Value),
+}
+
+/// A message's content: a string, or `input_text` / `output_text` (and `refusal`) parts, and
+/// where `images` allows them `input_image` parts.
+fn content_parts(v: Option<&Value>, param: &str, images: bool) -> Result<Vec<Part>, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![Part::Text(s.clone())]),
         Some(Value::Array(parts)) => {
-            let mut text = String::new();
+            let mut out = Vec::new();
             for (j, p) in parts.iter().enumerate() {
                 let pparam = format!("{param}[{j}]");
                 let key = match p.get("type").and_then(Value::as_str) {
                     Some("input_text" | "output_text" | "text") => "text",
                     Some("refusal") => "refusal",
+                    Some("input_image") if images => {
+                        out.push(Part::Image(image_part(p, &pparam)?));
+                        continue;
+                    }
+                    Some("input_image") => {
+                        return Err(bad(
+                            &pparam,
+                            "input_image parts are read in user messages only",
+                        ))
+                    }
                     Some(other) => {
                         return Err(bad(
                             &pparam,
@@ -676,7 +693,7 @@ fn content_text(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
                     None => return Err(bad(&pparam, "each content part needs a 'type'")),
                 };
                 match p.get(key).and_then(Value::as_str) {
-                    Some(t) => text.push_str(t),
+                    Some(t) => out.push(Part::Text(t.to_string())),
                     None => {
                         return Err(bad(
                             &pparam,
@@ -685,13 +702,72 @@ fn content_text(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(text)
+            Ok(out)
         }
         Some(_) => Err(bad(
             param,
             "'content' must be a string or an array of content parts",
         )),
     }
+}
+
+/// The text of a message's content (no images).
+fn content_text(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    Ok(content_parts(v, param, false)?
+        .into_iter()
+        .map(|p| match p {
+            Part::Text(t) => t,
+            Part::Image(_) => String::new(),
+        })
+        .collect())
+}
+
+/// A user message's content for chat completions: its text, or with images its parts in order.
+fn user_content(v: Option<&Value>, param: &str) -> Result<Value, ApiError> {
+    let parts = content_parts(v, param, true)?;
+    if !parts.iter().any(|p| matches!(p, Part::Image(_))) {
+        return Ok(json!(content_text(v, param)?));
+    }
+    Ok(Value::Array(
+        parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Text(t) => json!({"type": "text", "text": t}),
+                Part::Image(i) => i,
+            })
+            .collect(),
+    ))
+}
+
+/// An `input_image` part as chat completions' `image_url` part: its `image_url` (a data URI, or
+/// a URL fetched only where the server allows it) and `detail`.
+fn image_part(p: &Value, param: &str) -> Result<Value, ApiError> {
+    if p.get("file_id").is_some_and(|f| !f.is_null()) {
+        return Err(bad(
+            &format!("{param}.file_id"),
+            "'file_id' images are not supported (there is no Files API here): send 'image_url' with a data URI",
+        ));
+    }
+    let url = p.get("image_url").and_then(Value::as_str).ok_or_else(|| {
+        bad(
+            &format!("{param}.image_url"),
+            "an input_image part needs an 'image_url' string",
+        )
+    })?;
+    let mut image = json!({"url": url});
+    match p.get("detail") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(d)) if matches!(d.as_str(), "auto" | "low" | "high") => {
+            image["detail"] = json!(d);
+        }
+        Some(_) => {
+            return Err(bad(
+                &format!("{param}.detail"),
+                "'detail' must be \"auto\", \"low\" or \"high\"",
+            ))
+        }
+    }
+    Ok(json!({"type": "image_url", "image_url": image}))
 }
 
 /// The thinking a `reasoning` item carries: its `reasoning_text` content, else its
@@ -810,21 +886,26 @@ fn messages(instructions: Option<&str>, items: &[Value]) -> Result<Vec<Value>, A
         match kind {
             "message" => {
                 let role = item_string(item, "role", &param)?;
-                let text = content_text(item.get("content"), &format!("{param}.content"))?;
+                let content = item.get("content");
+                let cparam = format!("{param}.content");
                 match role {
-                    "system" | "developer" if opening => system.push(text),
-                    "system" | "developer" | "user" => {
+                    "system" | "developer" if opening => system.push(content_text(content, &cparam)?),
+                    "user" => {
                         opening = false;
                         turn.flush(&mut messages);
-                        let role = if role == "user" { "user" } else { "system" };
-                        messages.push(json!({"role": role, "content": text}));
+                        messages.push(json!({"role": "user", "content": user_content(content, &cparam)?}));
+                    }
+                    "system" | "developer" => {
+                        opening = false;
+                        turn.flush(&mut messages);
+                        messages.push(json!({"role": "system", "content": content_text(content, &cparam)?}));
                     }
                     "assistant" => {
                         opening = false;
                         if !turn.calls.is_empty() {
                             turn.flush(&mut messages);
                         }
-                        turn.content.push_str(&text);
+                        turn.content.push_str(&content_text(content, &cparam)?);
                     }
                     other => {
                         return Err(bad(

@@ -155,7 +155,15 @@ fn what_is_not_supported_is_refused_naming_the_field() {
         (json!({}), "input"),
         (json!({"input": 5}), "input"),
         (
-            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}),
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}),
+            "input[0].content[0].file_id",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:", "detail": "max"}]}]}),
+            "input[0].content[0].detail",
+        ),
+        (
+            json!({"input": [{"role": "system", "content": [{"type": "input_image", "image_url": "data:"}]}]}),
             "input[0].content[0]",
         ),
         (
@@ -261,4 +269,25 @@ fn what_is_not_supported_is_refused_naming_the_field() {
     let ok = json!({"input": "x", "truncation": "disabled", "background": false, "top_logprobs": 0,
                     "service_tier": "auto", "include": ["file_search_call.results"], "text": {"verbosity": "medium"}});
     assert!(parse(&obj(ok.clone()), None).is_ok(), "{ok}");
+}
+
+/// `input_image` parts of a user message become chat completions' `image_url` parts, in order
+/// with its text.
+#[test]
+fn input_images_become_image_url_parts() {
+    let r = parse(
+        &obj(json!({"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "What is this?"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBOR", "detail": "low"},
+        ]}]})),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        r.chat["messages"][0]["content"],
+        json!([
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR", "detail": "low"}},
+        ])
+    );
 }
