@@ -255,9 +255,9 @@ impl Constraint {
                 let mask = TokenMask::from_words(vob.as_slice().to_vec(), self.n_vocab);
                 match forced {
                     Some(t) if mask.allows(t) => TokenMask::only(t, self.n_vocab),
-                    // The grammar does not let the block close here: no token satisfies both.
-                    Some(_) => return Err(GrammarError::NoToken),
-                    None => mask,
+                    // The grammar does not let the block close here: the grammar is the
+                    // request's contract, the budget gives way.
+                    _ => mask,
                 }
             }
             None => match forced {
