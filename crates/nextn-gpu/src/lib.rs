@@ -4,6 +4,10 @@
 //! The model's forward pass on the device (`nextn-model`'s `device` module) is written over
 //! this crate; nothing here knows what a layer is.
 
+// Every unsafe operation sits in its own block with a SAFETY comment saying why it is sound,
+// unsafe functions included.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 pub mod context;
 pub mod kernels;
 pub mod kv;

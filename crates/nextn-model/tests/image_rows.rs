@@ -77,8 +77,8 @@ fn read_logits() -> (Vec<Option<Vec<u32>>>, usize, Vec<f32>) {
 }
 
 fn bundled() -> Model {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
-    Model::load(Arc::new(GgufFile::open(p).expect("bundled model"))).expect("load")
+    let file = GgufFile::open(nextn_testdata::bundled_model()).expect("bundled model");
+    Model::load(Arc::new(file)).expect("load")
 }
 
 #[test]

@@ -19,13 +19,12 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::handler::{blocking, body_error, frontend, with_server_defaults, AppState};
+use crate::prepare::{prepare_chat, render_chat};
 use crate::reasoning::effort_budget;
 use crate::request::{fresh_seed, parse_chat, parse_json};
 use crate::respond::{failure, sse_response, started, Part, Reply};
-use crate::routes::{
-    blocking, body_error, enqueue, frontend, prepare_chat, render_chat, with_server_defaults,
-    AppState, Submitted,
-};
+use crate::submit::{enqueue, Submitted};
 
 /// The routes whose errors take Anthropic's shape.
 pub(crate) fn is_messages_path(path: &str) -> bool {
@@ -854,7 +853,7 @@ async fn count_inner(
         Ok(fe.tokenizer.encode(&text, true).len())
     })
     .await?;
-    Ok(crate::routes::json_response(
+    Ok(crate::handler::json_response(
         StatusCode::OK,
         json!({"input_tokens": n}),
     ))
@@ -1059,7 +1058,7 @@ async fn collect(mut rx: UnboundedReceiver<Event>, mut a: Answer) -> Result<Resp
     }
     let stop = a.stop(&completion);
     let body = a.message(content, stop, usage(&completion));
-    Ok(crate::routes::json_response(StatusCode::OK, body))
+    Ok(crate::handler::json_response(StatusCode::OK, body))
 }
 
 fn event(name: &str, data: &Value) -> Bytes {

@@ -17,7 +17,9 @@
 mod anthropic;
 pub mod conn;
 pub mod error;
+mod handler;
 mod native;
+mod prepare;
 pub mod prometheus;
 pub mod reasoning;
 pub mod request;
@@ -25,6 +27,7 @@ mod respond;
 mod responses;
 mod routes;
 pub mod slots;
+mod submit;
 pub mod tools;
 mod unserved;
 

@@ -10,8 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::handler::{body_error, frontend, json_response, AppState};
+use crate::prepare::render_chat;
 use crate::request::{flag, parse_chat, parse_json};
-use crate::routes::{body_error, frontend, json_response, render_chat, AppState};
 
 fn answer(r: Result<Value, ApiError>) -> Response {
     match r {

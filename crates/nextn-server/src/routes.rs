@@ -1,5 +1,6 @@
-//! Routes, authentication and the request side of each endpoint: parse, render, tokenize,
-//! check against the context, submit.
+//! The router: every route and the handler it runs, authentication, the JSON-body check, and the
+//! OpenAI chat and completion endpoints (the request side they share with the other APIs is in
+//! `prepare` and `submit`).
 
 use std::sync::Arc;
 
@@ -11,24 +12,22 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use nextn_engine::chat::final_header;
-use nextn_engine::grammar::{Constraint, GrammarSource, ReasoningBudget};
-use nextn_engine::scheduler::{Phase, SubmitError};
-use nextn_engine::speculative::forced::ForcedAcceptance;
+use nextn_engine::scheduler::Phase;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::reasoning::{self, prompt_opens_thinking, ReasoningSplitter};
-use crate::request::{
-    flag, parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, ChatRequest,
-    GenParams, Prompt,
+use crate::handler::{
+    blocking, body_error, frontend, json_response, with_server_defaults, AppState,
 };
+use crate::prepare::{
+    compile, grammar_param, prepare_chat, resolve_bias, with_reasoning_budget, Prepared,
+};
+use crate::reasoning::prompt_opens_thinking;
+use crate::request::{flag, parse_chat, parse_completion, parse_json, unknown_fields, Prompt};
 use crate::respond::{self, Endpoint, Reply, Shaping};
-use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
+use crate::submit::{enqueue, Submitted};
 use crate::{anthropic, native, responses, slots, unserved};
-use crate::{prometheus, App, Frontend, ReasoningFormat};
-
-pub(crate) type AppState = Arc<App>;
+use crate::{prometheus, App, Frontend};
 
 pub(crate) fn router(app: AppState) -> Router {
     let limit = app.cfg.max_body_bytes;
@@ -194,15 +193,6 @@ async fn method_not_allowed(req: Request) -> Response {
     .into_response()
 }
 
-pub(crate) fn json_response(status: StatusCode, v: serde_json::Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
-        v.to_string(),
-    )
-        .into_response()
-}
-
 async fn health(State(app): State<AppState>) -> Response {
     match app.handle.phase() {
         Phase::Ready if app.frontend.get().is_some() => {
@@ -264,103 +254,10 @@ async fn models(State(app): State<AppState>) -> Response {
     )
 }
 
-pub(crate) fn body_error(r: BytesRejection) -> ApiError {
-    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "the request body is too large",
-        )
-    } else {
-        ApiError::new(
-            r.status(),
-            "invalid_request_error",
-            format!("cannot read the request body: {}", r.body_text()),
-        )
-    }
-}
-
-pub(crate) fn frontend(app: &App) -> Result<Arc<Frontend>, ApiError> {
-    match (app.handle.phase(), app.frontend.get()) {
-        (Phase::Ready, Some(f)) => Ok(f.clone()),
-        (Phase::Loading, _) | (Phase::Ready, None) => Err(ApiError::unavailable("Loading model")),
-        _ => Err(ApiError::unavailable("the server is shutting down")),
-    }
-}
-
-pub(crate) fn submit_error(e: SubmitError) -> ApiError {
-    match e {
-        SubmitError::QueueFull(_) => {
-            ApiError::unavailable(format!("the server is busy: {e}; retry later"))
-        }
-        SubmitError::Loading => ApiError::unavailable("Loading model"),
-        SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down"),
-        SubmitError::Stopped(_) => ApiError::internal(e.to_string()),
-    }
-}
-
-/// Fill in the fields a request leaves out from the server's command line (`--temp`, `-n`, ...).
-/// The token budget goes in as `n_predict`, which `max_tokens` and `max_completion_tokens` override.
-pub(crate) fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
-    for (k, v) in &app.cfg.request_defaults {
-        o.entry(k.clone()).or_insert_with(|| v.clone());
-    }
-}
-
-fn uses_tools(req: &ChatRequest) -> bool {
-    !req.tools.is_empty() && req.tool_choice != ToolChoice::None
-}
-
-/// The text a chat request runs: its messages through the template, with its template
-/// variables, the server's defaults for those it leaves out, and its tools; a final assistant
-/// message is continued.
-pub(crate) fn render_chat(app: &App, fe: &Frontend, req: &ChatRequest) -> Result<String, ApiError> {
-    let mut kwargs = req.template_kwargs.clone();
-    for (k, v) in &app.cfg.template_kwargs {
-        kwargs.entry(k.clone()).or_insert_with(|| v.clone());
-    }
-    if uses_tools(req) && !kwargs.contains_key("tools") {
-        kwargs.insert("tools".into(), req.tools_for_template.clone());
-    }
-    let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
-    let rendered = if continue_last {
-        fe.template.render_prefill(&req.messages, &kwargs)
-    } else {
-        fe.template.render(&req.messages, true, &kwargs)
-    };
-    rendered.map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-/// The text/JSON parts of a request that run off the async threads.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
-}
-
 async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
     chat_inner(app, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
-}
-
-/// Everything a request needs before it is submitted, prepared off the async threads.
-pub(crate) struct Prepared {
-    pub params: GenParams,
-    pub tokens: Vec<u32>,
-    /// Prompt positions worth a prefix-cache snapshot.
-    pub cache_points: Vec<usize>,
-    pub grammar: Option<Constraint>,
-    pub shaping: Shaping,
-}
-
-impl Prepared {
-    /// Tokens of the prompt.
-    pub(crate) fn prompt_len(&self) -> usize {
-        self.tokens.len()
-    }
 }
 
 /// Name each field this server does not know, once, when debug logging is on.
@@ -372,73 +269,6 @@ pub(crate) fn log_unknown(app: &App, o: &Map<String, Value>) {
             unknown.join(", ")
         );
     }
-}
-
-/// Compile a grammar for a request; a grammar that does not compile is the request's fault.
-fn compile(fe: &Frontend, source: &GrammarSource, param: &str) -> Result<Constraint, ApiError> {
-    let compiler = fe.grammars().map_err(ApiError::internal)?;
-    compiler
-        .compile(source)
-        .map_err(|e| ApiError::invalid_field(param, format!("'{param}': {e}")))
-}
-
-/// `grammar` with the request's reasoning budget (its `thinking_budget_tokens`, else the server's
-/// `--reasoning-budget`) when the output can reason: the prompt opened a block (`in_reasoning`)
-/// or the model may open one (`may_open`).
-fn with_reasoning_budget(
-    app: &App,
-    fe: &Frontend,
-    grammar: Option<Constraint>,
-    requested: Option<Option<usize>>,
-    in_reasoning: bool,
-    may_open: bool,
-) -> Result<Option<Constraint>, ApiError> {
-    let Some(budget) = requested.unwrap_or(app.cfg.reasoning_budget) else {
-        return Ok(grammar);
-    };
-    if !in_reasoning && !may_open {
-        return Ok(grammar);
-    }
-    let budget = ReasoningBudget::from_tags(
-        &fe.tokenizer,
-        budget,
-        in_reasoning,
-        reasoning::OPEN,
-        reasoning::CLOSE,
-        &app.cfg.reasoning_budget_message,
-    );
-    Ok(Some(match grammar {
-        Some(g) => g.with_reasoning_budget(budget),
-        None => fe
-            .grammars()
-            .map_err(ApiError::internal)?
-            .reasoning_budget_only(budget),
-    }))
-}
-
-/// `logit_bias` keys as token ids: ids checked against the vocabulary, texts tokenized (every
-/// token of the text gets the bias, as in llama-server).
-fn resolve_bias(fe: &Frontend, params: &mut GenParams) -> Result<(), ApiError> {
-    let mut bias = Vec::new();
-    for (key, b) in &params.logit_bias {
-        match key {
-            BiasKey::Id(id) if *id < fe.n_vocab as u64 => bias.push((*id as u32, *b)),
-            BiasKey::Id(id) => {
-                return Err(ApiError::invalid_field(
-                    "logit_bias",
-                    format!(
-                        "token id {id} is out of range: the vocabulary has {} tokens",
-                        fe.n_vocab
-                    ),
-                ))
-            }
-            BiasKey::Text(t) => {
-                bias.extend(fe.tokenizer.encode(t, false).into_iter().map(|id| (id, *b)))
-            }
-        }
-    }
-    params.sampler.logit_bias = bias;
-    Ok(())
 }
 
 async fn chat_inner(
@@ -459,90 +289,6 @@ async fn chat_inner(
     })
     .await?;
     submit(&app, &fe, prepared, Endpoint::Chat).await
-}
-
-/// A chat request (a body with the server's defaults filled in) as what the scheduler runs: the
-/// messages through the template, the grammar for `tool_choice` or the output format, and how
-/// the answer is cut into reasoning, content and tool calls.
-pub(crate) fn prepare_chat(
-    app: &App,
-    fe: &Frontend,
-    o: &Map<String, Value>,
-    mut req: ChatRequest,
-) -> Result<Prepared, ApiError> {
-    // Any model name is accepted, as llama-server does: clients hard-code names.
-    resolve_bias(fe, &mut req.params)?;
-    let use_tools = uses_tools(&req);
-    let text = render_chat(app, fe, &req)?;
-    let tokens = fe.tokenizer.encode(&text, true);
-    let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
-    let in_reasoning = prompt_opens_thinking(&text);
-    let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
-    let grammar = match (&req.tool_choice, &req.params.grammar) {
-        (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
-            let only = match &req.tool_choice {
-                ToolChoice::Named(n) => Some(n.as_str()),
-                _ => None,
-            };
-            let reasoning = if in_reasoning {
-                Reasoning::Open
-            } else if fe.template.source().contains("<think>") {
-                Reasoning::Optional
-            } else {
-                Reasoning::None
-            };
-            let lark = call_grammar(
-                &req.tools,
-                only,
-                fe.tool_format,
-                // A named tool is called once; `required` may call several.
-                only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
-                reasoning,
-            );
-            Some(compile(fe, &GrammarSource::Grammar(lark), "tool_choice")?)
-        }
-        (_, Some(g)) => Some(compile(fe, g, grammar_param(o))?),
-        _ => None,
-    };
-    let grammar = with_reasoning_budget(
-        app,
-        fe,
-        grammar,
-        req.params.reasoning_budget,
-        in_reasoning,
-        fe.template.source().contains(reasoning::OPEN),
-    )?;
-    let shaping = Shaping {
-        splitter: match reasoning {
-            ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
-            ReasoningFormat::None => None,
-        },
-        tools: use_tools.then(|| {
-            ToolCallParser::new(
-                req.tools.clone(),
-                (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
-            )
-        }),
-        legacy_functions: req.legacy_functions,
-        logprobs: req.params.logprobs.is_some(),
-        return_tokens: flag(o, "return_tokens", false)?,
-        native: None,
-    };
-    Ok(Prepared {
-        params: req.params,
-        tokens,
-        cache_points,
-        grammar,
-        shaping,
-    })
-}
-
-/// Which field gave the request's grammar (for error messages).
-fn grammar_param(o: &Map<String, Value>) -> &'static str {
-    ["response_format", "json_schema", "grammar"]
-        .into_iter()
-        .find(|k| o.get(*k).is_some_and(|v| !v.is_null()))
-        .unwrap_or("grammar")
 }
 
 async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -666,91 +412,6 @@ async fn submit(
     } else {
         respond::collect(rx, reply).await
     }
-}
-
-/// A request handed to the scheduler: its event channel, and how its answer is to be shaped.
-pub(crate) struct Submitted {
-    pub rx: tokio::sync::mpsc::UnboundedReceiver<nextn_engine::scheduler::Event>,
-    pub params: GenParams,
-    pub shaping: Shaping,
-}
-
-/// Check a prepared request against the loaded model and hand it to the scheduler.
-pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, ApiError> {
-    let Prepared {
-        params,
-        tokens,
-        cache_points: prepared_cache_points,
-        grammar,
-        shaping,
-    } = prepared;
-    let info = app
-        .handle
-        .info()
-        .ok_or_else(|| ApiError::unavailable("Loading model"))?;
-    if tokens.is_empty() {
-        return Err(ApiError::invalid_field("prompt", "the prompt is empty"));
-    }
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
-        return Err(ApiError::invalid_field(
-            "prompt",
-            format!(
-                "token id {bad} is out of range: the vocabulary has {} tokens",
-                info.n_vocab
-            ),
-        ));
-    }
-    if tokens.len() >= info.n_ctx_slot {
-        let mut e = ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "exceed_context_size_error",
-            format!(
-                "the request exceeds the available context size: the prompt has {} tokens and a slot holds {} (at least one more is needed to generate)",
-                tokens.len(),
-                info.n_ctx_slot
-            ),
-        );
-        e.extra = Some(Box::new(
-            json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot}),
-        ));
-        return Err(e);
-    }
-    let forced_acceptance = match (&params.forced_reference, &app.cfg.forced_acceptance) {
-        (None, _) => None,
-        (Some(_), None) => {
-            return Err(ApiError::invalid_field(
-                "forced_acceptance_reference",
-                "'forced_acceptance_reference' needs a server started with --force-acceptance",
-            ))
-        }
-        (Some(reference), Some(rates)) => Some(
-            ForcedAcceptance::new(rates, params.sampler.seed, reference.clone())
-                .map_err(|e| ApiError::bad_request(e.to_string()))?,
-        ),
-    };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let request = nextn_engine::scheduler::Request {
-        prompt: tokens,
-        sampler: params.sampler.clone(),
-        n_predict: params.n_predict,
-        stop: params.stop.clone(),
-        ignore_eos: params.ignore_eos,
-        trace: false,
-        grammar,
-        logprobs: params.logprobs,
-        cache_prompt: params.cache_prompt,
-        cache_points: prepared_cache_points,
-        forced_acceptance,
-        // As llama-server: progress is part of a stream only.
-        prompt_progress: params.return_progress && params.stream,
-        sink: Box::new(respond::ChannelSink(tx)),
-    };
-    app.handle.submit(request).map_err(submit_error)?;
-    Ok(Submitted {
-        rx,
-        params,
-        shaping,
-    })
 }
 
 #[cfg(test)]

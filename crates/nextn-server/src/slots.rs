@@ -17,7 +17,8 @@ use nextn_engine::slot_file::write_atomically;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::routes::{json_response, submit_error, AppState};
+use crate::handler::{json_response, AppState};
+use crate::submit::submit_error;
 
 /// `GET /slots`: every slot, busy or free, and the context it holds. With `fail_on_no_slot=1`,
 /// 503 when no slot is free (llama-server's readiness probe for a load balancer).
@@ -103,7 +104,7 @@ async fn action_inner(
             ))
         }
     }
-    let body = body.map_err(crate::routes::body_error)?;
+    let body = body.map_err(crate::handler::body_error)?;
     let filename = filename(&body)?;
     let path = dir.join(&filename);
     let started = Instant::now();

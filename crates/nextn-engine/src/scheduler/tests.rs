@@ -29,9 +29,8 @@ fn shared() -> Arc<Shared> {
 }
 
 fn bundled() -> (Model, NextnHead, Tokenizer) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
-    let file = Arc::new(GgufFile::open(path).expect("open bundled model"));
+    let file =
+        Arc::new(GgufFile::open(nextn_testdata::bundled_model()).expect("open bundled model"));
     let model = Model::load(file.clone()).expect("load model");
     let head = NextnHead::load(&model).expect("load head");
     let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");

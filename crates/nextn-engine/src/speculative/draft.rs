@@ -476,9 +476,8 @@ mod tests {
 
     #[test]
     fn each_committed_position_gets_one_head_entry() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../models/tiny-qwen35-mtp-Q8_0.gguf");
-        let model = Model::load(Arc::new(GgufFile::open(path).unwrap())).unwrap();
+        let file = GgufFile::open(nextn_testdata::bundled_model()).unwrap();
+        let model = Model::load(Arc::new(file)).unwrap();
         let head = NextnHead::load(&model).unwrap();
         let pool = ThreadPool::new(1);
         let e = model.config.n_embd;

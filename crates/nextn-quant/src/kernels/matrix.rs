@@ -116,6 +116,8 @@ pub(crate) struct OutSink {
 // SAFETY: tasks write disjoint elements (distinct weight rows) of a buffer that outlives the
 // pool job.
 unsafe impl Sync for OutSink {}
+// SAFETY: as for `Sync`: the pointer is only written through, at disjoint elements, while the
+// buffer it points into is alive.
 unsafe impl Send for OutSink {}
 
 impl OutSink {
@@ -134,8 +136,12 @@ impl OutSink {
     /// `i < n_act`, `r < rows`, and no other thread writes the same `(i, r)`.
     #[inline]
     pub(crate) unsafe fn write(&self, i: usize, r: usize, v: f32) {
-        debug_assert!(i < self.n_act && r < self.rows);
-        *self.ptr.add(i * self.rows + r) = v;
+        // SAFETY: the caller guarantees `i < n_act` and `r < rows`, so the offset lies inside
+        // the output slice `ptr` was taken from, and that no other thread writes this `(i, r)`.
+        unsafe {
+            debug_assert!(i < self.n_act && r < self.rows);
+            *self.ptr.add(i * self.rows + r) = v;
+        }
     }
 }
 

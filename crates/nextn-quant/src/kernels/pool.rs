@@ -37,6 +37,8 @@ struct Shared {
 
 // SAFETY: `job` is only accessed under the generation/remaining protocol described above.
 unsafe impl Sync for Shared {}
+// SAFETY: as for `Sync`: the job pointer is only dereferenced under that protocol, while the
+// dispatcher keeps the job alive; every other field is `Send`.
 unsafe impl Send for Shared {}
 
 /// Persistent worker threads; `run` hands them numbered tasks.
@@ -117,6 +119,9 @@ impl ThreadPool {
         // the pointer again, and we clear it below.
         let job: &'static Job =
             unsafe { std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), &'static Job>(job) };
+        // SAFETY: no worker is inside a job (the last `run` waited for `remaining` to reach 0,
+        // and the `dispatch` lock keeps other dispatchers out), and the generation bump below
+        // publishes the write before any worker reads it.
         unsafe { *sh.job.get() = Some(job as *const Job) };
         sh.n_tasks.store(n_tasks, Ordering::Relaxed);
         sh.next_task.store(0, Ordering::Relaxed);
@@ -138,6 +143,8 @@ impl ThreadPool {
                 std::thread::yield_now();
             }
         }
+        // SAFETY: every worker has finished this generation (`remaining` is 0), so none reads
+        // `job` until the next bump.
         unsafe { *sh.job.get() = None };
         let worker_panicked = sh.worker_panicked.swap(false, Ordering::Relaxed);
         if let Err(payload) = own {
@@ -196,6 +203,8 @@ fn worker_loop(sh: &Shared) {
         // by the dispatcher until we decrement `remaining`.
         let job = unsafe { *sh.job.get() };
         if let Some(job) = job {
+            // SAFETY: the dispatcher keeps the job it points at alive until `remaining` reaches
+            // 0, which needs this worker's decrement below.
             let job: &Job = unsafe { &*job };
             if catch_unwind(AssertUnwindSafe(|| take_tasks(sh, job))).is_err() {
                 sh.worker_panicked.store(true, Ordering::Relaxed);

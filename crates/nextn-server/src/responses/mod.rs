@@ -3,7 +3,7 @@
 //!
 //! A thin mapping onto the chat completion path: the request becomes a chat request
 //! ([`input`]) that goes through the same conversion, template, grammar, tool-call parser and
-//! generation loop (`routes::prepare_chat`, `routes::enqueue`), and the answer's parts become
+//! generation loop (`prepare::prepare_chat`, `submit::enqueue`), and the answer's parts become
 //! output items and stream events ([`output`]). Responses are kept in a bounded in-memory store
 //! ([`store`]) unless `store: false`, so `previous_response_id` can continue one.
 
@@ -27,13 +27,14 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::handler::{
+    blocking, body_error, frontend, json_response, with_server_defaults, AppState,
+};
+use crate::prepare::{prepare_chat, Prepared};
 use crate::reasoning::effort_budget;
 use crate::request::{fresh_seed, parse_chat, parse_json};
 use crate::respond::{failure, sse_response, started, unix_time, Endpoint, Reply};
-use crate::routes::{
-    blocking, body_error, enqueue, frontend, json_response, prepare_chat, with_server_defaults,
-    AppState, Prepared, Submitted,
-};
+use crate::submit::{enqueue, Submitted};
 use crate::App;
 
 use input::ResponsesRequest;

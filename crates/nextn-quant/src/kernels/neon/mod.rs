@@ -20,13 +20,19 @@ macro_rules! kernels {
             use super::*;
             $(
                 pub(super) unsafe fn $ty(m: &QMatrix, rows: Range<usize>, act: &ActRows, st: &mut DecodedRow, out: &OutSink) {
-                    let nb = m.cols / m.ty.block_size();
-                    for r in rows {
-                        let w = m.row(r);
-                        $decode(w, st, nb);
-                        for i in 0..act.n_rows {
-                            let a = act.row(i);
-                            out.write(i, r, ($dot)(w, &*st, &a, nb));
+                    // SAFETY: NEON is part of every aarch64 CPU; `rows` lie inside the matrix `m`
+                    // (validated by `QMatrix::new`), `act` is quantized for its type and width,
+                    // `st` was made for them, and `out` holds every (activation, row) written,
+                    // which no other thread writes.
+                    unsafe {
+                        let nb = m.cols / m.ty.block_size();
+                        for r in rows {
+                            let w = m.row(r);
+                            $decode(w, st, nb);
+                            for i in 0..act.n_rows {
+                                let a = act.row(i);
+                                out.write(i, r, ($dot)(w, &*st, &a, nb));
+                            }
                         }
                     }
                 }

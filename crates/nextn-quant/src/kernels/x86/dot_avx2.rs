@@ -27,7 +27,10 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `p` points at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
 /// Sixteen i16 sums of adjacent products w·x for the 32 lanes at `off`. Unsigned weights
@@ -41,12 +44,17 @@ pub(super) unsafe fn pair_products<const SIGNED: bool>(
     x: *const u8,
     off: usize,
 ) -> __m256i {
-    let xv = load(x.add(off));
-    if SIGNED {
-        let w = load(st.q.as_ptr().add(off));
-        _mm256_maddubs_epi16(load(st.qabs.as_ptr().add(off)), _mm256_sign_epi8(xv, w))
-    } else {
-        _mm256_maddubs_epi16(load(st.q.as_ptr().add(off)), xv)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `x` points at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe {
+        let xv = load(x.add(off));
+        if SIGNED {
+            let w = load(st.q.as_ptr().add(off));
+            _mm256_maddubs_epi16(load(st.qabs.as_ptr().add(off)), _mm256_sign_epi8(xv, w))
+        } else {
+            _mm256_maddubs_epi16(load(st.q.as_ptr().add(off)), xv)
+        }
     }
 }
 
@@ -60,10 +68,15 @@ unsafe fn legacy_block<const SIGNED: bool>(
     b: usize,
     acc: __m256,
 ) -> __m256 {
-    let pairs = pair_products::<SIGNED>(st, x, 32 * b);
-    let p = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-    let s = _mm256_set1_ps(*wd.add(b) * *ad.add(b));
-    _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `b` names a chunk inside the decoded row `st`,
+    // which the decoder sized for the whole row.
+    unsafe {
+        let pairs = pair_products::<SIGNED>(st, x, 32 * b);
+        let p = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+        let s = _mm256_set1_ps(*wd.add(b) * *ad.add(b));
+        _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc)
+    }
 }
 
 /// Σ_b w[b]·a[b] over per-block factors (one FMA per 8 blocks): how a constant weight
@@ -71,20 +84,25 @@ unsafe fn legacy_block<const SIGNED: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn block_factor_dot(w: &[f32], a: &[f32], nb: usize) -> f32 {
-    debug_assert!(w.len() >= nb && a.len() >= nb);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    let mut b = 0;
-    while b + 8 <= nb {
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(b)), _mm256_loadu_ps(ap.add(b)), acc);
-        b += 8;
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w`, `a` have the lengths the callers size them
+    // to (debug-asserted below), so the pointer reads and writes stay inside them.
+    unsafe {
+        debug_assert!(w.len() >= nb && a.len() >= nb);
+        let (wp, ap) = (w.as_ptr(), a.as_ptr());
+        let mut acc = _mm256_setzero_ps();
+        let mut b = 0;
+        while b + 8 <= nb {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(b)), _mm256_loadu_ps(ap.add(b)), acc);
+            b += 8;
+        }
+        let mut sum = hsum_ps(acc);
+        while b < nb {
+            sum += *wp.add(b) * *ap.add(b);
+            b += 1;
+        }
+        sum
     }
-    let mut sum = hsum_ps(acc);
-    while b < nb {
-        sum += *wp.add(b) * *ap.add(b);
-        b += 1;
-    }
-    sum
 }
 
 /// 32-element blocks: Σ_b d_w·d_a·Σ(w·x), plus Σ_b m_w·s_a when `MIN` (Q4_1, Q5_1).
@@ -98,26 +116,31 @@ pub(super) unsafe fn dot_legacy<const SIGNED: bool, const MIN: bool, const OFFSE
     a: &ActRow,
     nb: usize,
 ) -> f32 {
-    debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
-    let (x, wd, ad) = (a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut b = 0;
-    while b + 2 <= nb {
-        acc0 = legacy_block::<SIGNED>(st, x, wd, ad, b, acc0);
-        acc1 = legacy_block::<SIGNED>(st, x, wd, ad, b + 1, acc1);
-        b += 2;
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w`, the decoded row `st` and the activation
+    // row `a` all cover `nb` blocks of the row's type, so every load stays inside them.
+    unsafe {
+        debug_assert!(st.q.len() >= 32 * nb && a.qs.len() >= 32 * nb && a.d.len() >= nb);
+        let (x, wd, ad) = (a.qs.as_ptr() as *const u8, st.d.as_ptr(), a.d.as_ptr());
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut b = 0;
+        while b + 2 <= nb {
+            acc0 = legacy_block::<SIGNED>(st, x, wd, ad, b, acc0);
+            acc1 = legacy_block::<SIGNED>(st, x, wd, ad, b + 1, acc1);
+            b += 2;
+        }
+        if b < nb {
+            acc0 = legacy_block::<SIGNED>(st, x, wd, ad, b, acc0);
+        }
+        let mut sum = hsum_ps(_mm256_add_ps(acc0, acc1));
+        if OFFSET != 0 {
+            sum -= OFFSET as f32 * block_factor_dot(&st.d, a.dsum, nb);
+        }
+        if MIN {
+            sum += block_factor_dot(&st.m, a.s, nb);
+        }
+        sum
     }
-    if b < nb {
-        acc0 = legacy_block::<SIGNED>(st, x, wd, ad, b, acc0);
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(acc0, acc1));
-    if OFFSET != 0 {
-        sum -= OFFSET as f32 * block_factor_dot(&st.d, a.dsum, nb);
-    }
-    if MIN {
-        sum += block_factor_dot(&st.m, a.s, nb);
-    }
-    sum
 }
 
 /// 256-element blocks: per block Σ_chunks madd(pairs, scales) in i32, then
@@ -130,78 +153,98 @@ pub(super) unsafe fn dot_k<const SIGNED: bool, const MINS: u8>(
     a: &ActRow,
     nb: usize,
 ) -> f32 {
-    debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
-    debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
-    let (x, sc) = (a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
-    let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
-    let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
-    let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
-        let mut sumi = _mm256_setzero_si256();
-        for c in 0..8 {
-            let off = 256 * b + 32 * c;
-            let p = pair_products::<SIGNED>(st, x, off);
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, load(sc.add(off))));
-        }
-        let dd = *wd.add(b) * *ad.add(b);
-        if MINS == MINS_NONE {
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-        } else {
-            let m = _mm256_madd_epi16(load(bsums.add(32 * b)), load(mins.add(32 * b)));
-            if MINS == MINS_OFFSET {
-                let total = _mm256_sub_epi32(sumi, m);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(total), acc);
-            } else {
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w`, the decoded row `st` and the activation
+    // row `a` all cover `nb` blocks of the row's type, so every load stays inside them.
+    unsafe {
+        debug_assert!(st.q.len() >= 256 * nb && st.sc.len() >= 128 * nb && a.qs.len() >= 256 * nb);
+        debug_assert!(MINS == MINS_NONE || (st.mins.len() >= 16 * nb && a.bsums.len() >= 16 * nb));
+        let (x, sc) = (a.qs.as_ptr() as *const u8, st.sc.as_ptr() as *const u8);
+        let (wd, wm, ad) = (st.d.as_ptr(), st.m.as_ptr(), a.d.as_ptr());
+        let (mins, bsums) = (st.mins.as_ptr() as *const u8, a.bsums.as_ptr() as *const u8);
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..nb {
+            let mut sumi = _mm256_setzero_si256();
+            for c in 0..8 {
+                let off = 256 * b + 32 * c;
+                let p = pair_products::<SIGNED>(st, x, off);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, load(sc.add(off))));
+            }
+            let dd = *wd.add(b) * *ad.add(b);
+            if MINS == MINS_NONE {
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-                let dm = -(*wm.add(b) * *ad.add(b));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(m), acc);
+            } else {
+                let m = _mm256_madd_epi16(load(bsums.add(32 * b)), load(mins.add(32 * b)));
+                if MINS == MINS_OFFSET {
+                    let total = _mm256_sub_epi32(sumi, m);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(total), acc);
+                } else {
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+                    let dm = -(*wm.add(b) * *ad.add(b));
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(m), acc);
+                }
             }
         }
+        hsum_ps(acc)
     }
-    hsum_ps(acc)
 }
 
 /// f32 dot of `n` elements with four accumulators; the tail is summed in order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32_ptrs(w: *const f32, x: *const f32, n: usize) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut j = 0;
-    while j + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(
-                _mm256_loadu_ps(w.add(j + 8 * k)),
-                _mm256_loadu_ps(x.add(j + 8 * k)),
-                *a,
-            );
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w`, `x` point at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut j = 0;
+        while j + 32 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(w.add(j + 8 * k)),
+                    _mm256_loadu_ps(x.add(j + 8 * k)),
+                    *a,
+                );
+            }
+            j += 32;
         }
-        j += 32;
+        while j + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j)), _mm256_loadu_ps(x.add(j)), acc[0]);
+            j += 8;
+        }
+        let mut sum = hsum_ps(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+        ));
+        while j < n {
+            sum += w.add(j).read_unaligned() * *x.add(j);
+            j += 1;
+        }
+        sum
     }
-    while j + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(j)), _mm256_loadu_ps(x.add(j)), acc[0]);
-        j += 8;
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
-    while j < n {
-        sum += w.add(j).read_unaligned() * *x.add(j);
-        j += 1;
-    }
-    sum
 }
 
 /// F32 weights, read straight from the row bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_f32_row(w: &[u8], _st: &DecodedRow, a: &ActRow, n: usize) -> f32 {
-    debug_assert!(w.len() >= 4 * n && a.f.len() >= n);
-    dot_f32_ptrs(w.as_ptr() as *const f32, a.f.as_ptr(), n)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w`, the decoded row `st` and the activation
+    // row `a` all cover `n` elements of the row's type, so every load stays inside them.
+    unsafe {
+        debug_assert!(w.len() >= 4 * n && a.f.len() >= n);
+        dot_f32_ptrs(w.as_ptr() as *const f32, a.f.as_ptr(), n)
+    }
 }
 
 /// F16 / BF16 weights widened into a `DecodedRow`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_f32_staged(_w: &[u8], st: &DecodedRow, a: &ActRow, n: usize) -> f32 {
-    debug_assert!(st.f.len() >= n && a.f.len() >= n);
-    dot_f32_ptrs(st.f.as_ptr(), a.f.as_ptr(), n)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w`, the decoded row `st` and the activation
+    // row `a` all cover `n` elements of the row's type, so every load stays inside them.
+    unsafe {
+        debug_assert!(st.f.len() >= n && a.f.len() >= n);
+        dot_f32_ptrs(st.f.as_ptr(), a.f.as_ptr(), n)
+    }
 }

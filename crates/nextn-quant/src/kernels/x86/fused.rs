@@ -65,14 +65,20 @@ pub(super) unsafe fn prefetch_ahead(p: *const u8, block_bytes: usize) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `p` points at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
 /// `Σ` over the i16 pairs of `maddubs(w, x)` weighted by the i16 `scales`, as i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scaled_pairs(w: __m256i, x: *const u8, scales: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, load(x)), scales)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `x` points at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(w, load(x)), scales) }
 }
 
 /// The i16 scale vector of 32-weight sub-block `c` (all lanes = lane `c` of `both`).
@@ -88,12 +94,17 @@ unsafe fn scale_per32(both: __m256i, c: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_header(blk: *const u8) -> (f32, f32, __m256i, __m256i) {
-    let packed = core::slice::from_raw_parts(blk.add(4), 12);
-    let (sc, mn) = k4_scales_mins_packed(packed);
-    let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-    let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-    let mins = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
-    (f16_at(blk), f16_at(blk.add(2)), scales, mins)
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `blk` points at (or is) one whole block of the
+    // type, so the header bytes read lie inside it.
+    unsafe {
+        let packed = core::slice::from_raw_parts(blk.add(4), 12);
+        let (sc, mn) = k4_scales_mins_packed(packed);
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+        let mins = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+        (f16_at(blk), f16_at(blk.add(2)), scales, mins)
+    }
 }
 
 /// Per activation row of a K block with a separate min scale (Q4_K, Q5_K):
@@ -107,12 +118,17 @@ pub(super) unsafe fn finish_k_scaled<const N: usize>(
     sumi: &[__m256i; N],
     acc: &mut [__m256; N],
 ) {
-    for i in 0..N {
-        let ad = *a.d[i].add(b);
-        let m = _mm256_madd_epi16(load(a.bsums[i].add(32 * b)), mins);
-        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
-        let dm = -(dmin * ad);
-        acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(m), acc[i]);
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); the pointers in `a` cover whole activation rows
+    // of the matrix's width, so block `b` lies inside them.
+    unsafe {
+        for i in 0..N {
+            let ad = *a.d[i].add(b);
+            let m = _mm256_madd_epi16(load(a.bsums[i].add(32 * b)), mins);
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), _mm256_cvtepi32_ps(sumi[i]), acc[i]);
+            let dm = -(dmin * ad);
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dm), _mm256_cvtepi32_ps(m), acc[i]);
+        }
     }
 }
 
@@ -133,54 +149,61 @@ unsafe fn q4_k_rows<const N: usize, const PACKED: bool>(
     act: &ActRows,
     out: &OutSink,
 ) {
-    let nb = m.cols / 256;
-    let a = act_ptrs::<N>(act);
-    let permuted: [Vec<u8>; N] =
-        core::array::from_fn(|i| q4_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
-    let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
-    #[rustfmt::skip]
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `rows` lie inside the matrix `m` (validated by
+    // `QMatrix::new`), `act` is quantized for its type and width, and `out` holds every
+    // (activation, row) written, which no other thread writes.
+    unsafe {
+        let nb = m.cols / 256;
+        let a = act_ptrs::<N>(act);
+        let permuted: [Vec<u8>; N] =
+            core::array::from_fn(|i| q4_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
+        let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
+        #[rustfmt::skip]
     let (pick_l, pick_h) = (
         _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
                          0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13),
         _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
                          2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15),
     );
-    for r in rows {
-        let w = m.row(r);
-        debug_assert!(w.len() == 144 * nb);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..nb {
-            let blk = w.as_ptr().add(144 * b);
-            prefetch_ahead(blk, 144);
-            let (d, dmin, scales, mins) = k4_header(blk);
-            let (sc_l, sc_h) = (
-                _mm256_shuffle_epi8(scales, pick_l),
-                _mm256_shuffle_epi8(scales, pick_h),
-            );
-            let (lo, hi) = if PACKED {
-                q4_k_quants_packed(blk)
-            } else {
-                q4_k_quants(blk)
-            };
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for i in 0..N {
-                let xb = xp[i].add(256 * b);
-                let mut sl = _mm256_maddubs_epi16(lo[0], load(xb));
-                let mut sh = _mm256_maddubs_epi16(hi[0], load(xb.add(32)));
-                for u in 1..4 {
-                    sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[u], load(xb.add(64 * u))));
-                    sh = _mm256_add_epi16(
-                        sh,
-                        _mm256_maddubs_epi16(hi[u], load(xb.add(64 * u + 32))),
-                    );
+        for r in rows {
+            let w = m.row(r);
+            debug_assert!(w.len() == 144 * nb);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                let blk = w.as_ptr().add(144 * b);
+                prefetch_ahead(blk, 144);
+                let (d, dmin, scales, mins) = k4_header(blk);
+                let (sc_l, sc_h) = (
+                    _mm256_shuffle_epi8(scales, pick_l),
+                    _mm256_shuffle_epi8(scales, pick_h),
+                );
+                let (lo, hi) = if PACKED {
+                    q4_k_quants_packed(blk)
+                } else {
+                    q4_k_quants(blk)
+                };
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for i in 0..N {
+                    let xb = xp[i].add(256 * b);
+                    let mut sl = _mm256_maddubs_epi16(lo[0], load(xb));
+                    let mut sh = _mm256_maddubs_epi16(hi[0], load(xb.add(32)));
+                    for u in 1..4 {
+                        sl =
+                            _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[u], load(xb.add(64 * u))));
+                        sh = _mm256_add_epi16(
+                            sh,
+                            _mm256_maddubs_epi16(hi[u], load(xb.add(64 * u + 32))),
+                        );
+                    }
+                    sumi[i] =
+                        _mm256_add_epi32(_mm256_madd_epi16(sl, sc_l), _mm256_madd_epi16(sh, sc_h));
                 }
-                sumi[i] =
-                    _mm256_add_epi32(_mm256_madd_epi16(sl, sc_l), _mm256_madd_epi16(sh, sc_h));
+                finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
             }
-            finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
-        }
-        for (i, v) in acc.iter().enumerate() {
-            out.write(i, r, hsum_ps(*v));
+            for (i, v) in acc.iter().enumerate() {
+                out.write(i, r, hsum_ps(*v));
+            }
         }
     }
 }
@@ -190,8 +213,13 @@ unsafe fn q4_k_rows<const N: usize, const PACKED: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_quants(blk: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
-    let c = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
-    nibbles(transpose_dwords(c))
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `blk` points at (or is) one whole block of the
+    // type, so the header bytes read lie inside it.
+    unsafe {
+        let c = [0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)));
+        nibbles(transpose_dwords(c))
+    }
 }
 
 /// Low and high nibbles of four vectors of packed 4-bit quants.
@@ -209,18 +237,26 @@ unsafe fn nibbles(x: [__m256i; 4]) -> ([__m256i; 4], [__m256i; 4]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_quants_packed(blk: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
-    nibbles([0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j))))
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `blk` points at (or is) one whole block of the
+    // type, so the header bytes read lie inside it.
+    unsafe { nibbles([0, 1, 2, 3].map(|j| load(blk.add(16 + 32 * j)))) }
 }
 
 /// Q4_K blocks rearranged for `q4_k_quants_packed`: header as is, quant bytes transposed by
 /// dwords within 128-bit halves. `src` and `dst` hold the same whole number of blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn repack_q4_k(src: &[u8], dst: &mut [u8]) {
-    for (s, d) in src.chunks_exact(144).zip(dst.chunks_exact_mut(144)) {
-        d[..16].copy_from_slice(&s[..16]);
-        let c = [0, 1, 2, 3].map(|j| load(s.as_ptr().add(16 + 32 * j)));
-        for (j, v) in transpose_dwords(c).into_iter().enumerate() {
-            _mm256_storeu_si256(d.as_mut_ptr().add(16 + 32 * j) as *mut __m256i, v);
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `src`, `dst` have the lengths the callers size
+    // them to, so the pointer reads and writes stay inside them.
+    unsafe {
+        for (s, d) in src.chunks_exact(144).zip(dst.chunks_exact_mut(144)) {
+            d[..16].copy_from_slice(&s[..16]);
+            let c = [0, 1, 2, 3].map(|j| load(s.as_ptr().add(16 + 32 * j)));
+            for (j, v) in transpose_dwords(c).into_iter().enumerate() {
+                _mm256_storeu_si256(d.as_mut_ptr().add(16 + 32 * j) as *mut __m256i, v);
+            }
         }
     }
 }
@@ -264,45 +300,51 @@ pub(super) fn q4_k_permute_act(x: &[u8]) -> Vec<u8> {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
-    let nb = m.cols / 256;
-    let a = act_ptrs::<N>(act);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let bit4 = _mm256_set1_epi8(0x10);
-    for r in rows {
-        let w = m.row(r);
-        debug_assert!(w.len() == 176 * nb);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..nb {
-            let blk = w.as_ptr().add(176 * b);
-            prefetch_ahead(blk, 176);
-            let (d, dmin, scales, mins) = k4_header(blk);
-            let qh = load(blk.add(16));
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for j in 0..4 {
-                let q = load(blk.add(48 + 32 * j));
-                let high = |s: usize| {
-                    let bit = _mm256_set1_epi8(1i8 << s);
-                    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), bit4)
-                };
-                let lo = _mm256_or_si256(_mm256_and_si256(q, m4), high(2 * j));
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                    high(2 * j + 1),
-                );
-                let (s_lo, s_hi) = (scale_per32(scales, 2 * j), scale_per32(scales, 2 * j + 1));
-                for i in 0..N {
-                    let x = a.x[i].add(256 * b + 64 * j);
-                    let p = _mm256_add_epi32(
-                        scaled_pairs(lo, x, s_lo),
-                        scaled_pairs(hi, x.add(32), s_hi),
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `rows` lie inside the matrix `m` (validated by
+    // `QMatrix::new`), `act` is quantized for its type and width, and `out` holds every
+    // (activation, row) written, which no other thread writes.
+    unsafe {
+        let nb = m.cols / 256;
+        let a = act_ptrs::<N>(act);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let bit4 = _mm256_set1_epi8(0x10);
+        for r in rows {
+            let w = m.row(r);
+            debug_assert!(w.len() == 176 * nb);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                let blk = w.as_ptr().add(176 * b);
+                prefetch_ahead(blk, 176);
+                let (d, dmin, scales, mins) = k4_header(blk);
+                let qh = load(blk.add(16));
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for j in 0..4 {
+                    let q = load(blk.add(48 + 32 * j));
+                    let high = |s: usize| {
+                        let bit = _mm256_set1_epi8(1i8 << s);
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), bit4)
+                    };
+                    let lo = _mm256_or_si256(_mm256_and_si256(q, m4), high(2 * j));
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                        high(2 * j + 1),
                     );
-                    sumi[i] = _mm256_add_epi32(sumi[i], p);
+                    let (s_lo, s_hi) = (scale_per32(scales, 2 * j), scale_per32(scales, 2 * j + 1));
+                    for i in 0..N {
+                        let x = a.x[i].add(256 * b + 64 * j);
+                        let p = _mm256_add_epi32(
+                            scaled_pairs(lo, x, s_lo),
+                            scaled_pairs(hi, x.add(32), s_hi),
+                        );
+                        sumi[i] = _mm256_add_epi32(sumi[i], p);
+                    }
                 }
+                finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
             }
-            finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
-        }
-        for (i, v) in acc.iter().enumerate() {
-            out.write(i, r, hsum_ps(*v));
+            for (i, v) in acc.iter().enumerate() {
+                out.write(i, r, hsum_ps(*v));
+            }
         }
     }
 }
@@ -321,59 +363,69 @@ unsafe fn q6_k_rows<const N: usize, const PACKED: bool>(
     act: &ActRows,
     out: &OutSink,
 ) {
-    let nb = m.cols / 256;
-    let a = act_ptrs::<N>(act);
-    let permuted: [Vec<u8>; N] =
-        core::array::from_fn(|i| q6_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
-    let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
-    let sigma = _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 1, 1, 3, 3, 5, 5, 7, 7);
-    for r in rows {
-        let w = m.row(r);
-        debug_assert!(w.len() == 210 * nb);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..nb {
-            let p = w.as_ptr().add(210 * b);
-            prefetch_ahead(p, 210);
-            let d = f16_at(p.add(208));
-            let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
-            let s16 = _mm256_cvtepi8_epi16(sc8);
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for n in 0..2 {
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    sc8,
-                    _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
-                ));
-                let x = if PACKED {
-                    q6_k_quants_packed(p, n)
-                } else {
-                    q6_k_quants(p, n)
-                };
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `rows` lie inside the matrix `m` (validated by
+    // `QMatrix::new`), `act` is quantized for its type and width, and `out` holds every
+    // (activation, row) written, which no other thread writes.
+    unsafe {
+        let nb = m.cols / 256;
+        let a = act_ptrs::<N>(act);
+        let permuted: [Vec<u8>; N] =
+            core::array::from_fn(|i| q6_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols)));
+        let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
+        let sigma = _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 1, 1, 3, 3, 5, 5, 7, 7);
+        for r in rows {
+            let w = m.row(r);
+            debug_assert!(w.len() == 210 * nb);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                let p = w.as_ptr().add(210 * b);
+                prefetch_ahead(p, 210);
+                let d = f16_at(p.add(208));
+                let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+                let s16 = _mm256_cvtepi8_epi16(sc8);
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for n in 0..2 {
+                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                        sc8,
+                        _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
+                    ));
+                    let x = if PACKED {
+                        q6_k_quants_packed(p, n)
+                    } else {
+                        q6_k_quants(p, n)
+                    };
+                    for i in 0..N {
+                        let xb = xp[i].add(256 * b + 128 * n);
+                        let p01 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(x[0], load(xb)),
+                            _mm256_maddubs_epi16(x[1], load(xb.add(32))),
+                        );
+                        let p23 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(x[2], load(xb.add(64))),
+                            _mm256_maddubs_epi16(x[3], load(xb.add(96))),
+                        );
+                        sumi[i] = _mm256_add_epi32(
+                            sumi[i],
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(p01, sc),
+                                _mm256_madd_epi16(p23, sc),
+                            ),
+                        );
+                    }
+                }
+                let mins = _mm256_slli_epi16(s16, 5);
                 for i in 0..N {
-                    let xb = xp[i].add(256 * b + 128 * n);
-                    let p01 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(x[0], load(xb)),
-                        _mm256_maddubs_epi16(x[1], load(xb.add(32))),
-                    );
-                    let p23 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(x[2], load(xb.add(64))),
-                        _mm256_maddubs_epi16(x[3], load(xb.add(96))),
-                    );
-                    sumi[i] = _mm256_add_epi32(
-                        sumi[i],
-                        _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)),
-                    );
+                    let ad = *a.d[i].add(b);
+                    let off = _mm256_madd_epi16(load(a.bsums[i].add(32 * b)), mins);
+                    let total = _mm256_sub_epi32(sumi[i], off);
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(d * ad), _mm256_cvtepi32_ps(total), acc[i]);
                 }
             }
-            let mins = _mm256_slli_epi16(s16, 5);
-            for i in 0..N {
-                let ad = *a.d[i].add(b);
-                let off = _mm256_madd_epi16(load(a.bsums[i].add(32 * b)), mins);
-                let total = _mm256_sub_epi32(sumi[i], off);
-                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * ad), _mm256_cvtepi32_ps(total), acc[i]);
+            for (i, v) in acc.iter().enumerate() {
+                out.write(i, r, hsum_ps(*v));
             }
-        }
-        for (i, v) in acc.iter().enumerate() {
-            out.write(i, r, hsum_ps(*v));
         }
     }
 }
@@ -383,8 +435,13 @@ unsafe fn q6_k_rows<const N: usize, const PACKED: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
-    // The ggml bytes decoded in place are the vectors before the transposition.
-    transpose_dwords(q6_k_quants_packed(p, n))
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `p` points at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe {
+        // The ggml bytes decoded in place are the vectors before the transposition.
+        transpose_dwords(q6_k_quants_packed(p, n))
+    }
 }
 
 /// The four 6-bit vectors of half `n` decoded where they lie: weights 0..32, 32..64, 64..96,
@@ -393,31 +450,36 @@ pub(super) unsafe fn q6_k_quants(p: *const u8, n: usize) -> [__m256i; 4] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k_quants_packed(p: *const u8, n: usize) -> [__m256i; 4] {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2h = _mm256_set1_epi8(0x30);
-    // Two high bits 2c..2c+2 of h moved to bits 4..6 (16-bit shifts; the mask drops what
-    // crosses byte borders).
-    let a = load(p.add(64 * n));
-    let b = load(p.add(64 * n + 32));
-    let h = load(p.add(128 + 32 * n));
-    [
-        _mm256_or_si256(
-            _mm256_and_si256(a, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 4), m2h),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(b, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-            _mm256_and_si256(h, m2h),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
-        ),
-    ]
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `p` points at as many valid elements as the
+    // loads below read (the callers pass whole blocks or rows).
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m2h = _mm256_set1_epi8(0x30);
+        // Two high bits 2c..2c+2 of h moved to bits 4..6 (16-bit shifts; the mask drops what
+        // crosses byte borders).
+        let a = load(p.add(64 * n));
+        let b = load(p.add(64 * n + 32));
+        let h = load(p.add(128 + 32 * n));
+        [
+            _mm256_or_si256(
+                _mm256_and_si256(a, m4),
+                _mm256_and_si256(_mm256_slli_epi16(h, 4), m2h),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(b, m4),
+                _mm256_and_si256(_mm256_slli_epi16(h, 2), m2h),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                _mm256_and_si256(h, m2h),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m2h),
+            ),
+        ]
+    }
 }
 
 /// Q6_K blocks rearranged for `q6_k_quants_packed`: per 128-weight half, the transposed 6-bit
@@ -426,28 +488,33 @@ pub(super) unsafe fn q6_k_quants_packed(p: *const u8, n: usize) -> [__m256i; 4] 
 /// d as they are. `src` and `dst` hold the same whole number of blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn repack_q6_k(src: &[u8], dst: &mut [u8]) {
-    for (s, d) in src.chunks_exact(210).zip(dst.chunks_exact_mut(210)) {
-        d[192..].copy_from_slice(&s[192..]);
-        let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x03));
-        // Values are at most 63, so masked 16-bit shifts keep every bit in its byte.
-        let nib = |v: __m256i| _mm256_and_si256(v, m4);
-        let top = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16(v, 4), m2);
-        let dp = d.as_mut_ptr();
-        for n in 0..2 {
-            let x = q6_k_quants(s.as_ptr(), n);
-            let a = _mm256_or_si256(nib(x[0]), _mm256_slli_epi16(nib(x[2]), 4));
-            let b = _mm256_or_si256(nib(x[1]), _mm256_slli_epi16(nib(x[3]), 4));
-            let h01 = _mm256_or_si256(top(x[0]), _mm256_slli_epi16(top(x[1]), 2));
-            let h23 = _mm256_or_si256(
-                _mm256_slli_epi16(top(x[2]), 4),
-                _mm256_slli_epi16(top(x[3]), 6),
-            );
-            _mm256_storeu_si256(dp.add(64 * n) as *mut __m256i, a);
-            _mm256_storeu_si256(dp.add(64 * n + 32) as *mut __m256i, b);
-            _mm256_storeu_si256(
-                dp.add(128 + 32 * n) as *mut __m256i,
-                _mm256_or_si256(h01, h23),
-            );
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `src`, `dst` have the lengths the callers size
+    // them to, so the pointer reads and writes stay inside them.
+    unsafe {
+        for (s, d) in src.chunks_exact(210).zip(dst.chunks_exact_mut(210)) {
+            d[192..].copy_from_slice(&s[192..]);
+            let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x03));
+            // Values are at most 63, so masked 16-bit shifts keep every bit in its byte.
+            let nib = |v: __m256i| _mm256_and_si256(v, m4);
+            let top = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16(v, 4), m2);
+            let dp = d.as_mut_ptr();
+            for n in 0..2 {
+                let x = q6_k_quants(s.as_ptr(), n);
+                let a = _mm256_or_si256(nib(x[0]), _mm256_slli_epi16(nib(x[2]), 4));
+                let b = _mm256_or_si256(nib(x[1]), _mm256_slli_epi16(nib(x[3]), 4));
+                let h01 = _mm256_or_si256(top(x[0]), _mm256_slli_epi16(top(x[1]), 2));
+                let h23 = _mm256_or_si256(
+                    _mm256_slli_epi16(top(x[2]), 4),
+                    _mm256_slli_epi16(top(x[3]), 6),
+                );
+                _mm256_storeu_si256(dp.add(64 * n) as *mut __m256i, a);
+                _mm256_storeu_si256(dp.add(64 * n + 32) as *mut __m256i, b);
+                _mm256_storeu_si256(
+                    dp.add(128 + 32 * n) as *mut __m256i,
+                    _mm256_or_si256(h01, h23),
+                );
+            }
         }
     }
 }
@@ -476,14 +543,20 @@ pub(super) fn q6_k_permute_act(x: &[u8]) -> Vec<u8> {
 /// in every group, so its result does not depend on the pass.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
-    let a = act_ptrs::<N>(act);
-    for r in rows {
-        q8_0_groups(&a, |g, first| match g.len() {
-            1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
-            2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
-            3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
-            _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
-        });
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `rows` lie inside the matrix `m` (validated by
+    // `QMatrix::new`), `act` is quantized for its type and width, and `out` holds every
+    // (activation, row) written, which no other thread writes.
+    unsafe {
+        let a = act_ptrs::<N>(act);
+        for r in rows {
+            q8_0_groups(&a, |g, first| match g.len() {
+                1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
+                2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
+                3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
+                _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
+            });
+        }
     }
 }
 
@@ -498,23 +571,29 @@ unsafe fn q8_0_row<const N: usize>(
     first: usize,
     out: &OutSink,
 ) {
-    let nb = m.cols / 32;
-    let w = m.row(r);
-    debug_assert!(w.len() == 34 * nb);
-    // Even blocks accumulate into `acc0`, odd ones into `acc1`; indexing one array by
-    // parity would keep the accumulators in memory.
-    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-    let mut b = 0;
-    while b + 2 <= nb {
-        q8_0_block(w.as_ptr(), a, b, &mut acc0);
-        q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
-        b += 2;
-    }
-    if b < nb {
-        q8_0_block(w.as_ptr(), a, b, &mut acc0);
-    }
-    for i in 0..N {
-        out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `r` is a row of the matrix `m` (validated by
+    // `QMatrix::new`), the pointers in `a` cover whole activation rows of the matrix's width, `out`
+    // holds every (activation, row) written, which no other thread writes.
+    unsafe {
+        let nb = m.cols / 32;
+        let w = m.row(r);
+        debug_assert!(w.len() == 34 * nb);
+        // Even blocks accumulate into `acc0`, odd ones into `acc1`; indexing one array by
+        // parity would keep the accumulators in memory.
+        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+        let mut b = 0;
+        while b + 2 <= nb {
+            q8_0_block(w.as_ptr(), a, b, &mut acc0);
+            q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
+            b += 2;
+        }
+        if b < nb {
+            q8_0_block(w.as_ptr(), a, b, &mut acc0);
+        }
+        for i in 0..N {
+            out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
+        }
     }
 }
 
@@ -553,17 +632,22 @@ unsafe fn q8_0_block<const N: usize>(
     b: usize,
     acc: &mut [__m256; N],
 ) {
-    let p = w.add(34 * b);
-    prefetch_ahead(p, 34);
-    let d = f16_at(p);
-    let q = load(p.add(2));
-    let qabs = _mm256_abs_epi8(q);
-    for i in 0..N {
-        let x = load(a.x[i].add(32 * b));
-        let pairs = _mm256_maddubs_epi16(qabs, _mm256_sign_epi8(x, q));
-        let sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-        let s = _mm256_set1_ps(d * *a.d[i].add(b));
-        acc[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[i]);
+    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
+    // the dispatcher chose after checking the CPU); `w` points at a whole weight row, the pointers
+    // in `a` cover whole activation rows of the matrix's width, so block `b` lies inside them.
+    unsafe {
+        let p = w.add(34 * b);
+        prefetch_ahead(p, 34);
+        let d = f16_at(p);
+        let q = load(p.add(2));
+        let qabs = _mm256_abs_epi8(q);
+        for i in 0..N {
+            let x = load(a.x[i].add(32 * b));
+            let pairs = _mm256_maddubs_epi16(qabs, _mm256_sign_epi8(x, q));
+            let sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            let s = _mm256_set1_ps(d * *a.d[i].add(b));
+            acc[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[i]);
+        }
     }
 }
 
@@ -579,17 +663,24 @@ macro_rules! by_row_count {
             _decoded: &mut DecodedRow,
             out: &OutSink,
         ) {
-            match act.n_rows {
-                0 => {}
-                1 => $kernel::<1 $(, $packed)?>(m, rows, act, out),
-                2 => $kernel::<2 $(, $packed)?>(m, rows, act, out),
-                3 => $kernel::<3 $(, $packed)?>(m, rows, act, out),
-                4 => $kernel::<4 $(, $packed)?>(m, rows, act, out),
-                5 => $kernel::<5 $(, $packed)?>(m, rows, act, out),
-                6 => $kernel::<6 $(, $packed)?>(m, rows, act, out),
-                7 => $kernel::<7 $(, $packed)?>(m, rows, act, out),
-                8 => $kernel::<8 $(, $packed)?>(m, rows, act, out),
-                n => unreachable!("{n} activation rows in one pass (at most 8)"),
+            // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under kernels
+            // compiled for them, which the dispatcher chose after checking the CPU); `rows` lie
+            // inside the matrix `m` (validated by `QMatrix::new`), `act` is quantized for its type
+            // and width, and `out` holds every (activation, row) written, which no other thread
+            // writes.
+            unsafe {
+                match act.n_rows {
+                    0 => {}
+                    1 => $kernel::<1 $(, $packed)?>(m, rows, act, out),
+                    2 => $kernel::<2 $(, $packed)?>(m, rows, act, out),
+                    3 => $kernel::<3 $(, $packed)?>(m, rows, act, out),
+                    4 => $kernel::<4 $(, $packed)?>(m, rows, act, out),
+                    5 => $kernel::<5 $(, $packed)?>(m, rows, act, out),
+                    6 => $kernel::<6 $(, $packed)?>(m, rows, act, out),
+                    7 => $kernel::<7 $(, $packed)?>(m, rows, act, out),
+                    8 => $kernel::<8 $(, $packed)?>(m, rows, act, out),
+                    n => unreachable!("{n} activation rows in one pass (at most 8)"),
+                }
             }
         }
     };

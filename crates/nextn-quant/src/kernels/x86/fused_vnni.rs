@@ -45,13 +45,23 @@ macro_rules! vnni_kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dpbusd(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
-                $dpbusd(acc, w, x)
+                // SAFETY: the CPU has this kernel's features (`$feat`): this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU.
+                // The hardware instruction is safe there; the emulated one is an unsafe fn.
+                #[allow(unused_unsafe)]
+                let sum = unsafe { $dpbusd(acc, w, x) };
+                sum
             }
 
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-                $dpwssd(acc, a, b)
+                // SAFETY: the CPU has this kernel's features (`$feat`): this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU.
+                // The hardware instruction is safe there; the emulated one is an unsafe fn.
+                #[allow(unused_unsafe)]
+                let sum = unsafe { $dpwssd(acc, a, b) };
+                sum
             }
 
             /// As `fused::q4_k_rows`. Per lane, the 16 products under the low nibbles
@@ -65,53 +75,60 @@ macro_rules! vnni_kernels {
                 act: &ActRows,
                 out: &OutSink,
             ) {
-                let nb = m.cols / 256;
-                let a = act_ptrs::<N>(act);
-                let permuted: [Vec<u8>; N] = core::array::from_fn(|i| {
-                    q4_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols))
-                });
-                let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
-                // The i16 scale of sub-block σL(m) (resp. σH(m)) in the low half of dword m,
-                // zero in the high half.
-                #[rustfmt::skip]
-                let (pick_l, pick_h) = (
-                    _mm256_setr_epi8(0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13, -1, -1,
-                                     0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13, -1, -1),
-                    _mm256_setr_epi8(2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15, -1, -1,
-                                     2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15, -1, -1),
-                );
-                for r in rows {
-                    let w = m.row(r);
-                    debug_assert!(w.len() == 144 * nb);
-                    let mut acc = [_mm256_setzero_ps(); N];
-                    for b in 0..nb {
-                        let blk = w.as_ptr().add(144 * b);
-                        prefetch_ahead(blk, 144);
-                        let (d, dmin, scales, mins) = k4_header(blk);
-                        let (sc_l, sc_h) = (
-                            _mm256_shuffle_epi8(scales, pick_l),
-                            _mm256_shuffle_epi8(scales, pick_h),
-                        );
-                        let (lo, hi) = if PACKED {
-                            q4_k_quants_packed(blk)
-                        } else {
-                            q4_k_quants(blk)
-                        };
-                        let mut sumi = [_mm256_setzero_si256(); N];
-                        for i in 0..N {
-                            let xb = xp[i].add(256 * b);
-                            let mut sl = _mm256_setzero_si256();
-                            let mut sh = _mm256_setzero_si256();
-                            for u in 0..4 {
-                                sl = dpbusd(sl, lo[u], load(xb.add(64 * u)));
-                                sh = dpbusd(sh, hi[u], load(xb.add(64 * u + 32)));
+                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU);
+                // `rows` lie inside the matrix `m` (validated by `QMatrix::new`), `act` is
+                // quantized for its type and width, and `out` holds every (activation, row)
+                // written, which no other thread writes.
+                unsafe {
+                    let nb = m.cols / 256;
+                    let a = act_ptrs::<N>(act);
+                    let permuted: [Vec<u8>; N] = core::array::from_fn(|i| {
+                        q4_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols))
+                    });
+                    let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
+                    // The i16 scale of sub-block σL(m) (resp. σH(m)) in the low half of dword m,
+                    // zero in the high half.
+                    #[rustfmt::skip]
+                    let (pick_l, pick_h) = (
+                        _mm256_setr_epi8(0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13, -1, -1,
+                                         0, 1, -1, -1, 4, 5, -1, -1, 8, 9, -1, -1, 12, 13, -1, -1),
+                        _mm256_setr_epi8(2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15, -1, -1,
+                                         2, 3, -1, -1, 6, 7, -1, -1, 10, 11, -1, -1, 14, 15, -1, -1),
+                    );
+                    for r in rows {
+                        let w = m.row(r);
+                        debug_assert!(w.len() == 144 * nb);
+                        let mut acc = [_mm256_setzero_ps(); N];
+                        for b in 0..nb {
+                            let blk = w.as_ptr().add(144 * b);
+                            prefetch_ahead(blk, 144);
+                            let (d, dmin, scales, mins) = k4_header(blk);
+                            let (sc_l, sc_h) = (
+                                _mm256_shuffle_epi8(scales, pick_l),
+                                _mm256_shuffle_epi8(scales, pick_h),
+                            );
+                            let (lo, hi) = if PACKED {
+                                q4_k_quants_packed(blk)
+                            } else {
+                                q4_k_quants(blk)
+                            };
+                            let mut sumi = [_mm256_setzero_si256(); N];
+                            for i in 0..N {
+                                let xb = xp[i].add(256 * b);
+                                let mut sl = _mm256_setzero_si256();
+                                let mut sh = _mm256_setzero_si256();
+                                for u in 0..4 {
+                                    sl = dpbusd(sl, lo[u], load(xb.add(64 * u)));
+                                    sh = dpbusd(sh, hi[u], load(xb.add(64 * u + 32)));
+                                }
+                                sumi[i] = dpwssd(dpwssd(_mm256_setzero_si256(), sl, sc_l), sh, sc_h);
                             }
-                            sumi[i] = dpwssd(dpwssd(_mm256_setzero_si256(), sl, sc_l), sh, sc_h);
+                            finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
                         }
-                        finish_k_scaled(&a, b, (d, dmin, mins), &sumi, &mut acc);
-                    }
-                    for (i, v) in acc.iter().enumerate() {
-                        out.write(i, r, hsum_ps(*v));
+                        for (i, v) in acc.iter().enumerate() {
+                            out.write(i, r, hsum_ps(*v));
+                        }
                     }
                 }
             }
@@ -125,58 +142,65 @@ macro_rules! vnni_kernels {
                 act: &ActRows,
                 out: &OutSink,
             ) {
-                let nb = m.cols / 256;
-                let a = act_ptrs::<N>(act);
-                let permuted: [Vec<u8>; N] = core::array::from_fn(|i| {
-                    q6_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols))
-                });
-                let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
-                // Sub-block σ(m) of dword m within a 128-weight half.
-                let sigma = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0);
-                for r in rows {
-                    let w = m.row(r);
-                    debug_assert!(w.len() == 210 * nb);
-                    let mut acc = [_mm256_setzero_ps(); N];
-                    for b in 0..nb {
-                        let p = w.as_ptr().add(210 * b);
-                        prefetch_ahead(p, 210);
-                        let d = f16_at(p.add(208));
-                        let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
-                        let s16 = _mm256_cvtepi8_epi16(sc8);
-                        let mut sumi = [_mm256_setzero_si256(); N];
-                        for n in 0..2 {
-                            let sc = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(
-                                sc8,
-                                _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
-                            ));
-                            let x = if PACKED {
-                                q6_k_quants_packed(p, n)
-                            } else {
-                                q6_k_quants(p, n)
-                            };
-                            for i in 0..N {
-                                let xb = xp[i].add(256 * b + 128 * n);
-                                let mut s = _mm256_setzero_si256();
-                                for u in 0..4 {
-                                    s = dpbusd(s, x[u], load(xb.add(32 * u)));
+                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU);
+                // `rows` lie inside the matrix `m` (validated by `QMatrix::new`), `act` is
+                // quantized for its type and width, and `out` holds every (activation, row)
+                // written, which no other thread writes.
+                unsafe {
+                    let nb = m.cols / 256;
+                    let a = act_ptrs::<N>(act);
+                    let permuted: [Vec<u8>; N] = core::array::from_fn(|i| {
+                        q6_k_permute_act(core::slice::from_raw_parts(a.x[i], m.cols))
+                    });
+                    let xp: [*const u8; N] = core::array::from_fn(|i| permuted[i].as_ptr());
+                    // Sub-block σ(m) of dword m within a 128-weight half.
+                    let sigma = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0);
+                    for r in rows {
+                        let w = m.row(r);
+                        debug_assert!(w.len() == 210 * nb);
+                        let mut acc = [_mm256_setzero_ps(); N];
+                        for b in 0..nb {
+                            let p = w.as_ptr().add(210 * b);
+                            prefetch_ahead(p, 210);
+                            let d = f16_at(p.add(208));
+                            let sc8 = _mm_loadu_si128(p.add(192) as *const __m128i);
+                            let s16 = _mm256_cvtepi8_epi16(sc8);
+                            let mut sumi = [_mm256_setzero_si256(); N];
+                            for n in 0..2 {
+                                let sc = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(
+                                    sc8,
+                                    _mm_add_epi8(sigma, _mm_set1_epi8(8 * n as i8)),
+                                ));
+                                let x = if PACKED {
+                                    q6_k_quants_packed(p, n)
+                                } else {
+                                    q6_k_quants(p, n)
+                                };
+                                for i in 0..N {
+                                    let xb = xp[i].add(256 * b + 128 * n);
+                                    let mut s = _mm256_setzero_si256();
+                                    for u in 0..4 {
+                                        s = dpbusd(s, x[u], load(xb.add(32 * u)));
+                                    }
+                                    sumi[i] = _mm256_add_epi32(sumi[i], _mm256_mullo_epi32(s, sc));
                                 }
-                                sumi[i] = _mm256_add_epi32(sumi[i], _mm256_mullo_epi32(s, sc));
+                            }
+                            let mins = _mm256_slli_epi16(s16, 5);
+                            for i in 0..N {
+                                let ad = *a.d[i].add(b);
+                                let off = _mm256_madd_epi16(load(a.bsums[i].add(32 * b)), mins);
+                                let total = _mm256_sub_epi32(sumi[i], off);
+                                acc[i] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(d * ad),
+                                    _mm256_cvtepi32_ps(total),
+                                    acc[i],
+                                );
                             }
                         }
-                        let mins = _mm256_slli_epi16(s16, 5);
-                        for i in 0..N {
-                            let ad = *a.d[i].add(b);
-                            let off = _mm256_madd_epi16(load(a.bsums[i].add(32 * b)), mins);
-                            let total = _mm256_sub_epi32(sumi[i], off);
-                            acc[i] = _mm256_fmadd_ps(
-                                _mm256_set1_ps(d * ad),
-                                _mm256_cvtepi32_ps(total),
-                                acc[i],
-                            );
+                        for (i, v) in acc.iter().enumerate() {
+                            out.write(i, r, hsum_ps(*v));
                         }
-                    }
-                    for (i, v) in acc.iter().enumerate() {
-                        out.write(i, r, hsum_ps(*v));
                     }
                 }
             }
@@ -189,14 +213,21 @@ macro_rules! vnni_kernels {
                 act: &ActRows,
                 out: &OutSink,
             ) {
-                let a = act_ptrs::<N>(act);
-                for r in rows {
-                    q8_0_groups(&a, |g, first| match g.len() {
-                        1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
-                        2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
-                        3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
-                        _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
-                    });
+                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU);
+                // `rows` lie inside the matrix `m` (validated by `QMatrix::new`), `act` is
+                // quantized for its type and width, and `out` holds every (activation, row)
+                // written, which no other thread writes.
+                unsafe {
+                    let a = act_ptrs::<N>(act);
+                    for r in rows {
+                        q8_0_groups(&a, |g, first| match g.len() {
+                            1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
+                            2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
+                            3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
+                            _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
+                        });
+                    }
                 }
             }
 
@@ -209,21 +240,28 @@ macro_rules! vnni_kernels {
                 first: usize,
                 out: &OutSink,
             ) {
-                let nb = m.cols / 32;
-                let w = m.row(r);
-                debug_assert!(w.len() == 34 * nb);
-                let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-                let mut b = 0;
-                while b + 2 <= nb {
-                    q8_0_block(w.as_ptr(), a, b, &mut acc0);
-                    q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
-                    b += 2;
-                }
-                if b < nb {
-                    q8_0_block(w.as_ptr(), a, b, &mut acc0);
-                }
-                for i in 0..N {
-                    out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
+                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU);
+                // `r` is a row of the matrix `m` (validated by `QMatrix::new`), the pointers in `a`
+                // cover whole activation rows of the matrix's width, `out` holds every (activation,
+                // row) written, which no other thread writes.
+                unsafe {
+                    let nb = m.cols / 32;
+                    let w = m.row(r);
+                    debug_assert!(w.len() == 34 * nb);
+                    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+                    let mut b = 0;
+                    while b + 2 <= nb {
+                        q8_0_block(w.as_ptr(), a, b, &mut acc0);
+                        q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
+                        b += 2;
+                    }
+                    if b < nb {
+                        q8_0_block(w.as_ptr(), a, b, &mut acc0);
+                    }
+                    for i in 0..N {
+                        out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
+                    }
                 }
             }
 
@@ -235,16 +273,22 @@ macro_rules! vnni_kernels {
                 b: usize,
                 acc: &mut [__m256; N],
             ) {
-                let p = w.add(34 * b);
-                prefetch_ahead(p, 34);
-                let d = f16_at(p);
-                let q = load(p.add(2));
-                let qabs = _mm256_abs_epi8(q);
-                for i in 0..N {
-                    let x = load(a.x[i].add(32 * b));
-                    let sum = dpbusd(_mm256_setzero_si256(), qabs, _mm256_sign_epi8(x, q));
-                    let s = _mm256_set1_ps(d * *a.d[i].add(b));
-                    acc[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[i]);
+                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
+                // kernels compiled for them, which the dispatcher chose after checking the CPU);
+                // `w` points at a whole weight row, the pointers in `a` cover whole activation rows
+                // of the matrix's width, so block `b` lies inside them.
+                unsafe {
+                    let p = w.add(34 * b);
+                    prefetch_ahead(p, 34);
+                    let d = f16_at(p);
+                    let q = load(p.add(2));
+                    let qabs = _mm256_abs_epi8(q);
+                    for i in 0..N {
+                        let x = load(a.x[i].add(32 * b));
+                        let sum = dpbusd(_mm256_setzero_si256(), qabs, _mm256_sign_epi8(x, q));
+                        let s = _mm256_set1_ps(d * *a.d[i].add(b));
+                        acc[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[i]);
+                    }
                 }
             }
 

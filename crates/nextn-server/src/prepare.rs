@@ -1,0 +1,211 @@
+//! The request side every generating endpoint shares: a parsed request as what the scheduler
+//! runs (the chat template, the prompt's tokens, `logit_bias` as token ids, the grammar for
+//! `tool_choice` or the output format, and how the answer is cut into reasoning, content and tool
+//! calls).
+
+use nextn_engine::chat::final_header;
+use nextn_engine::grammar::{Constraint, GrammarSource, ReasoningBudget};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::reasoning::{self, prompt_opens_thinking, ReasoningSplitter};
+use crate::request::{flag, BiasKey, ChatRequest, GenParams};
+use crate::respond::Shaping;
+use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
+use crate::{App, Frontend, ReasoningFormat};
+
+/// Everything a request needs before it is submitted, prepared off the async threads.
+pub(crate) struct Prepared {
+    pub params: GenParams,
+    pub tokens: Vec<u32>,
+    /// Prompt positions worth a prefix-cache snapshot.
+    pub cache_points: Vec<usize>,
+    pub grammar: Option<Constraint>,
+    pub shaping: Shaping,
+}
+
+impl Prepared {
+    /// Tokens of the prompt.
+    pub(crate) fn prompt_len(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+fn uses_tools(req: &ChatRequest) -> bool {
+    !req.tools.is_empty() && req.tool_choice != ToolChoice::None
+}
+
+/// The text a chat request runs: its messages through the template, with its template
+/// variables, the server's defaults for those it leaves out, and its tools; a final assistant
+/// message is continued.
+pub(crate) fn render_chat(app: &App, fe: &Frontend, req: &ChatRequest) -> Result<String, ApiError> {
+    let mut kwargs = req.template_kwargs.clone();
+    for (k, v) in &app.cfg.template_kwargs {
+        kwargs.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    if uses_tools(req) && !kwargs.contains_key("tools") {
+        kwargs.insert("tools".into(), req.tools_for_template.clone());
+    }
+    let continue_last = req.messages.last().is_some_and(|m| m.role == "assistant");
+    let rendered = if continue_last {
+        fe.template.render_prefill(&req.messages, &kwargs)
+    } else {
+        fe.template.render(&req.messages, true, &kwargs)
+    };
+    rendered.map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// Compile a grammar for a request; a grammar that does not compile is the request's fault.
+pub(crate) fn compile(
+    fe: &Frontend,
+    source: &GrammarSource,
+    param: &str,
+) -> Result<Constraint, ApiError> {
+    let compiler = fe.grammars().map_err(ApiError::internal)?;
+    compiler
+        .compile(source)
+        .map_err(|e| ApiError::invalid_field(param, format!("'{param}': {e}")))
+}
+
+/// `grammar` with the request's reasoning budget (its `thinking_budget_tokens`, else the server's
+/// `--reasoning-budget`) when the output can reason: the prompt opened a block (`in_reasoning`)
+/// or the model may open one (`may_open`).
+pub(crate) fn with_reasoning_budget(
+    app: &App,
+    fe: &Frontend,
+    grammar: Option<Constraint>,
+    requested: Option<Option<usize>>,
+    in_reasoning: bool,
+    may_open: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(budget) = requested.unwrap_or(app.cfg.reasoning_budget) else {
+        return Ok(grammar);
+    };
+    if !in_reasoning && !may_open {
+        return Ok(grammar);
+    }
+    let budget = ReasoningBudget::from_tags(
+        &fe.tokenizer,
+        budget,
+        in_reasoning,
+        reasoning::OPEN,
+        reasoning::CLOSE,
+        &app.cfg.reasoning_budget_message,
+    );
+    Ok(Some(match grammar {
+        Some(g) => g.with_reasoning_budget(budget),
+        None => fe
+            .grammars()
+            .map_err(ApiError::internal)?
+            .reasoning_budget_only(budget),
+    }))
+}
+
+/// `logit_bias` keys as token ids: ids checked against the vocabulary, texts tokenized (every
+/// token of the text gets the bias, as in llama-server).
+pub(crate) fn resolve_bias(fe: &Frontend, params: &mut GenParams) -> Result<(), ApiError> {
+    let mut bias = Vec::new();
+    for (key, b) in &params.logit_bias {
+        match key {
+            BiasKey::Id(id) if *id < fe.n_vocab as u64 => bias.push((*id as u32, *b)),
+            BiasKey::Id(id) => {
+                return Err(ApiError::invalid_field(
+                    "logit_bias",
+                    format!(
+                        "token id {id} is out of range: the vocabulary has {} tokens",
+                        fe.n_vocab
+                    ),
+                ))
+            }
+            BiasKey::Text(t) => {
+                bias.extend(fe.tokenizer.encode(t, false).into_iter().map(|id| (id, *b)))
+            }
+        }
+    }
+    params.sampler.logit_bias = bias;
+    Ok(())
+}
+
+/// A chat request (a body with the server's defaults filled in) as what the scheduler runs: the
+/// messages through the template, the grammar for `tool_choice` or the output format, and how
+/// the answer is cut into reasoning, content and tool calls.
+pub(crate) fn prepare_chat(
+    app: &App,
+    fe: &Frontend,
+    o: &Map<String, Value>,
+    mut req: ChatRequest,
+) -> Result<Prepared, ApiError> {
+    // Any model name is accepted, as llama-server does: clients hard-code names.
+    resolve_bias(fe, &mut req.params)?;
+    let use_tools = uses_tools(&req);
+    let text = render_chat(app, fe, &req)?;
+    let tokens = fe.tokenizer.encode(&text, true);
+    let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
+    let in_reasoning = prompt_opens_thinking(&text);
+    let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
+    let grammar = match (&req.tool_choice, &req.params.grammar) {
+        (ToolChoice::Required | ToolChoice::Named(_), _) if use_tools => {
+            let only = match &req.tool_choice {
+                ToolChoice::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            let reasoning = if in_reasoning {
+                Reasoning::Open
+            } else if fe.template.source().contains("<think>") {
+                Reasoning::Optional
+            } else {
+                Reasoning::None
+            };
+            let lark = call_grammar(
+                &req.tools,
+                only,
+                fe.tool_format,
+                // A named tool is called once; `required` may call several.
+                only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
+                reasoning,
+            );
+            Some(compile(fe, &GrammarSource::Grammar(lark), "tool_choice")?)
+        }
+        (_, Some(g)) => Some(compile(fe, g, grammar_param(o))?),
+        _ => None,
+    };
+    let grammar = with_reasoning_budget(
+        app,
+        fe,
+        grammar,
+        req.params.reasoning_budget,
+        in_reasoning,
+        fe.template.source().contains(reasoning::OPEN),
+    )?;
+    let shaping = Shaping {
+        splitter: match reasoning {
+            ReasoningFormat::Deepseek => Some(ReasoningSplitter::new(in_reasoning)),
+            ReasoningFormat::None => None,
+        },
+        tools: use_tools.then(|| {
+            ToolCallParser::new(
+                req.tools.clone(),
+                (!req.parallel_tool_calls || req.legacy_functions).then_some(1),
+            )
+        }),
+        legacy_functions: req.legacy_functions,
+        logprobs: req.params.logprobs.is_some(),
+        return_tokens: flag(o, "return_tokens", false)?,
+        native: None,
+    };
+    Ok(Prepared {
+        params: req.params,
+        tokens,
+        cache_points,
+        grammar,
+        shaping,
+    })
+}
+
+/// Which field gave the request's grammar (for error messages).
+pub(crate) fn grammar_param(o: &Map<String, Value>) -> &'static str {
+    ["response_format", "json_schema", "grammar"]
+        .into_iter()
+        .find(|k| o.get(*k).is_some_and(|v| !v.is_null()))
+        .unwrap_or("grammar")
+}
