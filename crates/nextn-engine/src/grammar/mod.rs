@@ -170,7 +170,9 @@ impl GrammarCompiler {
             });
         }
         Ok(Constraint {
+            initial: matcher.clone(),
             matcher,
+            taken: Vec::new(),
             n_vocab: self.n_vocab,
             eog: self.eog.clone(),
             eog_after_end: 0,
@@ -183,6 +185,11 @@ impl GrammarCompiler {
 /// One request's grammar state: which tokens may come next, advanced token by token.
 pub struct Constraint {
     matcher: Matcher,
+    /// The matcher before any token, and the tokens the matcher has taken since: a dead end
+    /// leaves the matcher in its error state for good, and the state before it is rebuilt from
+    /// these (drafting runs into a dead end and then rolls its chain back).
+    initial: Matcher,
+    taken: Vec<u32>,
     n_vocab: usize,
     eog: Vec<u32>,
     /// End-of-generation tokens taken after the grammar was complete (the matcher does not
@@ -217,7 +224,14 @@ impl Constraint {
             } else {
                 GrammarError::Matcher(message)
             }
-        })?;
+        });
+        let vob = match vob {
+            Err(GrammarError::NoToken) => {
+                self.rebuild()?;
+                return Err(GrammarError::NoToken);
+            }
+            other => other?,
+        };
         self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
         self.masks += 1;
         let mask = TokenMask::from_words(vob.as_slice().to_vec(), self.n_vocab);
@@ -236,7 +250,19 @@ impl Constraint {
         }
         self.matcher
             .consume_token(token)
-            .map_err(|e| GrammarError::Matcher(e.to_string()))
+            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        self.taken.push(token);
+        Ok(())
+    }
+
+    /// The matcher as it was before the last failed mask: the initial one fed every token taken.
+    fn rebuild(&mut self) -> Result<(), GrammarError> {
+        let mut matcher = self.initial.clone();
+        matcher
+            .consume_tokens(&self.taken)
+            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        self.matcher = matcher;
+        Ok(())
     }
 
     /// Undo the last `n` consumed tokens (drafts the target did not keep).
@@ -249,7 +275,9 @@ impl Constraint {
         }
         self.matcher
             .rollback(n)
-            .map_err(|e| GrammarError::Matcher(e.to_string()))
+            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        self.taken.truncate(self.taken.len().saturating_sub(n));
+        Ok(())
     }
 
     /// The grammar is complete and admits nothing more (known once a mask or a token showed it).
@@ -310,6 +338,13 @@ mod tests {
         c.consume(a[0]).unwrap();
         let m = c.mask();
         assert!(matches!(m, Err(GrammarError::NoToken)), "{m:?}");
+        // The dead end leaves the state as it was: a drafted chain that ran into it rolls back,
+        // and the row is a dead end again.
+        assert!(!c.is_finished());
+        c.rollback(1).unwrap();
+        assert!(c.mask().unwrap().allows(a[0]));
+        c.consume(a[0]).unwrap();
+        assert!(matches!(c.mask(), Err(GrammarError::NoToken)));
     }
 
     #[test]
