@@ -7,7 +7,7 @@ mod common;
 
 use common::{constrained_reference, generate_jobs, Job, Loaded, Setup};
 use nextn_engine::grammar::{Constraint, GrammarCompiler, GrammarSource, ReasoningBudget};
-use nextn_engine::output::FinishReason;
+use nextn_engine::output::{FinishReason, GrammarEnd};
 use nextn_engine::sampler::{SamplerConfig, TokenLogprob};
 use nextn_engine::speculative::DraftSampling;
 use serde_json::{json, Value};
@@ -184,6 +184,76 @@ fn sampled_drafts_stay_inside_the_grammar() {
             assert_eq!(c.finish, FinishReason::Stop, "seed {seed}: {text}");
             assert!(satisfies_schema(&text), "seed {seed}: {text}");
             assert!(c.spec.draft_n > 0);
+        }
+    }
+}
+
+/// A grammar that dead-ends after a literal of several tokens: drafting along the literal
+/// reaches the dead end inside a chain, which then stops at that row, and the verify row there
+/// ends the output as a dead end at a single row does (a clean stop, the same tokens as plain
+/// decoding), with masked, unmasked and sampled drafts alike.
+#[test]
+fn a_dead_end_inside_a_draft_chain_stops_the_output_there() {
+    let l = common::bundled(2);
+    let source =
+        GrammarSource::Grammar("start: \"    return fibonacci(n - 1)\" /[^\\s\\S]/".into());
+    let prompt = l.tok.encode("def fibonacci(n):\n", true);
+    let run = |setup: &Setup, sampler: &SamplerConfig| {
+        let job = Job {
+            cache_points: Vec::new(),
+            prompt: prompt.clone(),
+            sampler: sampler.clone(),
+            n: 64,
+            grammar: Some(constraint(&l, &source)),
+            logprobs: None,
+        };
+        generate_jobs(&l, setup, 1, vec![job]).remove(0).0
+    };
+    for sampler in [SamplerConfig::greedy(), seeded(7)] {
+        let want = run(&plain(), &sampler);
+        assert_eq!(
+            l.tok.decode(&want.tokens),
+            "    return fibonacci(n - 1)",
+            "seed {}",
+            sampler.seed
+        );
+        assert!(want.tokens.len() > 4, "the literal is several tokens");
+        assert_eq!(want.finish, FinishReason::Stop);
+        assert_eq!(want.grammar_end, Some(GrammarEnd::DeadEnd));
+        let last = prompt.len() + want.tokens.len() - 1;
+        for (label, sampling, mask_drafts) in [
+            ("masked", DraftSampling::Coupled, true),
+            ("unmasked", DraftSampling::Coupled, false),
+            ("sampled", DraftSampling::Sample, true),
+        ] {
+            let setup = Setup {
+                trace: true,
+                ..drafting(4, mask_drafts, sampling)
+            };
+            let c = run(&setup, &sampler);
+            let ctx = format!("{label}, seed {}", sampler.seed);
+            assert_eq!(c.tokens, want.tokens, "{ctx}");
+            assert_eq!(c.finish, FinishReason::Stop, "{ctx}");
+            assert_eq!(c.grammar_end, Some(GrammarEnd::DeadEnd), "{ctx}");
+            assert!(c.spec.draft_n > 0, "{ctx}: nothing was drafted");
+            if !mask_drafts {
+                continue;
+            }
+            // A masked chain never drafts past the last token the grammar admits, and some
+            // chain ran right up to it, so the row after it (the dead end) was a verify row.
+            let ends = |t: &nextn_engine::speculative::StepTrace| t.n_past + t.drafts.len();
+            assert!(
+                c.spec.trace.iter().all(|t| ends(t) <= last),
+                "{ctx}: {:?}",
+                c.spec.trace
+            );
+            assert!(
+                c.spec.trace.iter().any(|t| !t.drafts.is_empty()
+                    && ends(t) == last
+                    && t.accepted == t.drafts.len()),
+                "{ctx}: no chain reached the dead end: {:?}",
+                c.spec.trace
+            );
         }
     }
 }

@@ -178,7 +178,6 @@ fn mtp_sampling_preserves_the_target_distribution() {
 /// and the medians of the per-request step times are compared, so a burst of other work on a
 /// busy machine hits both alike and one slow request does not decide.
 #[test]
-#[ignore = "fails: on a loaded 2-vCPU Sapphire Rapids guest a whole-vocabulary step takes about 2.9 times a default one (96 ms against 33 ms; 4.5 times before the residual stopped hashing)"]
 fn sampled_drafts_over_the_whole_vocabulary_stay_within_twice_a_default_step() {
     let Some(golden) = nextn_testdata::shared("golden") else {
         return;
@@ -229,6 +228,10 @@ fn sampled_drafts_over_the_whole_vocabulary_stay_within_twice_a_default_step() {
         v[v.len() / 2]
     };
     let (wide, default) = (median(wide), median(default));
+    eprintln!(
+        "median step: {wide:.2} ms over the whole vocabulary, {default:.2} ms at the defaults ({:.2}x)",
+        wide / default
+    );
     assert!(
         wide <= 2.0 * default,
         "a step over the whole vocabulary took {wide:.2} ms, at the defaults {default:.2} ms"

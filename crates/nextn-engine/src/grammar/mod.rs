@@ -175,7 +175,11 @@ impl GrammarCompiler {
             });
         }
         Ok(Constraint {
-            matcher: Some(matcher),
+            grammar: Some(Grammar {
+                initial: matcher.clone(),
+                matcher,
+                taken: Vec::new(),
+            }),
             budget: None,
             n_vocab: self.n_vocab,
             eog: self.eog.clone(),
@@ -188,7 +192,7 @@ impl GrammarCompiler {
     /// A constraint with no grammar, only `budget` on the reasoning block.
     pub fn reasoning_budget_only(&self, budget: ReasoningBudget) -> Constraint {
         Constraint {
-            matcher: None,
+            grammar: None,
             budget: Some(budget),
             n_vocab: self.n_vocab,
             eog: self.eog.clone(),
@@ -199,11 +203,33 @@ impl GrammarCompiler {
     }
 }
 
+/// A grammar's matcher, with what rebuilds it after a dead end.
+struct Grammar {
+    matcher: Matcher,
+    /// The matcher before any token, and the tokens the matcher has taken since: a dead end
+    /// leaves the matcher in its error state for good, and the state before it is rebuilt from
+    /// these (drafting runs into a dead end and then rolls its chain back).
+    initial: Matcher,
+    taken: Vec<u32>,
+}
+
+impl Grammar {
+    /// The matcher as it was before the last failed mask: the initial one fed every token taken.
+    fn rebuild(&mut self) -> Result<(), GrammarError> {
+        let mut matcher = self.initial.clone();
+        matcher
+            .consume_tokens(&self.taken)
+            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        self.matcher = matcher;
+        Ok(())
+    }
+}
+
 /// One request's constraints on its output (a grammar, a reasoning budget, or both): which
 /// tokens may come next, advanced token by token.
 pub struct Constraint {
-    /// The grammar's matcher; none when only a reasoning budget constrains the output.
-    matcher: Option<Matcher>,
+    /// None when only a reasoning budget constrains the output.
+    grammar: Option<Grammar>,
     budget: Option<ReasoningBudget>,
     n_vocab: usize,
     eog: Vec<u32>,
@@ -235,10 +261,10 @@ impl Constraint {
     /// the forced one where the reasoning budget forces the closing sequence).
     pub fn mask(&mut self) -> Result<TokenMask, GrammarError> {
         let forced = self.budget.as_ref().and_then(ReasoningBudget::forced_token);
-        let mask = match self.matcher.as_mut() {
-            Some(matcher) => {
+        let mask = match self.grammar.as_mut() {
+            Some(g) => {
                 let t = Instant::now();
-                let vob = matcher.compute_mask_or_eos().map_err(|e| {
+                let vob = g.matcher.compute_mask_or_eos().map_err(|e| {
                     // llguidance reports a state no token continues (the output so far cannot be
                     // completed) as an error whose first line names its stop reason; the text is
                     // all the matcher keeps of it.
@@ -249,7 +275,14 @@ impl Constraint {
                     } else {
                         GrammarError::Matcher(message)
                     }
-                })?;
+                });
+                let vob = match vob {
+                    Err(GrammarError::NoToken) => {
+                        g.rebuild()?;
+                        return Err(GrammarError::NoToken);
+                    }
+                    other => other?,
+                };
                 self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
                 self.masks += 1;
                 let mask = TokenMask::from_words(vob.as_slice().to_vec(), self.n_vocab);
@@ -274,18 +307,15 @@ impl Constraint {
     /// `token` comes next in the output. Once the grammar is complete only end-of-generation
     /// tokens may follow.
     pub fn consume(&mut self, token: u32) -> Result<(), GrammarError> {
-        let Some(matcher) = self.matcher.as_mut() else {
-            if let Some(b) = self.budget.as_mut() {
-                b.consume(token);
+        if let Some(g) = self.grammar.as_mut() {
+            if g.matcher.is_stopped() && self.eog.contains(&token) {
+                self.eog_after_end += 1;
+            } else {
+                g.matcher
+                    .consume_token(token)
+                    .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+                g.taken.push(token);
             }
-            return Ok(());
-        };
-        if matcher.is_stopped() && self.eog.contains(&token) {
-            self.eog_after_end += 1;
-        } else {
-            matcher
-                .consume_token(token)
-                .map_err(|e| GrammarError::Matcher(e.to_string()))?;
         }
         // The budget advances only with tokens the grammar took, so both undo the same tokens.
         if let Some(b) = self.budget.as_mut() {
@@ -299,7 +329,7 @@ impl Constraint {
         if let Some(b) = self.budget.as_mut() {
             b.rollback(n);
         }
-        let Some(matcher) = self.matcher.as_mut() else {
+        let Some(g) = self.grammar.as_mut() else {
             return Ok(());
         };
         let after_end = n.min(self.eog_after_end);
@@ -308,14 +338,18 @@ impl Constraint {
         if n == 0 {
             return Ok(());
         }
-        matcher
+        g.matcher
             .rollback(n)
-            .map_err(|e| GrammarError::Matcher(e.to_string()))
+            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        g.taken.truncate(g.taken.len().saturating_sub(n));
+        Ok(())
     }
 
     /// The grammar is complete and admits nothing more (known once a mask or a token showed it).
     pub fn is_finished(&self) -> bool {
-        self.matcher.as_ref().is_some_and(Matcher::is_stopped)
+        self.grammar
+            .as_ref()
+            .is_some_and(|g| g.matcher.is_stopped())
     }
 
     /// Whether `token` ends generation.
@@ -325,7 +359,7 @@ impl Constraint {
 
     /// With a grammar: milliseconds spent computing its masks, and how many were computed.
     pub fn mask_time(&self) -> Option<(f64, u64)> {
-        self.matcher.as_ref().map(|_| (self.mask_ms, self.masks))
+        self.grammar.as_ref().map(|_| (self.mask_ms, self.masks))
     }
 }
 
@@ -371,6 +405,13 @@ mod tests {
         c.consume(a[0]).unwrap();
         let m = c.mask();
         assert!(matches!(m, Err(GrammarError::NoToken)), "{m:?}");
+        // The dead end leaves the state as it was: a drafted chain that ran into it rolls back,
+        // and the row is a dead end again.
+        assert!(!c.is_finished());
+        c.rollback(1).unwrap();
+        assert!(c.mask().unwrap().allows(a[0]));
+        c.consume(a[0]).unwrap();
+        assert!(matches!(c.mask(), Err(GrammarError::NoToken)));
     }
 
     #[test]

@@ -64,8 +64,54 @@ pub fn softmax_weight(logit: f32, max: f32, temperature: f32) -> f32 {
     }
 }
 
+/// Defines `fn $name` that runs `$body` compiled for AVX-512 (else AVX2) where the CPU has
+/// it, for the passes over a whole vocabulary row; what the body calls must be
+/// `#[inline(always)]` to be compiled that way too. The results are the same bits as without:
+/// Rust neither fuses nor reorders floating-point operations, so wider vectors only compute the
+/// same lanes at once.
+macro_rules! wide_fn {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn body($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw")]
+                fn avx512($($arg: $ty),*) -> $ret {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) -> $ret {
+                    body($($arg),*)
+                }
+                if $crate::sampler::math::has_avx512() {
+                    // SAFETY: the CPU has every feature `avx512` is compiled for.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2, which `avx2` is compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use wide_fn;
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
 const SUM_LANES: usize = 8;
 
+#[inline(always)]
 fn combine_lanes(acc: [f64; SUM_LANES]) -> f64 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
@@ -89,6 +135,7 @@ pub fn lane_sum(values: &[f64]) -> f64 {
 }
 
 /// Σ softmax_weight(l, max, temperature) over the non-NaN `logits`, summed like [`lane_sum`].
+#[inline(always)]
 pub fn softmax_total(logits: &[f32], max: f32, temperature: f32) -> f64 {
     let weight = |l: f32| f64::from(softmax_weight(l, max, temperature));
     let mut acc = [0.0f64; SUM_LANES];
@@ -105,9 +152,51 @@ pub fn softmax_total(logits: &[f32], max: f32, temperature: f32) -> f64 {
     combine_lanes(acc)
 }
 
+/// [`softmax_total`] that also writes each weight to `weights` (as wide as `logits`; as f32, which is what the weight
+/// is before the sum widens it, so the total is the same to the bit).
+pub fn softmax_weights_total(
+    logits: &[f32],
+    max: f32,
+    temperature: f32,
+    weights: &mut [f32],
+) -> f64 {
+    for (w, &l) in weights.iter_mut().zip(logits) {
+        *w = softmax_weight(l, max, temperature);
+    }
+    let mut acc = [0.0f64; SUM_LANES];
+    let chunks = weights.chunks_exact(SUM_LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for j in 0..SUM_LANES {
+            acc[j] += f64::from(chunk[j]);
+        }
+    }
+    for (j, &w) in tail.iter().enumerate() {
+        acc[j] += f64::from(w);
+    }
+    combine_lanes(acc)
+}
+
+/// [`nan_ignoring_max`] of `values`, and whether any of them is NaN, in one pass.
+#[inline(always)]
+pub fn max_and_any_nan(values: &[f32]) -> (f32, bool) {
+    const BLOCK: usize = 1024;
+    let mut max = f32::NEG_INFINITY;
+    let mut any_nan = false;
+    for block in values.chunks(BLOCK) {
+        let m = nan_ignoring_max(block);
+        if m > max {
+            max = m;
+        }
+        // NaN is the only value unequal to itself; the fold has no early exit, so it vectorises.
+        any_nan |= block.iter().fold(false, |seen, v| seen | v.is_nan());
+    }
+    (max, any_nan)
+}
+
 /// Largest non-NaN value of `values`, −∞ if there is none. Independent lane maxima let the loop
 /// vectorise, and the lanes are folded as a tree rather than a serial chain.
-#[inline]
+#[inline(always)]
 pub fn nan_ignoring_max(values: &[f32]) -> f32 {
     const LANES: usize = 16;
     // NaN compares false and leaves the running value unchanged.
@@ -210,6 +299,25 @@ mod tests {
             .map(|&l| (l as f64 - 1.0).exp())
             .sum();
         assert!((softmax_total(&logits, 1.0, 1.0) - want).abs() < 1e-6);
+    }
+
+    #[test]
+    fn weights_total_and_max_agree_with_their_plain_forms() {
+        let logits: Vec<f32> = (0..1037)
+            .map(|i| ((i * 37) % 101) as f32 / 7.0 - 9.0)
+            .collect();
+        let max = nan_ignoring_max(&logits);
+        let mut weights = vec![0.0; logits.len()];
+        let total = softmax_weights_total(&logits, max, 0.8, &mut weights);
+        assert_eq!(total.to_bits(), softmax_total(&logits, max, 0.8).to_bits());
+        for (w, &l) in weights.iter().zip(&logits) {
+            assert_eq!(w.to_bits(), softmax_weight(l, max, 0.8).to_bits());
+        }
+        assert_eq!(max_and_any_nan(&logits), (max, false));
+        let mut with_nan = logits.clone();
+        with_nan[1030] = f32::NAN;
+        assert_eq!(max_and_any_nan(&with_nan), (max, true));
+        assert_eq!(max_and_any_nan(&[]), (f32::NEG_INFINITY, false));
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //! [`Sampler::reset`] forgets the penalty window.
 
 mod chain;
+mod distribution;
 mod math;
 mod penalties;
 mod rng;
@@ -36,6 +37,9 @@ mod rng;
 use chain::{ActivePenalties, Candidates};
 use penalties::{PenaltyHistory, PenaltyParams};
 
+pub use distribution::{
+    draw_pairs, draw_residual_whole_row, DistRef, Distribution, Pairs, WholeRow, WholeRowPairs,
+};
 pub use math::argmax;
 pub use penalties::MAX_REPEAT_LAST_N;
 pub use rng::{uniform_at, Draw, Xoshiro256StarStar};
@@ -287,6 +291,47 @@ pub struct Sampler {
     /// The row after logit bias and a grammar's mask.
     shaped_logits: Vec<f32>,
     distribution: Vec<TokenProb>,
+    spare: SpareDistributions,
+}
+
+/// Distributions handed back after use, whose buffers the next ones reuse (a draft's
+/// distribution over a 248k vocabulary is a megabyte).
+#[derive(Default)]
+struct SpareDistributions(Vec<Distribution>);
+
+impl SpareDistributions {
+    /// More than a few steps' drafts are not worth holding on to.
+    const MAX: usize = 16;
+}
+
+impl Clone for SpareDistributions {
+    /// A copy starts without spares: they are only buffers.
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl std::fmt::Debug for SpareDistributions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} spare distributions", self.0.len())
+    }
+}
+
+/// Where the row of a whole-row distribution lives, with its maximum and softmax total.
+#[derive(Clone, Copy)]
+struct WholeRowPlan {
+    source: RowSource,
+    max: f32,
+}
+
+#[derive(Clone, Copy)]
+enum RowSource {
+    /// The logits as given.
+    Input,
+    /// `Sampler::shaped_logits`.
+    Shaped,
+    /// `Sampler::penalised_logits`.
+    Penalised,
 }
 
 impl Sampler {
@@ -298,6 +343,7 @@ impl Sampler {
             penalised_logits: Vec::new(),
             shaped_logits: Vec::new(),
             distribution: Vec::new(),
+            spare: SpareDistributions::default(),
             cfg,
         })
     }
@@ -335,6 +381,11 @@ impl Sampler {
     /// [`Sampler::sample`] over only the tokens `mask` allows (a grammar's), with the request's
     /// logit bias applied first. The draw is the one plain decoding under the same mask makes.
     pub fn sample_masked(&mut self, logits: &[f32], mask: Option<&TokenMask>, index: u64) -> u32 {
+        if let Some(plan) = self.plan_whole_row(logits, mask) {
+            let u = self.uniform(Draw::Token, index);
+            let token = distribution::draw_weighted(&self.whole_row(logits, plan), u);
+            return allowed_or_first(token, mask);
+        }
         let shaped = self.shape(logits, mask);
         let row = shaped.as_deref().unwrap_or(logits);
         let token = if self.cfg.is_greedy() {
@@ -452,6 +503,102 @@ impl Sampler {
         &self.distribution
     }
 
+    /// [`Sampler::distribution_masked`] as a view: the same probabilities, read from the row on
+    /// demand when the chain keeps every token (top-k, top-p and min-p off), so that a lookup or
+    /// a draw costs no list of the whole vocabulary.
+    pub fn distribution_view<'s>(
+        &'s mut self,
+        logits: &'s [f32],
+        mask: Option<&TokenMask>,
+    ) -> DistRef<'s> {
+        match self.plan_whole_row(logits, mask) {
+            Some(plan) => DistRef::WholeRow(self.whole_row(logits, plan)),
+            None => DistRef::Listed(self.distribution_masked(logits, mask)),
+        }
+    }
+
+    /// [`Sampler::distribution_masked`] into `out`, which keeps it past `logits`: by token id
+    /// when the chain keeps every token, listed otherwise. `out`'s buffers are reused.
+    pub fn distribution_into(
+        &mut self,
+        logits: &[f32],
+        mask: Option<&TokenMask>,
+        out: &mut Distribution,
+    ) {
+        match self.plan_whole_row(logits, mask) {
+            Some(plan) => {
+                let row = self.row_of(logits, plan.source);
+                out.set_whole_row(row, plan.max, self.cfg.temperature);
+            }
+            None => out.set_listed(self.distribution_masked(logits, mask)),
+        }
+    }
+
+    /// A distribution to fill with [`Sampler::distribution_into`], reusing one handed back with
+    /// [`Sampler::recycle`] when there is one.
+    pub fn spare_distribution(&mut self) -> Distribution {
+        self.spare.0.pop().unwrap_or_default()
+    }
+
+    /// Hand distributions back for [`Sampler::spare_distribution`] to reuse.
+    pub fn recycle(&mut self, dists: impl IntoIterator<Item = Distribution>) {
+        let room = SpareDistributions::MAX.saturating_sub(self.spare.0.len());
+        self.spare.0.extend(dists.into_iter().take(room));
+    }
+
+    /// The chain over a row of `len` tokens removes none: sampling with top-k, top-p and min-p
+    /// off.
+    fn keeps_every_token(&self, len: usize) -> bool {
+        let c = &self.cfg;
+        !c.is_greedy() && (c.top_k == 0 || c.top_k >= len) && c.top_p >= 1.0 && c.min_p <= 0.0
+    }
+
+    /// Shape and penalise the row for a chain that keeps every token and find its maximum; `None` (the listed chain
+    /// decides) when a filter is on, or the row is empty, holds a NaN or has no token above −∞:
+    /// the listed chain drops NaN candidates and weighs an all −∞ row evenly, which a by-id
+    /// reading would not reproduce.
+    fn plan_whole_row(&mut self, logits: &[f32], mask: Option<&TokenMask>) -> Option<WholeRowPlan> {
+        if logits.is_empty() || !self.keeps_every_token(logits.len()) {
+            return None;
+        }
+        let mut source = RowSource::Input;
+        if let Some(shaped) = self.shape(logits, mask) {
+            self.shaped_logits = shaped;
+            source = RowSource::Shaped;
+        }
+        let params = self.cfg.penalty_params();
+        if !params.is_neutral() && self.history.distinct() > 0 {
+            let row = match source {
+                RowSource::Shaped => &self.shaped_logits,
+                _ => logits,
+            };
+            self.penalised_logits.clear();
+            self.penalised_logits.extend_from_slice(row);
+            penalise(&mut self.penalised_logits, &self.history, params);
+            source = RowSource::Penalised;
+        }
+        let row = self.row_of(logits, source);
+        let (max, any_nan) = row_max_and_any_nan(row);
+        if max == f32::NEG_INFINITY || any_nan {
+            return None;
+        }
+        Some(WholeRowPlan { source, max })
+    }
+
+    fn row_of<'s>(&'s self, logits: &'s [f32], source: RowSource) -> &'s [f32] {
+        match source {
+            RowSource::Input => logits,
+            RowSource::Shaped => &self.shaped_logits,
+            RowSource::Penalised => &self.penalised_logits,
+        }
+    }
+
+    fn whole_row<'s>(&'s self, logits: &'s [f32], plan: WholeRowPlan) -> WholeRow<'s> {
+        let row = self.row_of(logits, plan.source);
+        let total = row_softmax_total(row, plan.max, self.cfg.temperature);
+        WholeRow::new(row, plan.max, self.cfg.temperature, total)
+    }
+
     /// Top-1 token and its probability after renormalising over only the `k` best raw logits
     /// (0 = whole row). This is the quantity llama.cpp's MTP drafter compares with `p_min`
     /// (softmax over its top-10 candidates).
@@ -479,11 +626,7 @@ impl Sampler {
         }
         self.penalised_logits.clear();
         self.penalised_logits.extend_from_slice(logits);
-        for (id, count) in self.history.counts() {
-            if let Some(l) = self.penalised_logits.get_mut(id as usize) {
-                *l = params.apply(*l, count);
-            }
-        }
+        penalise(&mut self.penalised_logits, &self.history, params);
         argmax(&self.penalised_logits)
     }
 
@@ -544,6 +687,29 @@ impl TokenLogprob {
             id,
             logprob: lp(id),
             top: order.into_iter().map(|t| (t, lp(t))).collect(),
+        }
+    }
+}
+
+math::wide_fn! {
+    /// [`math::max_and_any_nan`] over a vocabulary row.
+    fn row_max_and_any_nan(row: &[f32]) -> (f32, bool) {
+        math::max_and_any_nan(row)
+    }
+}
+
+math::wide_fn! {
+    /// [`math::softmax_total`] over a vocabulary row.
+    fn row_softmax_total(row: &[f32], max: f32, temperature: f32) -> f64 {
+        math::softmax_total(row, max, temperature)
+    }
+}
+
+/// Apply the penalties to the logit of every windowed token in `row`.
+fn penalise(row: &mut [f32], history: &PenaltyHistory, params: PenaltyParams) {
+    for (id, count) in history.counts() {
+        if let Some(l) = row.get_mut(id as usize) {
+            *l = params.apply(*l, count);
         }
     }
 }

@@ -398,3 +398,109 @@ fn token_logprob_matches_a_full_sort() {
         }
     }
 }
+
+/// The listed chain's draw, as `sample_masked` makes it when some filter is on.
+fn listed_sample(s: &mut Sampler, row: &[f32], mask: Option<&TokenMask>, index: u64) -> u32 {
+    let shaped = s.shape(row, mask);
+    let r = shaped.as_deref().unwrap_or(row);
+    let u = s.uniform(super::Draw::Token, index);
+    s.run_chain(r);
+    let t = s.candidates.draw(u).unwrap_or(0);
+    s.unshape(shaped);
+    super::allowed_or_first(t, mask)
+}
+
+/// With top-k, top-p and min-p off, the whole-row forms (a view read from the row, a
+/// distribution kept by id, the sampling walk) give the listed chain's probabilities and draws
+/// to the bit: with temperatures, penalties, logit bias and masks, and through the listed chain
+/// itself where a NaN or an all −∞ row sends them there.
+#[test]
+fn whole_row_forms_match_the_listed_chain_to_the_bit() {
+    use super::{DistRef, Distribution};
+    let n = 5000;
+    for seed in 0..6u64 {
+        let mut row: Vec<f32> = noisy_logits(n, seed)
+            .into_iter()
+            .map(|l| if l.is_nan() { -3.0 } else { l })
+            .collect();
+        if seed == 5 {
+            row[17] = f32::NAN;
+        }
+        let cfg = SamplerConfig {
+            temperature: [0.7, 1.0, 1.3][seed as usize % 3],
+            repeat_penalty: if seed % 2 == 0 { 1.3 } else { 1.0 },
+            frequency_penalty: if seed == 2 { 0.5 } else { 0.0 },
+            logit_bias: if seed >= 3 {
+                vec![(11, 4.0), (12, f32::NEG_INFINITY)]
+            } else {
+                Vec::new()
+            },
+            ..unfiltered(seed)
+        };
+        let mut s = Sampler::new(cfg).unwrap();
+        for t in [3u32, 11, 11, 400, 4999] {
+            s.accept(t);
+        }
+        let some = mask_of(n, |i| i % 3 != 1);
+        let none = mask_of(n, |_| false);
+        for mask in [None, Some(&some), Some(&none)] {
+            let listed = s.distribution_masked(&row, mask).to_vec();
+            let mut p = vec![None; n];
+            for t in listed.iter().rev() {
+                p[t.id as usize] = Some(t.p);
+            }
+            let mut kept = Distribution::default();
+            s.distribution_into(&row, mask, &mut kept);
+            let whole_row = seed != 5 && !std::ptr::eq(mask.unwrap_or(&some), &none);
+            assert_eq!(matches!(kept.view(), DistRef::ById(_)), whole_row);
+            for id in 0..n as u32 {
+                let want = p[id as usize].map_or(0.0, f64::from);
+                assert_eq!(
+                    kept.prob(id).to_bits(),
+                    want.to_bits(),
+                    "seed {seed} id {id}"
+                );
+            }
+            for u in [0.0, 0.1, 0.5, 0.77, 0.999_99] {
+                let want = DistRef::Listed(&listed).draw(u);
+                assert_eq!(kept.draw(u), want, "seed {seed} u {u}");
+            }
+            // A draft distribution from a neighbouring row, for the residual.
+            let other: Vec<f32> = row.iter().rev().copied().collect();
+            let mut q = Distribution::default();
+            s.distribution_into(&other, mask, &mut q);
+            let view = s.distribution_view(&row, mask);
+            assert_eq!(matches!(view, DistRef::WholeRow(_)), whole_row);
+            let residual: Vec<super::TokenProb> = listed
+                .iter()
+                .map(|t| super::TokenProb {
+                    id: t.id,
+                    p: (f64::from(t.p) - q.prob(t.id)).max(0.0) as f32,
+                })
+                .filter(|t| t.p > 0.0)
+                .collect();
+            for u in [0.0, 0.3, 0.61, 0.999_99] {
+                let want = DistRef::Listed(&residual).draw(u);
+                let got = super::draw_residual_whole_row(view, q.view(), u);
+                assert_eq!(got.is_some(), whole_row);
+                if let Some(got) = got {
+                    assert!(want.is_some());
+                    assert_eq!(got, want, "seed {seed} u {u}");
+                }
+            }
+            for id in 0..n as u32 {
+                let want = p[id as usize].map_or(0.0, f64::from);
+                assert_eq!(
+                    view.prob(id).to_bits(),
+                    want.to_bits(),
+                    "seed {seed} id {id}"
+                );
+            }
+            for index in 0..20 {
+                let mut plain = s.clone();
+                let want = listed_sample(&mut plain, &row, mask, index);
+                assert_eq!(s.sample_masked(&row, mask, index), want, "seed {seed}");
+            }
+        }
+    }
+}

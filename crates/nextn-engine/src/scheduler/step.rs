@@ -22,7 +22,7 @@ use super::policy::{SlotView, StepPlan, ViewStage, SLOT_WINDOW};
 use super::slot::{Slot, Stage};
 use super::{lock, Event, FailKind};
 use crate::output::{ms_since, FinishReason, GrammarEnd};
-use crate::sampler::{TokenLogprob, TokenMask, TokenProb};
+use crate::sampler::{Distribution, TokenLogprob, TokenMask};
 use crate::speculative::accept::Accepted;
 use crate::speculative::draft::{Drafts, HeadPass};
 use crate::speculative::speculator::{draft_batch, DraftRequest, SettleError, VerifyRows};
@@ -40,7 +40,7 @@ enum Work {
     Decode {
         n_past: usize,
         rows: Vec<u32>,
-        dists: Vec<Vec<TokenProb>>,
+        dists: Vec<Distribution>,
         masks: Vec<TokenMask>,
     },
 }
@@ -356,7 +356,7 @@ impl<'e> Core<'e> {
                     masks,
                 }) => {
                     report.n_decoding += 1;
-                    self.settle_decode(i, n_past, rows, &dists, &masks, out, report)?
+                    self.settle_decode(i, n_past, rows, dists, &masks, out, report)?
                 }
                 None => None,
             };
@@ -434,7 +434,7 @@ impl<'e> Core<'e> {
         i: usize,
         n_past: usize,
         rows: Vec<u32>,
-        dists: &[Vec<TokenProb>],
+        dists: Vec<Distribution>,
         masks: &[TokenMask],
         out: &ForwardOutput,
         report: &mut StepReport,
@@ -446,7 +446,7 @@ impl<'e> Core<'e> {
         let verify = VerifyRows {
             n_past,
             rows: &rows,
-            dists,
+            dists: &dists,
             masks,
             out,
         };
@@ -458,6 +458,7 @@ impl<'e> Core<'e> {
             slot.n_sampled,
             verify,
         );
+        slot.sampler.recycle(dists);
         let settled = match settled {
             Ok(s) => s,
             Err(SettleError::Model(e)) => return Err(e),

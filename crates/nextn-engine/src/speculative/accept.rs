@@ -10,7 +10,9 @@ use std::borrow::Cow;
 use nextn_model::ForwardOutput;
 
 use crate::grammar::{Constraint, GrammarError};
-use crate::sampler::{Draw, Sampler, TokenMask, TokenProb};
+use crate::sampler::{
+    draw_pairs, draw_residual_whole_row, DistRef, Distribution, Draw, Sampler, TokenMask, TokenProb,
+};
 
 /// A request's grammar during acceptance: its state (after `id_last`) and the masks drafting
 /// already computed for rows `0..masks.len()` (the same states, when the drafts before a row
@@ -123,7 +125,7 @@ pub fn accept_coupled(
 pub fn accept_sampled(
     sampler: &mut Sampler,
     drafts: &[u32],
-    dists: &[Vec<TokenProb>],
+    dists: &[Distribution],
     out: &ForwardOutput,
     first_index: u64,
     mut grammar: Option<RowGrammar<'_>>,
@@ -135,27 +137,18 @@ pub fn accept_sampled(
             return Ok(Accepted::dead_end(accepted));
         };
         // Both draws are keyed by (seed, kind, index), so taking them first changes nothing and
-        // lets `p` stay borrowed from the sampler instead of being copied (a 248k-entry row with
-        // top_k 0).
+        // lets `p` stay a view into the sampler instead of a list (a 248k-entry one with top_k 0).
         let coin = sampler.uniform(Draw::Accept, index);
         let u = sampler.uniform(Draw::Residual, index);
-        let p = sampler.distribution_masked(out.logits_row(accepted), mask.as_deref());
-        let kept = match accept_or_resample(p, &dists[accepted], drafts[accepted], coin) {
-            Ok(()) => None,
-            // p == q on their common support leaves no residual mass: any draw from p is then
-            // exact.
-            Err(residual) => Some(
-                draw(&residual, u)
-                    .or_else(|| draw(p, u))
-                    .unwrap_or(drafts[accepted]),
-            ),
-        };
+        let p = sampler.distribution_view(out.logits_row(accepted), mask.as_deref());
+        let draft = drafts[accepted];
+        let kept = accept_or_resample(p, dists[accepted].view(), draft, coin, u);
         drop(mask);
         match kept {
             None => {
-                sampler.accept(drafts[accepted]);
-                if advance(&mut grammar, drafts[accepted])? {
-                    return Ok(Accepted::token(accepted, drafts[accepted]));
+                sampler.accept(draft);
+                if advance(&mut grammar, draft)? {
+                    return Ok(Accepted::token(accepted, draft));
                 }
                 accepted += 1;
             }
@@ -178,57 +171,67 @@ pub fn accept_sampled(
 
 /// Draw from a distribution given as (id, p) pairs with a uniform `u` in [0, 1).
 pub fn draw(dist: &[TokenProb], u: f64) -> Option<u32> {
-    let total: f64 = dist.iter().map(|t| t.p as f64).sum();
-    if dist.is_empty() || total.is_nan() || total <= 0.0 {
+    DistRef::Listed(dist).draw(u)
+}
+
+/// Accept draft `d` (drawn from `q`) against the target's `p` when `coin · q(d) < p(d)`
+/// (`None`); on rejection the replacement, drawn with `u` from the residual max(0, p − q).
+fn accept_or_resample(p: DistRef<'_>, q: DistRef<'_>, d: u32, coin: f64, u: f64) -> Option<u32> {
+    let (pd, qd) = (p.prob(d), q.prob(d));
+    if qd > 0.0 && coin * qd < pd {
         return None;
     }
-    let target = u * total;
-    let mut acc = 0.0f64;
-    for t in dist {
-        acc += t.p as f64;
-        if target < acc {
-            return Some(t.id);
+    // p == q on their common support leaves no residual mass: any draw from p is then exact.
+    Some(draw_residual(p, q, u).or_else(|| p.draw(u)).unwrap_or(d))
+}
+
+/// A draw from max(0, p − q) in p's order, computed entry by entry in both passes of the draw
+/// rather than listed.
+fn draw_residual(p: DistRef<'_>, q: DistRef<'_>, u: f64) -> Option<u32> {
+    if let Some(t) = draw_residual_whole_row(p, q, u) {
+        return t;
+    }
+    let q_of = QLookup::new(q);
+    draw_pairs(
+        || {
+            p.pairs()
+                .map(|(id, pp)| (id, (f64::from(pp) - q_of.get(id)).max(0.0) as f32))
+        },
+        u,
+    )
+}
+
+/// q(id) for every id of p: direct for q by id and for a short list, through an index for a
+/// long list (a lookup per entry of p would cost |p|·|q|, 6·10^10 steps for 248k tokens).
+enum QLookup<'a> {
+    Direct(DistRef<'a>),
+    Indexed(QIndex),
+}
+
+impl<'a> QLookup<'a> {
+    /// Up to this many listed entries a scan beats building an index.
+    const SCAN: usize = 32;
+
+    fn new(q: DistRef<'a>) -> Self {
+        match q {
+            DistRef::Listed(list) if list.len() > Self::SCAN => Self::Indexed(QIndex::new(list)),
+            q => Self::Direct(q),
         }
     }
-    dist.iter().rev().find(|t| t.p > 0.0).map(|t| t.id)
-}
 
-fn prob_of(dist: &[TokenProb], id: u32) -> f64 {
-    dist.iter()
-        .find(|t| t.id == id)
-        .map(|t| t.p as f64)
-        .unwrap_or(0.0)
-}
-
-/// Accept draft `d` (drawn from `q`) against the target's `p` when `coin · q(d) < p(d)`; on
-/// rejection return the residual max(0, p − q) to draw the replacement from.
-fn accept_or_resample(
-    p: &[TokenProb],
-    q: &[TokenProb],
-    d: u32,
-    coin: f64,
-) -> Result<(), Vec<TokenProb>> {
-    let (pd, qd) = (prob_of(p, d), prob_of(q, d));
-    if qd > 0.0 && coin * qd < pd {
-        return Ok(());
+    fn get(&self, id: u32) -> f64 {
+        match self {
+            Self::Direct(q) => q.prob(id),
+            Self::Indexed(index) => index.get(id),
+        }
     }
-    // q indexed once: with top_k 0 both distributions cover the whole vocabulary, and a lookup
-    // per entry of p would cost |p|·|q| (6·10^10 steps for 248k tokens) per rejection.
-    let q_of = QIndex::new(q);
-    Err(p
-        .iter()
-        .filter_map(|t| {
-            let r = (t.p as f64 - q_of.get(t.id)).max(0.0) as f32;
-            (r > 0.0).then_some(TokenProb { id: t.id, p: r })
-        })
-        .collect())
 }
 
-/// q(id) for every id of a draft distribution, holding the first entry of an id as `prob_of`
-/// finds it.
+/// q(id) for every id of a listed draft distribution, holding the first entry of an id as
+/// [`DistRef::prob`] finds it.
 enum QIndex {
-    /// Indexed by id: for a distribution over much of the vocabulary (top_k 0) one array costs a
-    /// fraction of hashing every entry.
+    /// Indexed by id: for a distribution over much of the vocabulary one array costs a fraction
+    /// of hashing every entry.
     Dense(Vec<f32>),
     Sparse(std::collections::HashMap<u32, f32>),
 }
@@ -329,14 +332,21 @@ mod tests {
     fn rejection_leaves_the_residual() {
         let p = dist(&[(1, 0.5), (2, 0.5)]);
         let q = dist(&[(1, 0.9), (2, 0.1)]);
+        let (p, q) = (DistRef::Listed(&p), DistRef::Listed(&q));
         // p(1)/q(1) = 5/9: a coin below it accepts, above it rejects.
-        assert_eq!(accept_or_resample(&p, &q, 1, 0.5), Ok(()));
-        let residual = accept_or_resample(&p, &q, 1, 0.6).unwrap_err();
-        assert_eq!(residual.len(), 1);
-        assert_eq!(residual[0].id, 2);
-        assert!((residual[0].p - 0.4).abs() < 1e-6);
+        assert_eq!(accept_or_resample(p, q, 1, 0.5, 0.0), None);
+        // The residual max(0, p − q) holds only token 2, whatever the uniform.
+        for u in [0.0, 0.5, 0.999] {
+            assert_eq!(accept_or_resample(p, q, 1, 0.6, u), Some(2));
+        }
         // A draft the head could not have drawn is never accepted.
-        assert!(accept_or_resample(&p, &dist(&[(2, 1.0)]), 1, 0.0).is_err());
+        let only_2 = dist(&[(2, 1.0)]);
+        assert_eq!(
+            accept_or_resample(p, DistRef::Listed(&only_2), 1, 0.0, 0.1),
+            Some(1)
+        );
+        // p == q leaves no residual: the replacement is a draw from p.
+        assert_eq!(accept_or_resample(p, p, 1, 1.0, 0.75), Some(2));
     }
 
     /// Both layouts of the q index give q(id), the first entry of a repeated id, and 0 for an id
@@ -361,41 +371,48 @@ mod tests {
     }
 
     /// The residual over a whole 248,320-token vocabulary (top_k 0, min_p 0) is the per-token
-    /// max(0, p − q), in p's order; with q indexed once it takes a pass over each, where a lookup
+    /// max(0, p − q), in p's order: a draw from it, with p and q listed in any order or held by
+    /// id, is the draw from that residual written out, and takes a pass over each where a lookup
     /// per token took minutes.
     #[test]
     fn residual_over_the_whole_vocabulary() {
         let n = 248_320u32;
-        let p: Vec<TokenProb> = (0..n)
-            .map(|id| TokenProb {
-                id,
-                p: ((id % 97) + 1) as f32 / 1e7,
-            })
-            .collect();
-        // q in another order, and missing every seventh token.
-        let q: Vec<TokenProb> = (0..n)
+        let p_of = |id: u32| ((id % 97) + 1) as f32 / 1e7;
+        // q missing every seventh token.
+        let q_of = |id: u32| {
+            if id.is_multiple_of(7) {
+                0.0
+            } else {
+                ((id % 89) + 1) as f32 / 1e7
+            }
+        };
+        let p: Vec<TokenProb> = (0..n).map(|id| TokenProb { id, p: p_of(id) }).collect();
+        let q_listed: Vec<TokenProb> = (0..n)
             .rev()
-            .filter(|id| id % 7 != 0)
-            .map(|id| TokenProb {
-                id,
-                p: ((id % 89) + 1) as f32 / 1e7,
-            })
+            .filter(|id| !id.is_multiple_of(7))
+            .map(|id| TokenProb { id, p: q_of(id) })
             .collect();
-        let residual = accept_or_resample(&p, &q, 5, 1.0).unwrap_err();
-        let want: Vec<(u32, f32)> = p
+        let q_by_id: Vec<f32> = (0..n).map(q_of).collect();
+        let p_by_id: Vec<f32> = (0..n).map(p_of).collect();
+        let want: Vec<TokenProb> = p
             .iter()
-            .map(|t| {
-                let qp = if t.id % 7 == 0 {
-                    0.0
-                } else {
-                    (((t.id % 89) + 1) as f32 / 1e7) as f64
-                };
-                (t.id, (t.p as f64 - qp).max(0.0) as f32)
+            .map(|t| TokenProb {
+                id: t.id,
+                p: (f64::from(t.p) - f64::from(q_of(t.id))).max(0.0) as f32,
             })
-            .filter(|&(_, v)| v > 0.0)
+            .filter(|t| t.p > 0.0)
             .collect();
-        let got: Vec<(u32, f32)> = residual.iter().map(|t| (t.id, t.p)).collect();
-        assert_eq!(got.len(), want.len());
-        assert!(got == want);
+        for u in [0.0, 0.123, 0.5, 0.987_654] {
+            let expected = draw(&want, u);
+            assert!(expected.is_some());
+            for (p, q) in [
+                (DistRef::Listed(&p), DistRef::Listed(&q_listed)),
+                (DistRef::Listed(&p), DistRef::ById(&q_by_id)),
+                (DistRef::ById(&p_by_id), DistRef::Listed(&q_listed)),
+                (DistRef::ById(&p_by_id), DistRef::ById(&q_by_id)),
+            ] {
+                assert_eq!(accept_or_resample(p, q, 7, 1.0, u), expected, "u {u}");
+            }
+        }
     }
 }

@@ -15,11 +15,10 @@ use nextn_model::{
 };
 use nextn_quant::kernels::ThreadPool;
 
-use super::accept::draw;
 use super::SpecConfig;
 use crate::grammar::Constraint;
 use crate::output::ms_since;
-use crate::sampler::{top1_probability, Draw, Sampler, TokenMask, TokenProb};
+use crate::sampler::{top1_probability, Distribution, Draw, Sampler, TokenMask};
 
 /// The NextN head's side of one sequence.
 #[derive(Clone, Debug)]
@@ -240,7 +239,7 @@ pub struct DraftJob<'a> {
 pub struct Drafts {
     pub tokens: Vec<u32>,
     /// The distribution each draft was drawn from (sampled drafts only).
-    pub dists: Vec<Vec<TokenProb>>,
+    pub dists: Vec<Distribution>,
     /// With a grammar: its mask before each draft (after `id_last` and the drafts before it),
     /// which verification reuses for the same rows.
     pub masks: Vec<TokenMask>,
@@ -400,7 +399,7 @@ pub fn draft(
         }
         if drafts[k].tokens.len() < spec.n_min {
             drafts[k].tokens.clear();
-            drafts[k].dists.clear();
+            job.sampler.recycle(drafts[k].dists.drain(..));
             drafts[k].masks.clear();
         }
     }
@@ -432,11 +431,13 @@ fn extend_chain(
         return;
     }
     let pick = if job.sample_drafts {
-        let q = job.sampler.distribution_masked(row, mask.as_ref()).to_vec();
+        let mut q = job.sampler.spare_distribution();
+        job.sampler.distribution_into(row, mask.as_ref(), &mut q);
         let u = job
             .sampler
             .uniform(Draw::Draft, job.first_index + depth as u64);
-        let Some(d) = draw(&q, u) else {
+        let Some(d) = q.draw(u) else {
+            job.sampler.recycle([q]);
             return;
         };
         drafts.dists.push(q);
@@ -449,7 +450,8 @@ fn extend_chain(
     };
     if let Some(g) = job.grammar.as_mut() {
         if g.consume(pick).is_err() {
-            drafts.dists.truncate(drafts.tokens.len());
+            let unused = drafts.dists.split_off(drafts.tokens.len());
+            job.sampler.recycle(unused);
             return;
         }
         // Nothing can follow the end of the grammar or of generation.

@@ -14,7 +14,7 @@ use super::forced::ForcedAcceptance;
 use super::{AcceptanceCounts, DraftSampling, SpecConfig};
 use crate::grammar::{Constraint, GrammarError};
 use crate::output::ms_since;
-use crate::sampler::{Sampler, TokenMask, TokenProb};
+use crate::sampler::{Distribution, Sampler, TokenMask};
 
 /// A slot's speculative state.
 pub struct Speculator {
@@ -34,7 +34,7 @@ pub struct VerifyRows<'a> {
     pub n_past: usize,
     pub rows: &'a [u32],
     /// The distribution each draft was drawn from (sampled drafts only).
-    pub dists: &'a [Vec<TokenProb>],
+    pub dists: &'a [Distribution],
     /// The grammar's mask for each row, computed while drafting.
     pub masks: &'a [TokenMask],
     /// The target pass's output for the rows.
