@@ -339,3 +339,74 @@ fn a_long_prefill_is_the_bits_of_its_pieces() {
     }
     assert_clean(&gpu);
 }
+
+/// Rows read back as their top-1 carry the argmax (lowest index among equal logits) and the
+/// logit of the same rows read back whole in the same pass, bit for bit, for the trunk and for
+/// the head; only the whole rows' logits come back.
+#[test]
+fn top1_rows_are_the_argmax_of_the_whole_rows() {
+    use nextn_model::{BatchItem, HeadBatchItem, Readback};
+    let Some(gpu) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let path = nextn_testdata::bundled_model();
+    let dev = load(&path, Some(&gpu));
+    let toks: Vec<u32> = (0..5).map(|i| (i * 211 % 900 + 3) as u32).collect();
+    let mut whole = dev.new_sequence(32, KvType::F16, KvType::F16).unwrap();
+    let mut top = dev.new_sequence(32, KvType::F16, KvType::F16).unwrap();
+    let mut items = [
+        BatchItem {
+            tokens: &toks,
+            state: &mut whole,
+            logits: LogitRows::All,
+            readback: Readback::Logits,
+            verify: false,
+        },
+        BatchItem {
+            tokens: &toks,
+            state: &mut top,
+            logits: LogitRows::All,
+            readback: Readback::Top1,
+            verify: false,
+        },
+    ];
+    let outs = dev.forward_batch(&mut items, &pool).expect("device pass");
+    let check = |whole: &nextn_model::ForwardOutput, top: &nextn_model::ForwardOutput| {
+        assert!(top.logits.is_empty() && whole.top1.is_empty());
+        assert_eq!(top.top1.len(), toks.len());
+        for i in 0..toks.len() {
+            let row = whole.logits_row(i);
+            let t = top.top1(i).expect("a top-1 row");
+            let id = t.id.expect("a number in the row") as usize;
+            assert_eq!(id, argmax(row), "row {i}");
+            assert_eq!(t.logit.to_bits(), row[id].to_bits(), "row {i}");
+        }
+    };
+    check(&outs[0], &outs[1]);
+
+    let head = NextnHead::load(&dev).expect("device head");
+    let e = dev.config.n_embd;
+    let hidden = &outs[0].hidden;
+    let mut c_whole = head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
+    let mut c_top = head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
+    let mut items = [
+        HeadBatchItem {
+            tokens: &toks,
+            hidden_prev: &hidden[..toks.len() * e],
+            start_pos: 0,
+            cache: &mut c_whole,
+            logits: LogitRows::All,
+            readback: Readback::Logits,
+        },
+        HeadBatchItem {
+            tokens: &toks,
+            hidden_prev: &hidden[..toks.len() * e],
+            start_pos: 0,
+            cache: &mut c_top,
+            logits: LogitRows::All,
+            readback: Readback::Top1,
+        },
+    ];
+    let outs = head.forward_batch(&mut items, &pool).expect("head pass");
+    check(&outs[0], &outs[1]);
+    assert_clean(&gpu);
+}
