@@ -297,7 +297,7 @@ impl SavedState {
     pub fn resume(&self, target: &Target<'_>) -> Result<SequenceState, SlotFileError> {
         let mut state = target
             .model
-            .new_sequence(target.n_ctx, target.k_type, target.v_type);
+            .new_sequence(target.n_ctx, target.k_type, target.v_type)?;
         state.restore(std::iter::once(&self.rows[..]), &self.recurrent)?;
         Ok(state)
     }

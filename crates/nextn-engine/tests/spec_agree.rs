@@ -261,12 +261,12 @@ fn draft_chains_match_llamacpp_at_every_position() {
                     continue;
                 }
                 // The target over ext[..p]; the head learns those positions; then one draft step.
-                let mut state = l.model.new_sequence(512, KvType::F32, KvType::F32);
+                let mut state = l.model.new_sequence(512, KvType::F32, KvType::F32).unwrap();
                 let out = l
                     .model
                     .forward(&ext[..p], &mut state, LogitRows::None, &l.pool)
                     .unwrap();
-                let mut head = HeadState::new(&l.head, e, KvType::F32, KvType::F32, 4096);
+                let mut head = HeadState::new(&l.head, e, KvType::F32, KvType::F32, 4096).unwrap();
                 let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
                 head.commit(0, &ext[..p], &out.hidden);
                 let mut jobs = [DraftJob {

@@ -26,14 +26,14 @@ fn config(seed: u64) -> SamplerConfig {
 /// every head draft would give.
 fn exact(model: &Model, head: &NextnHead, prompt: &[u32], pool: &ThreadPool) -> (Joint, Joint) {
     let e = model.config.n_embd;
-    let mut st = model.new_sequence(64, KvType::F32, KvType::F32);
+    let mut st = model.new_sequence(64, KvType::F32, KvType::F32).unwrap();
     let out = model
         .forward(prompt, &mut st, LogitRows::Last, pool)
         .unwrap();
     let mut sampler = Sampler::new(config(0)).unwrap();
     let p1 = sampler.distribution(&out.logits).to_vec();
     let h_last = out.hidden[(prompt.len() - 1) * e..].to_vec();
-    let mut head_cache = head.new_cache(KvType::F32, KvType::F32, 4096);
+    let mut head_cache = head.new_cache(KvType::F32, KvType::F32, 4096).unwrap();
     let mut prev = vec![0.0f32; e];
     prev.extend_from_slice(&out.hidden[..(prompt.len() - 1) * e]);
     head.forward(prompt, &prev, 0, &mut head_cache, LogitRows::None, pool)

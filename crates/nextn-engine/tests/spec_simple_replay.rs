@@ -54,8 +54,8 @@ fn simple_loop(
         n_max: N_MAX,
         ..SpecConfig::default()
     };
-    let mut state = model.new_sequence(512, KvType::F32, KvType::F32);
-    let mut head_state = HeadState::new(head, e, KvType::F32, KvType::F32, 4096);
+    let mut state = model.new_sequence(512, KvType::F32, KvType::F32).unwrap();
+    let mut head_state = HeadState::new(head, e, KvType::F32, KvType::F32, 4096).unwrap();
     let mut sampler = Sampler::new(SamplerConfig::greedy()).expect("greedy sampler");
     let (last, rest) = prompt.split_last().expect("non-empty prompt");
     let out = model

@@ -2,6 +2,7 @@
 //! its queue, buffers, blocking read-back, and the pipelines of the WGSL kernels, built once each.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::kernels::Kernel;
@@ -26,6 +27,9 @@ pub struct DeviceInfo {
     /// VK_KHR_shader_integer_dot_product. Elsewhere naga would emulate the instruction, so the
     /// f32-activation kernels run.
     pub int8_dot: bool,
+    /// The largest device-local memory heap, in bytes, where the API reports one (Vulkan): what
+    /// the weights and the caches of every sequence must fit in together.
+    pub memory_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -97,6 +101,7 @@ fn adapters(inst: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
                 software: info.device_type == wgpu::DeviceType::Cpu,
                 max_binding_bytes: a.limits().max_storage_buffer_binding_size,
                 int8_dot: has_int8_dot(&a),
+                memory_bytes: device_memory(&a),
             },
             a,
         ));
@@ -116,6 +121,22 @@ fn has_int8_dot(a: &wgpu::Adapter) -> bool {
     let v = caps.properties().api_version;
     let (major, minor) = (v >> 22 & 0x7f, v >> 12 & 0x3ff);
     (major, minor) >= (1, 3) || caps.supports_extension(c"VK_KHR_shader_integer_dot_product")
+}
+
+/// The largest device-local heap of a Vulkan adapter.
+fn device_memory(a: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: as in `has_int8_dot`, the adapter's properties are only read.
+    let hal = unsafe { a.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device belongs to this instance, which outlives the call.
+    let props =
+        unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    props
+        .memory_heaps_as_slice()
+        .iter()
+        .filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|h| h.size)
+        .max()
 }
 
 fn inst_backends() -> wgpu::Backends {
@@ -146,6 +167,7 @@ pub struct Gpu {
     timestamps: bool,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     errors: Arc<ErrorLog>,
+    budget: Arc<MemoryBudget>,
 }
 
 /// How to open a device.
@@ -155,6 +177,36 @@ pub struct OpenOptions {
     pub name: Option<String>,
     /// Turn on the API's validation (the Vulkan validation layer): slower, for tests.
     pub validation: bool,
+    /// Device memory the weights and caches may take together, in bytes; `None`: the adapter's
+    /// device-local heap ([`DeviceInfo::memory_bytes`]), or no limit where none is reported.
+    pub memory_budget: Option<u64>,
+}
+
+/// Device memory that weights and caches have reserved, against a budget: a cache or a matrix
+/// that would not fit is refused before anything is allocated, with what it needed.
+#[derive(Debug)]
+struct MemoryBudget {
+    limit: Option<u64>,
+    used: AtomicU64,
+}
+
+/// Device memory held for a matrix or a cache; it goes back to the budget when this is dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Reservation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 impl Gpu {
@@ -176,6 +228,7 @@ impl Gpu {
                     available: names.join(", "),
                 })?,
         };
+        let info_memory = info.memory_bytes;
         let adapter_limits = adapter.limits();
         // Everything the adapter offers that compute kernels use: large bindings, many storage
         // buffers per kernel, big workgroups and workgroup memory.
@@ -223,6 +276,10 @@ impl Gpu {
             timestamps,
             pipelines: Mutex::new(HashMap::new()),
             errors,
+            budget: Arc::new(MemoryBudget {
+                limit: opts.memory_budget.or(info_memory),
+                used: AtomicU64::new(0),
+            }),
         })
     }
 
@@ -262,8 +319,44 @@ impl Gpu {
             .unwrap_or_default()
     }
 
+    /// The memory budget in bytes (`None`: unlimited) and how much of it is reserved.
+    pub fn memory_budget(&self) -> (Option<u64>, u64) {
+        (self.budget.limit, self.budget.used.load(Ordering::Relaxed))
+    }
+
+    /// Reserve `bytes` of the memory budget for `what` (a matrix, a cache), before allocating
+    /// its buffers; refused when the budget cannot hold it beside what is already reserved.
+    pub fn reserve(&self, what: &str, bytes: u64) -> Result<Reservation, GpuError> {
+        let b = &self.budget;
+        let mut used = b.used.load(Ordering::Relaxed);
+        loop {
+            let after = used.saturating_add(bytes);
+            if let Some(limit) = b.limit.filter(|&l| after > l) {
+                return Err(GpuError::OverBudget {
+                    what: what.to_string(),
+                    bytes,
+                    used,
+                    budget: limit,
+                });
+            }
+            match b
+                .used
+                .compare_exchange_weak(used, after, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Ok(Reservation {
+                        budget: b.clone(),
+                        bytes,
+                    })
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
     /// A zeroed storage buffer of `bytes` (rounded up to 4), readable and writable by kernels and
-    /// by copies.
+    /// by copies. A device that cannot allocate it is an error naming `label` and the size, and
+    /// leaves no invalid buffer behind to fail later kernels.
     pub fn buffer(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
         let size = bytes.max(4).div_ceil(4) * 4;
         if size > self.limits.max_buffer_size {
@@ -273,14 +366,33 @@ impl Gpu {
                 limit: self.limits.max_buffer_size,
             });
         }
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
-        }))
+        });
+        let out_of_memory = pollster::block_on(oom.pop());
+        let invalid = pollster::block_on(validation.pop());
+        if let Some(e) = out_of_memory {
+            buf.destroy();
+            return Err(GpuError::OutOfMemory {
+                what: label.to_string(),
+                bytes: size,
+                why: e.to_string(),
+            });
+        }
+        if let Some(e) = invalid {
+            buf.destroy();
+            return Err(GpuError::Device(format!(
+                "allocating {label} ({size} bytes): {e}"
+            )));
+        }
+        Ok(buf)
     }
 
     /// A storage buffer holding `data` (padded with zeros to a multiple of 4 bytes).

@@ -75,6 +75,7 @@ pub struct DeviceKv {
     head_dim: usize,
     capacity: usize,
     len: usize,
+    _reservation: crate::Reservation,
 }
 
 impl DeviceKv {
@@ -106,17 +107,14 @@ impl DeviceKv {
         // One binding holds a whole side: a context past the limit needs the positions split
         // over several buffers (and the kernels to take a buffer per part), which is the next
         // step when longer contexts are wanted.
-        let side = |elem: KvElem, what: &str| -> Result<Side, GpuError> {
+        let side_bytes = |elem: KvElem, what: &str| -> Result<u64, GpuError> {
             let bytes = device_row_bytes(elem, head_dim)
                 .checked_mul(n_kv_heads)
                 .and_then(|b| b.checked_mul(capacity))
                 .map(|b| (b as u64).div_ceil(16) * 16);
             let limit = gpu.max_binding_bytes();
             match bytes {
-                Some(b) if b <= limit => Ok(Side {
-                    buf: gpu.buffer(what, b)?,
-                    elem,
-                }),
+                Some(b) if b <= limit => Ok(b),
                 _ => Err(GpuError::BufferTooLarge {
                     what: format!(
                         "the attention {what} at a context of {capacity} positions \
@@ -127,13 +125,25 @@ impl DeviceKv {
                 }),
             }
         };
+        let (k_bytes, v_bytes) = (side_bytes(k, "keys")?, side_bytes(v, "values")?);
+        let reservation = gpu.reserve(
+            &format!("an attention layer's KV cache of {capacity} positions"),
+            k_bytes + v_bytes,
+        )?;
         Ok(DeviceKv {
-            k: side(k, "keys")?,
-            v: side(v, "values")?,
+            k: Side {
+                buf: gpu.buffer("keys", k_bytes)?,
+                elem: k,
+            },
+            v: Side {
+                buf: gpu.buffer("values", v_bytes)?,
+                elem: v,
+            },
             n_kv_heads,
             head_dim,
             capacity,
             len: 0,
+            _reservation: reservation,
         })
     }
 

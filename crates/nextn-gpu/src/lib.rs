@@ -15,7 +15,7 @@ pub mod pass;
 pub mod validation;
 pub mod weights;
 
-pub use context::{list_devices, DeviceInfo, Gpu, OpenOptions};
+pub use context::{list_devices, DeviceInfo, Gpu, OpenOptions, Reservation};
 pub use pass::{groups_1d, Recorder};
 pub use weights::{is_device_type, DeviceExperts, DeviceMatrix};
 
@@ -36,6 +36,22 @@ pub enum GpuError {
         what: String,
         bytes: u64,
         limit: u64,
+    },
+    #[error("the device is out of memory: {what} needs {bytes} bytes ({why})")]
+    OutOfMemory {
+        what: String,
+        bytes: u64,
+        why: String,
+    },
+    #[error(
+        "{what} needs {bytes} bytes of device memory, and {used} of the {budget} bytes the device \
+         may use are taken (by weights and the caches of live sequences)"
+    )]
+    OverBudget {
+        what: String,
+        bytes: u64,
+        used: u64,
+        budget: u64,
     },
     #[error("reading back from the device failed: {0}")]
     ReadBack(String),

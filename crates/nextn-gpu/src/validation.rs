@@ -61,6 +61,7 @@ pub fn test_device() -> Option<crate::Gpu> {
     match crate::Gpu::open(&crate::OpenOptions {
         name,
         validation: true,
+        memory_budget: None,
     }) {
         Ok(g) => {
             if let Ok(want) = std::env::var(WIDTH_CHECK_ENV) {

@@ -480,6 +480,7 @@ fn repack_row(
 /// One GGUF weight matrix of `rows x cols` on the device, repacked for the matvec kernels.
 pub struct DeviceMatrix {
     packed: Packed,
+    _reservation: crate::Reservation,
 }
 
 impl DeviceMatrix {
@@ -510,8 +511,11 @@ impl DeviceMatrix {
         max_buffer_bytes: u64,
     ) -> Result<DeviceMatrix, GpuError> {
         let limit = max_buffer_bytes.min(gpu.max_binding_bytes());
+        // The repacked blocks are ggml's bytes and a few of padding per buffer.
+        let reservation = gpu.reserve(&format!("weight '{name}'"), data.len() as u64)?;
         Ok(DeviceMatrix {
             packed: pack(gpu, name, ty, 1, rows, cols, data, limit, 1)?,
+            _reservation: reservation,
         })
     }
 
@@ -557,6 +561,7 @@ impl DeviceMatrix {
 pub struct DeviceExperts {
     packed: Packed,
     n_expert: usize,
+    _reservation: crate::Reservation,
 }
 
 impl DeviceExperts {
@@ -597,8 +602,13 @@ impl DeviceExperts {
         max_buffer_bytes: u64,
     ) -> Result<DeviceExperts, GpuError> {
         let limit = max_buffer_bytes.min(gpu.max_binding_bytes());
+        let reservation = gpu.reserve(&format!("weight '{name}'"), data.len() as u64)?;
         let packed = pack(gpu, name, ty, n_expert, rows, cols, data, limit, rows)?;
-        Ok(DeviceExperts { packed, n_expert })
+        Ok(DeviceExperts {
+            packed,
+            n_expert,
+            _reservation: reservation,
+        })
     }
 
     pub fn name(&self) -> &str {

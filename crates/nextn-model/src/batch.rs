@@ -22,8 +22,33 @@ pub struct BatchItem<'s> {
     pub tokens: &'s [u32],
     pub state: &'s mut SequenceState,
     pub logits: LogitRows,
+    /// What of those rows comes back.
+    pub readback: Readback,
     /// A speculative verify: rows stay pending until [`crate::Model::commit`].
     pub verify: bool,
+}
+
+/// What of each logits row a pass hands back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Readback {
+    /// The whole row: `n_vocab` floats ([`ForwardOutput::logits`]).
+    #[default]
+    Logits,
+    /// Only the row's top-1 ([`ForwardOutput::top1`]), for a row whose token is the argmax of
+    /// the raw logits (greedy sampling with no penalty, logit bias, grammar or log
+    /// probabilities; a greedy draft). On the device the reduction runs there and 8 bytes a row
+    /// come back instead of `4 · n_vocab`; a host pass has nothing to copy and hands back the
+    /// whole rows, with `top1` empty.
+    Top1,
+}
+
+/// A logits row reduced to its top-1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowTop1 {
+    /// The lowest index of the row's largest logit that is not NaN (−0 equals +0); `None`
+    /// when every logit is NaN.
+    pub id: Option<u32>,
+    pub logit: f32,
 }
 
 /// Which rows of a batch need logits.
@@ -51,14 +76,33 @@ impl LogitRows {
 pub struct ForwardOutput {
     /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed.
     pub hidden: Vec<f32>,
-    /// Logits of the requested rows (`rows × n_vocab`), in row order.
+    /// Logits of the requested rows (`rows × n_vocab`), in row order; empty when they came back
+    /// as `top1`.
     pub logits: Vec<f32>,
     pub n_vocab: usize,
+    /// The requested rows' top-1, in row order, when they were read back as [`Readback::Top1`]
+    /// (and `logits` is empty); empty otherwise.
+    pub top1: Vec<RowTop1>,
 }
 
 impl ForwardOutput {
+    /// An output without rows.
+    pub(crate) fn empty(n_vocab: usize) -> ForwardOutput {
+        ForwardOutput {
+            hidden: Vec::new(),
+            logits: Vec::new(),
+            n_vocab,
+            top1: Vec::new(),
+        }
+    }
+
     pub fn logits_row(&self, i: usize) -> &[f32] {
         &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+
+    /// Row `i`'s top-1 when only that came back; `None` when the row came back whole.
+    pub fn top1(&self, i: usize) -> Option<RowTop1> {
+        self.top1.get(i).copied()
     }
 }
 
@@ -72,6 +116,8 @@ pub struct HeadBatchItem<'a> {
     /// The sequence's head cache; the rows are appended to it.
     pub cache: &'a mut LayerCache,
     pub logits: LogitRows,
+    /// What of those rows comes back.
+    pub readback: Readback,
 }
 
 /// The end of a CPU pass over `h` (`n × e`, `e = norm.len()`), whose parts are
@@ -99,6 +145,7 @@ pub(crate) fn finish_pass(
             hidden: hidden[start * e..(start + len) * e].to_vec(),
             logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
             n_vocab,
+            top1: Vec::new(),
         })
         .collect())
 }

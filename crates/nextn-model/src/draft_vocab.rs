@@ -506,14 +506,14 @@ mod tests {
         /// Teacher-forced head logits for a few rows (the target's hidden states as inputs).
         fn head_logits(model: &Model, head: &NextnHead, pool: &ThreadPool) -> Vec<f32> {
             let tokens = [1u32, 17, 400, 33, 2047, 5, 8000, 12];
-            let mut st = model.new_sequence(64, KvType::F32, KvType::F32);
+            let mut st = model.new_sequence(64, KvType::F32, KvType::F32).unwrap();
             let out = model
                 .forward(&tokens, &mut st, LogitRows::None, pool)
                 .unwrap();
             let e = model.config.n_embd;
             let mut prev = vec![0.0f32; e];
             prev.extend_from_slice(&out.hidden[..(tokens.len() - 1) * e]);
-            let mut cache = head.new_cache(KvType::F32, KvType::F32, 64);
+            let mut cache = head.new_cache(KvType::F32, KvType::F32, 64).unwrap();
             let d = head
                 .forward(&tokens, &prev, 0, &mut cache, LogitRows::All, pool)
                 .unwrap();

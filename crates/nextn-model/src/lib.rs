@@ -26,7 +26,7 @@ pub mod synth;
 pub mod validate;
 pub mod weights;
 
-pub use batch::{BatchItem, ForwardOutput, HeadBatchItem, LogitRows};
+pub use batch::{BatchItem, ForwardOutput, HeadBatchItem, LogitRows, Readback, RowTop1};
 pub use cache::{
     ImageSpan, KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState,
     StateCodecError, StateReader, StateWriter,
@@ -129,6 +129,10 @@ pub enum ModelError {
     },
     #[error("GPU: {0}")]
     Device(String),
+    /// The device cannot hold a cache or a weight: over its memory, its budget or its largest
+    /// buffer; the message names what and how many bytes.
+    #[error("GPU: {0}")]
+    DeviceMemory(nextn_gpu::GpuError),
     #[error("the NextN head got {found} hidden values for {rows} rows of width {width}")]
     HiddenLength {
         found: usize,

@@ -7,7 +7,7 @@ use nextn_gguf::GgufFile;
 use nextn_quant::kernels::ThreadPool;
 
 use crate::attention::GatedAttention;
-use crate::batch::{finish_pass, BatchItem, ForwardOutput, LogitRows, Segment};
+use crate::batch::{finish_pass, BatchItem, ForwardOutput, LogitRows, Readback, Segment};
 use crate::cache::{KvLayer, KvType, LayerCache, SequenceState};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::delta_net::GatedDeltaNet;
@@ -190,20 +190,24 @@ impl Model {
         Ok(())
     }
 
-    /// Fresh caches for one sequence of at most `n_ctx` positions.
-    pub fn new_sequence(&self, n_ctx: usize, k_type: KvType, v_type: KvType) -> SequenceState {
+    /// Fresh caches for one sequence of at most `n_ctx` positions. On the device they are
+    /// allocated now: a device without room for them (its memory, its budget, its largest buffer)
+    /// is [`ModelError::DeviceMemory`] naming what did not fit. Host caches grow as they fill.
+    pub fn new_sequence(
+        &self,
+        n_ctx: usize,
+        k_type: KvType,
+        v_type: KvType,
+    ) -> Result<SequenceState, ModelError> {
         if let Some(d) = &self.device {
-            // The sizes were checked when the device was chosen; what fails here is the device.
-            let layers = d
-                .new_caches(self, n_ctx, k_type, v_type)
-                .unwrap_or_else(|e| panic!("allocating a sequence's caches on the device: {e}"));
-            return SequenceState {
+            let layers = d.new_caches(self, n_ctx, k_type, v_type)?;
+            return Ok(SequenceState {
                 layers,
                 n_past: 0,
                 n_ctx,
                 pending_rows: 0,
                 images: Vec::new(),
-            };
+            });
         }
         let cfg = &self.config;
         let layers = self
@@ -220,13 +224,13 @@ impl Model {
                 Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_cache()),
             })
             .collect();
-        SequenceState {
+        Ok(SequenceState {
             layers,
             n_past: 0,
             n_ctx,
             pending_rows: 0,
             images: Vec::new(),
-        }
+        })
     }
 
     /// Embedding rows of `tokens` (`n × n_embd`).
@@ -305,14 +309,13 @@ impl Model {
             tokens,
             state,
             logits: logit_rows,
+            readback: Readback::Logits,
             verify,
         }];
         let mut out = self.forward_batch(&mut items, pool)?;
-        Ok(out.pop().unwrap_or(ForwardOutput {
-            hidden: Vec::new(),
-            logits: Vec::new(),
-            n_vocab: self.n_vocab,
-        }))
+        Ok(out
+            .pop()
+            .unwrap_or_else(|| ForwardOutput::empty(self.n_vocab)))
     }
 
     /// One forward pass over the rows of several sequences at once (continuous batching): every

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use nextn_gguf::GgufFile;
 use nextn_quant::kernels::ThreadPool;
 
-use crate::batch::{finish_pass, ForwardOutput, HeadBatchItem, LogitRows, Segment};
+use crate::batch::{finish_pass, ForwardOutput, HeadBatchItem, LogitRows, Readback, Segment};
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::device::DeviceHead;
@@ -187,15 +187,21 @@ impl NextnHead {
     }
 
     /// The head's own single-layer KV cache for a sequence of at most `n_ctx` positions (on the
-    /// device when the head runs there; the sizes were checked when it was loaded).
-    pub fn new_cache(&self, k_type: KvType, v_type: KvType, n_ctx: usize) -> LayerCache {
+    /// device when the head runs there, allocated now: no room there is
+    /// [`ModelError::DeviceMemory`]).
+    pub fn new_cache(
+        &self,
+        k_type: KvType,
+        v_type: KvType,
+        n_ctx: usize,
+    ) -> Result<LayerCache, ModelError> {
         let (n_heads, head_dim) = self.kv_heads;
         if let Some(d) = &self.device {
-            return d
-                .new_cache(k_type, v_type, n_ctx, self.kv_heads)
-                .unwrap_or_else(|e| panic!("allocating the head's cache on the device: {e}"));
+            return d.new_cache(k_type, v_type, n_ctx, self.kv_heads);
         }
-        LayerCache::Attention(KvLayer::new(k_type, v_type, n_heads, head_dim))
+        Ok(LayerCache::Attention(KvLayer::new(
+            k_type, v_type, n_heads, head_dim,
+        )))
     }
 
     /// Index N of the `blk.N` that holds the head.
@@ -226,13 +232,12 @@ impl NextnHead {
             start_pos,
             cache,
             logits,
+            readback: Readback::Logits,
         }];
         let mut out = self.forward_batch(&mut items, pool)?;
-        Ok(out.pop().unwrap_or(ForwardOutput {
-            hidden: Vec::new(),
-            logits: Vec::new(),
-            n_vocab: self.n_vocab(),
-        }))
+        Ok(out
+            .pop()
+            .unwrap_or_else(|| ForwardOutput::empty(self.n_vocab())))
     }
 
     /// The head over the rows of several sequences in one pass: one `eh_proj` product, one pass

@@ -109,7 +109,9 @@ fn golden_logits_on_the_device() {
             let mut worst = 0f64;
             for seq in v["sequences"].as_array().expect("sequences") {
                 let toks = tokens(&seq["tokens"]);
-                let mut state = model.new_sequence(toks.len() + 8, KvType::F32, KvType::F32);
+                let mut state = model
+                    .new_sequence(toks.len() + 8, KvType::F32, KvType::F32)
+                    .unwrap();
                 let out = model
                     .forward(&toks, &mut state, LogitRows::All, &pool)
                     .expect("device forward");
@@ -170,7 +172,7 @@ fn verify_and_commit_on_the_device_equal_decoding() {
         let model = load(&file, Some(&gpu));
         let prompt: Vec<u32> = (0..23).map(|i| (i * 37 % 500 + 3) as u32).collect();
         let more: Vec<u32> = vec![11, 400, 7, 250, 90];
-        let mut plain = model.new_sequence(64, KvType::F16, KvType::F16);
+        let mut plain = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
         model
             .forward(&prompt, &mut plain, LogitRows::Last, &pool)
             .expect("prefill");
@@ -186,7 +188,7 @@ fn verify_and_commit_on_the_device_equal_decoding() {
             hidden_one.push(o.hidden);
         }
         for keep in 0..=more.len() {
-            let mut s = model.new_sequence(64, KvType::F16, KvType::F16);
+            let mut s = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
             s.restore(std::iter::once(&rows[..]), &snapshot)
                 .expect("restore");
             let o = model.forward_verify(&more, &mut s, &pool).expect("verify");
@@ -234,11 +236,11 @@ fn head_on_the_device() {
     let hidden: Vec<f32> = (0..toks.len() * e)
         .map(|i| ((i * 31 % 97) as f32 - 48.0) / 40.0)
         .collect();
-    let mut cc = cpu_head.new_cache(KvType::F16, KvType::F16, 32);
+    let mut cc = cpu_head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
     let c = cpu_head
         .forward(&toks, &hidden, 0, &mut cc, LogitRows::All, &pool)
         .expect("cpu head");
-    let mut dc = dev_head.new_cache(KvType::F16, KvType::F16, 32);
+    let mut dc = dev_head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
     let d = dev_head
         .forward(&toks, &hidden, 0, &mut dc, LogitRows::All, &pool)
         .expect("device head");
@@ -268,7 +270,7 @@ fn head_on_the_device() {
     }
     assert!(agree > 0);
     // Rows one at a time on a fresh cache give the batch's bits.
-    let mut one = dev_head.new_cache(KvType::F16, KvType::F16, 32);
+    let mut one = dev_head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
     for i in 0..toks.len() {
         let o = dev_head
             .forward(
@@ -300,11 +302,11 @@ fn a_long_prefill_is_the_bits_of_its_pieces() {
         let model = load(&file, Some(&gpu));
         let e = model.config.n_embd;
         let prompt: Vec<u32> = (0..77).map(|i| (i * 41 % 600 + 2) as u32).collect();
-        let mut whole = model.new_sequence(96, KvType::F16, KvType::F16);
+        let mut whole = model.new_sequence(96, KvType::F16, KvType::F16).unwrap();
         let all = model
             .forward(&prompt, &mut whole, LogitRows::All, &pool)
             .expect("one pass");
-        let mut parts = model.new_sequence(96, KvType::F16, KvType::F16);
+        let mut parts = model.new_sequence(96, KvType::F16, KvType::F16).unwrap();
         let mut row = 0;
         for len in [5, 8, prompt.len() - 13] {
             let o = model
@@ -335,5 +337,76 @@ fn a_long_prefill_is_the_bits_of_its_pieces() {
             .expect("next");
         assert!(a.logits == b.logits, "{}: the next row", file.display());
     }
+    assert_clean(&gpu);
+}
+
+/// Rows read back as their top-1 carry the argmax (lowest index among equal logits) and the
+/// logit of the same rows read back whole in the same pass, bit for bit, for the trunk and for
+/// the head; only the whole rows' logits come back.
+#[test]
+fn top1_rows_are_the_argmax_of_the_whole_rows() {
+    use nextn_model::{BatchItem, HeadBatchItem, Readback};
+    let Some(gpu) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let path = nextn_testdata::bundled_model();
+    let dev = load(&path, Some(&gpu));
+    let toks: Vec<u32> = (0..5).map(|i| (i * 211 % 900 + 3) as u32).collect();
+    let mut whole = dev.new_sequence(32, KvType::F16, KvType::F16).unwrap();
+    let mut top = dev.new_sequence(32, KvType::F16, KvType::F16).unwrap();
+    let mut items = [
+        BatchItem {
+            tokens: &toks,
+            state: &mut whole,
+            logits: LogitRows::All,
+            readback: Readback::Logits,
+            verify: false,
+        },
+        BatchItem {
+            tokens: &toks,
+            state: &mut top,
+            logits: LogitRows::All,
+            readback: Readback::Top1,
+            verify: false,
+        },
+    ];
+    let outs = dev.forward_batch(&mut items, &pool).expect("device pass");
+    let check = |whole: &nextn_model::ForwardOutput, top: &nextn_model::ForwardOutput| {
+        assert!(top.logits.is_empty() && whole.top1.is_empty());
+        assert_eq!(top.top1.len(), toks.len());
+        for i in 0..toks.len() {
+            let row = whole.logits_row(i);
+            let t = top.top1(i).expect("a top-1 row");
+            let id = t.id.expect("a number in the row") as usize;
+            assert_eq!(id, argmax(row), "row {i}");
+            assert_eq!(t.logit.to_bits(), row[id].to_bits(), "row {i}");
+        }
+    };
+    check(&outs[0], &outs[1]);
+
+    let head = NextnHead::load(&dev).expect("device head");
+    let e = dev.config.n_embd;
+    let hidden = &outs[0].hidden;
+    let mut c_whole = head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
+    let mut c_top = head.new_cache(KvType::F16, KvType::F16, 32).unwrap();
+    let mut items = [
+        HeadBatchItem {
+            tokens: &toks,
+            hidden_prev: &hidden[..toks.len() * e],
+            start_pos: 0,
+            cache: &mut c_whole,
+            logits: LogitRows::All,
+            readback: Readback::Logits,
+        },
+        HeadBatchItem {
+            tokens: &toks,
+            hidden_prev: &hidden[..toks.len() * e],
+            start_pos: 0,
+            cache: &mut c_top,
+            logits: LogitRows::All,
+            readback: Readback::Top1,
+        },
+    ];
+    let outs = head.forward_batch(&mut items, &pool).expect("head pass");
+    check(&outs[0], &outs[1]);
     assert_clean(&gpu);
 }

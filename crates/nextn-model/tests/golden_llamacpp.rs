@@ -76,7 +76,7 @@ fn check_variant(
     };
     for seq in v["sequences"].as_array().expect("sequences") {
         let toks = tokens(&seq["tokens"]);
-        let mut state = model.new_sequence(4096, KvType::F32, KvType::F32);
+        let mut state = model.new_sequence(4096, KvType::F32, KvType::F32).unwrap();
         let fwd = model
             .forward(&toks, &mut state, LogitRows::All, pool)
             .expect("forward");
@@ -228,7 +228,7 @@ fn batch_composition_does_not_change_results() {
             .map(|i| (i * 37 + 5) % model.n_vocab as u32)
             .collect();
         let run = |chunk: usize| {
-            let mut st = model.new_sequence(256, KvType::F16, KvType::F16);
+            let mut st = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
             let mut logits = Vec::new();
             let mut hidden = Vec::new();
             for c in toks.chunks(chunk) {
@@ -276,7 +276,7 @@ fn thread_count_does_not_change_results() {
             .collect();
         let run = |threads: usize| {
             let pool = ThreadPool::new(threads);
-            let mut st = model.new_sequence(256, KvType::F16, KvType::F16);
+            let mut st = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
             let mut logits = model
                 .forward(&toks[..15], &mut st, LogitRows::All, &pool)
                 .expect("prefill")

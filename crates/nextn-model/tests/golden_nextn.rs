@@ -56,11 +56,11 @@ fn check_fixture(name: &str, variant: &str) {
     for seq in v["sequences"].as_array().unwrap() {
         let toks = ids(&seq["tokens"]);
         let n = toks.len();
-        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32);
+        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32).unwrap();
         let target = model
             .forward(&toks, &mut st, LogitRows::All, &pool)
             .unwrap();
-        let mut head_kv = head.new_cache(KvType::F32, KvType::F32, 4096);
+        let mut head_kv = head.new_cache(KvType::F32, KvType::F32, 4096).unwrap();
         let hprev = shifted_hidden(&target.hidden, n, e);
         let out = head
             .forward(&toks, &hprev, 0, &mut head_kv, LogitRows::All, &pool)
@@ -141,11 +141,11 @@ fn tiny_model_head_matches_jax() {
     for g in golden["goldens"].as_array().unwrap() {
         let toks = ids(&g["prompt_ids"]);
         let n = toks.len();
-        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32);
+        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32).unwrap();
         let target = model
             .forward(&toks, &mut st, LogitRows::All, &pool)
             .unwrap();
-        let mut kv = head.new_cache(KvType::F32, KvType::F32, 4096);
+        let mut kv = head.new_cache(KvType::F32, KvType::F32, 4096).unwrap();
         let out = head
             .forward(
                 &toks,

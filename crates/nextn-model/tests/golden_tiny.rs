@@ -43,7 +43,7 @@ fn f32_model_matches_jax_reference() {
     let pool = ThreadPool::new(2);
     for g in golden["goldens"].as_array().unwrap() {
         let prompt = ids(&g["prompt_ids"]);
-        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32);
+        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32).unwrap();
         let out = model
             .forward(&prompt, &mut st, LogitRows::All, &pool)
             .unwrap();
@@ -116,7 +116,7 @@ fn bundled_q8_0_tracks_llamacpp() {
     {
         let prompt = ids(&g["prompt_ids"]);
         let n = prompt.len();
-        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32);
+        let mut st = model.new_sequence(4096, KvType::F32, KvType::F32).unwrap();
         let out = model
             .forward(&prompt, &mut st, LogitRows::All, &pool)
             .unwrap();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use nextn_gguf::GgufFile;
-use nextn_model::{HeadBatchItem, KvType, LogitRows, Model, NextnHead};
+use nextn_model::{HeadBatchItem, KvType, LogitRows, Model, NextnHead, Readback};
 use nextn_quant::kernels::ThreadPool;
 
 #[test]
@@ -35,7 +35,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
         .collect();
     let mut alone = Vec::new();
     for (t, h) in &seqs {
-        let mut cache = head.new_cache(KvType::F16, KvType::F16, 4096);
+        let mut cache = head.new_cache(KvType::F16, KvType::F16, 4096).unwrap();
         head.forward(&t[..1], &h[..n_embd], 0, &mut cache, LogitRows::Last, pool)
             .unwrap();
         alone.push(
@@ -45,7 +45,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
     }
     let mut caches: Vec<_> = seqs
         .iter()
-        .map(|_| head.new_cache(KvType::F16, KvType::F16, 4096))
+        .map(|_| head.new_cache(KvType::F16, KvType::F16, 4096).unwrap())
         .collect();
     for ((t, h), c) in seqs.iter().zip(caches.iter_mut()) {
         head.forward(&t[..1], &h[..n_embd], 0, c, LogitRows::Last, pool)
@@ -60,6 +60,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
             start_pos: 1,
             cache,
             logits: LogitRows::All,
+            readback: Readback::Logits,
         })
         .collect();
     let batched = head.forward_batch(&mut items, pool).unwrap();
@@ -74,7 +75,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
     let infinite = batched[0].logits.iter().filter(|v| v.is_infinite()).count();
     assert_eq!(infinite > 0, trimmed, "{infinite} −∞ logits");
     // Wrong hidden widths are refused, naming the numbers.
-    let mut cache = head.new_cache(KvType::F16, KvType::F16, 4096);
+    let mut cache = head.new_cache(KvType::F16, KvType::F16, 4096).unwrap();
     let err = head
         .forward(&[1, 2], &[0.0; 3], 0, &mut cache, LogitRows::Last, pool)
         .unwrap_err();

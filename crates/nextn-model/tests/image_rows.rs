@@ -89,7 +89,7 @@ fn logits_after_an_image_prompt_match_llamacpp() {
     assert_eq!(embd.width, model.config.n_embd);
     let (chunks, n_past_ref, reference) = read_logits();
     assert_eq!(chunks.len(), 3, "text, image, text");
-    let mut state = model.new_sequence(512, KvType::F16, KvType::F16);
+    let mut state = model.new_sequence(512, KvType::F16, KvType::F16).unwrap();
     let mut last = None;
     for (i, chunk) in chunks.iter().enumerate() {
         let logits = if i + 1 == chunks.len() {
@@ -149,7 +149,7 @@ fn positions_after_an_image_differ_from_text_positions() {
     let (Some(head), Some(tail)) = (&chunks[0], &chunks[2]) else {
         panic!("text, image, text")
     };
-    let mut state = model.new_sequence(512, KvType::F16, KvType::F16);
+    let mut state = model.new_sequence(512, KvType::F16, KvType::F16).unwrap();
     model
         .forward(head, &mut state, LogitRows::None, &pool)
         .unwrap();
@@ -182,7 +182,7 @@ fn truncating_before_an_image_forgets_its_positions() {
     let model = bundled();
     let pool = ThreadPool::new(1);
     let e = model.config.n_embd;
-    let mut state = model.new_sequence(64, KvType::F16, KvType::F16);
+    let mut state = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
     model
         .forward(&[1, 2, 3], &mut state, LogitRows::None, &pool)
         .unwrap();

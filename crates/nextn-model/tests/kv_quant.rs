@@ -12,7 +12,7 @@ use nextn_quant::kernels::ThreadPool;
 use serde_json::Value;
 
 fn logits(model: &Model, tokens: &[u32], kv: KvType, pool: &ThreadPool) -> Vec<f32> {
-    let mut st = model.new_sequence(1024, kv, kv);
+    let mut st = model.new_sequence(1024, kv, kv).unwrap();
     model
         .forward(tokens, &mut st, LogitRows::All, pool)
         .expect("forward")

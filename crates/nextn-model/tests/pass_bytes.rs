@@ -141,7 +141,7 @@ fn moe_verify_rows_read_each_chosen_expert_once() {
     // Repeated tokens route alike in the early layers, so sharing is certain to occur.
     let rows = [7u32, 7, 7, 7];
 
-    let mut base = model.new_sequence(64, KvType::F16, KvType::F16);
+    let mut base = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
     model
         .forward(&prompt, &mut base, LogitRows::None, &pool)
         .expect("prefill");

@@ -39,7 +39,7 @@ fn resume(model: &Model, from: &SequenceState, cuts: &[usize], kv: KvType) -> Se
         .windows(2)
         .map(|w| from.attention_rows(w[0], w[1]).unwrap())
         .collect();
-    let mut s = model.new_sequence(256, kv, kv);
+    let mut s = model.new_sequence(256, kv, kv).unwrap();
     s.restore(segments.iter().map(|v| v.as_slice()), &snapshot)
         .expect("restore");
     s
@@ -52,7 +52,7 @@ fn a_resumed_sequence_continues_bit_for_bit() {
         for kv in [KvType::F16, KvType::F32] {
             let prompt = tokens(&model, 40, 1);
             let rest = tokens(&model, 9, 2);
-            let mut cold = model.new_sequence(256, kv, kv);
+            let mut cold = model.new_sequence(256, kv, kv).unwrap();
             model
                 .forward(&prompt, &mut cold, LogitRows::None, &pool)
                 .unwrap();
@@ -61,7 +61,7 @@ fn a_resumed_sequence_continues_bit_for_bit() {
                 .unwrap();
 
             // Taken after two prefill chunks, handed over in three pieces.
-            let mut warm = model.new_sequence(256, kv, kv);
+            let mut warm = model.new_sequence(256, kv, kv).unwrap();
             model
                 .forward(&prompt[..25], &mut warm, LogitRows::None, &pool)
                 .unwrap();
@@ -90,7 +90,7 @@ fn a_snapshot_after_a_partly_kept_verify_batch_resumes_exactly() {
     let prompt = tokens(&model, 20, 3);
     let drafts = tokens(&model, 4, 4);
     let probe = tokens(&model, 3, 5);
-    let mut s = model.new_sequence(256, KvType::F16, KvType::F16);
+    let mut s = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
     model
         .forward(&prompt, &mut s, LogitRows::None, &pool)
         .unwrap();
@@ -116,7 +116,7 @@ fn pieces_that_do_not_fit_are_refused() {
     let pool = ThreadPool::new(1);
     let model = load(&nextn_testdata::bundled_model());
     let prompt = tokens(&model, 12, 6);
-    let mut s = model.new_sequence(256, KvType::F16, KvType::F16);
+    let mut s = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
     model
         .forward(&prompt, &mut s, LogitRows::None, &pool)
         .unwrap();
@@ -124,14 +124,14 @@ fn pieces_that_do_not_fit_are_refused() {
     let rows = s.attention_rows(0, 12).unwrap();
 
     // Other KV element types.
-    let mut other = model.new_sequence(256, KvType::F32, KvType::F32);
+    let mut other = model.new_sequence(256, KvType::F32, KvType::F32).unwrap();
     assert!(matches!(
         other.restore([rows.as_slice()], &snapshot),
         Err(ModelError::SnapshotKvType)
     ));
     // Rows that do not reach the snapshot's position.
     let short = s.attention_rows(0, 10).unwrap();
-    let mut fresh = model.new_sequence(256, KvType::F16, KvType::F16);
+    let mut fresh = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
     assert!(matches!(
         fresh.restore([short.as_slice()], &snapshot),
         Err(ModelError::SnapshotMismatch {
@@ -140,13 +140,13 @@ fn pieces_that_do_not_fit_are_refused() {
         })
     ));
     // A sequence that already holds positions.
-    let mut busy = model.new_sequence(256, KvType::F16, KvType::F16);
+    let mut busy = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
     model
         .forward(&prompt[..2], &mut busy, LogitRows::None, &pool)
         .unwrap();
     assert!(busy.restore([rows.as_slice()], &snapshot).is_err());
     // A context too small for the snapshot.
-    let mut small = model.new_sequence(8, KvType::F16, KvType::F16);
+    let mut small = model.new_sequence(8, KvType::F16, KvType::F16).unwrap();
     assert!(matches!(
         small.restore([rows.as_slice()], &snapshot),
         Err(ModelError::ContextFull { .. })

@@ -39,13 +39,13 @@ fn commit_of_any_prefix_equals_plain_decoding_with(model: &Model, kv: KvType) {
     let rows: Vec<u32> = vec![258, 581, 672, 198, 17];
     let probe = [1000u32, 42];
     // One prefill pass over the prompt and all the rows gives each row's decode logits.
-    let mut whole = model.new_sequence(128, kv, kv);
+    let mut whole = model.new_sequence(128, kv, kv).unwrap();
     let all: Vec<u32> = prompt.iter().chain(&rows).copied().collect();
     let prefilled = model
         .forward(&all, &mut whole, LogitRows::All, &pool)
         .unwrap();
     for keep in 0..=rows.len() {
-        let mut plain = model.new_sequence(128, kv, kv);
+        let mut plain = model.new_sequence(128, kv, kv).unwrap();
         model
             .forward(&prompt, &mut plain, LogitRows::None, &pool)
             .unwrap();
@@ -63,7 +63,7 @@ fn commit_of_any_prefix_equals_plain_decoding_with(model: &Model, kv: KvType) {
             .forward(&probe, &mut plain, LogitRows::All, &pool)
             .unwrap();
 
-        let mut spec = model.new_sequence(128, kv, kv);
+        let mut spec = model.new_sequence(128, kv, kv).unwrap();
         model
             .forward(&prompt, &mut spec, LogitRows::None, &pool)
             .unwrap();
@@ -102,7 +102,7 @@ fn commit_of_any_prefix_equals_plain_decoding_with(model: &Model, kv: KvType) {
 fn uncommitted_verify_blocks_further_decoding() {
     let model = bundled();
     let pool = ThreadPool::new(1);
-    let mut st = model.new_sequence(64, KvType::F32, KvType::F32);
+    let mut st = model.new_sequence(64, KvType::F32, KvType::F32).unwrap();
     model
         .forward(&[1, 2, 3], &mut st, LogitRows::None, &pool)
         .unwrap();
@@ -122,7 +122,7 @@ fn uncommitted_verify_blocks_further_decoding() {
 fn context_overflow_is_an_error_not_a_panic() {
     let model = bundled();
     let pool = ThreadPool::new(1);
-    let mut st = model.new_sequence(4, KvType::F16, KvType::F16);
+    let mut st = model.new_sequence(4, KvType::F16, KvType::F16).unwrap();
     let err = model
         .forward(&[1, 2, 3, 4, 5], &mut st, LogitRows::Last, &pool)
         .unwrap_err();
@@ -138,8 +138,8 @@ fn forward_is_deterministic() {
     let model = bundled();
     let pool = ThreadPool::new(2);
     let prompt: Vec<u32> = vec![618, 553, 198, 618, 672, 925, 544, 2356, 731];
-    let mut a = model.new_sequence(64, KvType::F16, KvType::F16);
-    let mut b = model.new_sequence(64, KvType::F16, KvType::F16);
+    let mut a = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
+    let mut b = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
     let la = model
         .forward(&prompt, &mut a, LogitRows::All, &pool)
         .unwrap();
@@ -160,7 +160,7 @@ fn forward_is_deterministic() {
 /// including a verify item that is then committed.
 #[test]
 fn multi_sequence_batch_equals_separate_passes() {
-    use nextn_model::BatchItem;
+    use nextn_model::{BatchItem, Readback};
     let model = bundled();
     let pool = ThreadPool::new(2);
     let prompts: [&[u32]; 3] = [&[618, 553, 198, 618], &[5, 6, 7, 8, 9, 10, 11], &[42]];
@@ -168,7 +168,7 @@ fn multi_sequence_batch_equals_separate_passes() {
     // Alone.
     let mut alone = Vec::new();
     for (p, x) in prompts.iter().zip(&next) {
-        let mut st = model.new_sequence(64, KvType::F16, KvType::F16);
+        let mut st = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
         let a = model.forward(p, &mut st, LogitRows::All, &pool).unwrap();
         let b = model.forward_verify(x, &mut st, &pool).unwrap();
         model.commit(&mut st, 1).unwrap();
@@ -179,7 +179,7 @@ fn multi_sequence_batch_equals_separate_passes() {
     }
     // Together: prefill all three in one pass, then verify rows of all three in one pass.
     let mut states: Vec<_> = (0..3)
-        .map(|_| model.new_sequence(64, KvType::F16, KvType::F16))
+        .map(|_| model.new_sequence(64, KvType::F16, KvType::F16).unwrap())
         .collect();
     let mut it = states.iter_mut();
     let (s0, s1, s2) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
@@ -188,18 +188,21 @@ fn multi_sequence_batch_equals_separate_passes() {
             tokens: prompts[0],
             state: s0,
             logits: LogitRows::All,
+            readback: Readback::Logits,
             verify: false,
         },
         BatchItem {
             tokens: prompts[1],
             state: s1,
             logits: LogitRows::All,
+            readback: Readback::Logits,
             verify: false,
         },
         BatchItem {
             tokens: prompts[2],
             state: s2,
             logits: LogitRows::All,
+            readback: Readback::Logits,
             verify: false,
         },
     ];
@@ -211,18 +214,21 @@ fn multi_sequence_batch_equals_separate_passes() {
             tokens: next[0],
             state: s0,
             logits: LogitRows::All,
+            readback: Readback::Logits,
             verify: true,
         },
         BatchItem {
             tokens: next[1],
             state: s1,
             logits: LogitRows::All,
+            readback: Readback::Logits,
             verify: true,
         },
         BatchItem {
             tokens: next[2],
             state: s2,
             logits: LogitRows::All,
+            readback: Readback::Logits,
             verify: true,
         },
     ];
@@ -273,13 +279,13 @@ fn long_context_rows_agree(model: &Model, kv: KvType, thread_counts: &[usize]) {
     let rows: Vec<u32> = vec![258, 581, 672, 198, 17];
     let all: Vec<u32> = prompt.iter().chain(&rows).copied().collect();
     let one = ThreadPool::new(1);
-    let mut whole = model.new_sequence(4096, kv, kv);
+    let mut whole = model.new_sequence(4096, kv, kv).unwrap();
     let prefilled = model
         .forward(&all, &mut whole, LogitRows::All, &one)
         .unwrap();
     for &threads in thread_counts {
         let pool = ThreadPool::new(threads);
-        let mut seq = model.new_sequence(4096, kv, kv);
+        let mut seq = model.new_sequence(4096, kv, kv).unwrap();
         model
             .forward(&prompt, &mut seq, LogitRows::None, &pool)
             .unwrap();

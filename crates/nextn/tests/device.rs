@@ -1,8 +1,13 @@
 //! The real `nextn` binary on the device backend (Mesa's lavapipe in CI): the device list, and
 //! `run -dev Vulkan0` printing what the CPU prints, with drafting, at the CPU's acceptance.
 
+mod serve_common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use serde_json::json;
+use serve_common::Server;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_nextn"));
@@ -175,4 +180,88 @@ fn device_flags_are_checked() {
         "{}",
         text(&o.stderr)
     );
+}
+
+/// A context whose caches the device cannot hold is refused at load with what did not fit and
+/// how many bytes it asked for: past the largest buffer, and past a device memory budget.
+#[test]
+fn a_context_the_device_cannot_hold_is_refused_at_load() {
+    let Some(dev) = lavapipe() else { return };
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let run = |ctx: &str, budget: Option<&str>| {
+        let mut c = bin();
+        if let Some(b) = budget {
+            c.env("NEXTN_GPU_MEMORY_MIB", b);
+        }
+        let o = c
+            .args([
+                "run", "-m", m, "-p", "x", "-n", "1", "-dev", &dev, "-c", ctx,
+            ])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "context {ctx} was accepted");
+        text(&o.stderr)
+    };
+    // 2M positions of one f16 kv head of 256: 1024000000 bytes of keys, over lavapipe's 128 MiB.
+    let err = run("2000000", None);
+    assert!(
+        err.contains("the attention keys at a context of 2000000 positions")
+            && err.contains("needs a buffer of 1024000000 bytes"),
+        "{err}"
+    );
+    // 12 MiB hold the weights (about 12.5 MB) but not a 4096-position sequence beside them.
+    let err = run("4096", Some("13"));
+    assert!(err.contains("context 4096 on"), "{err}");
+    assert!(err.contains("bytes of device memory"), "{err}");
+    assert!(
+        err.contains("of the 13631488 bytes the device may use"),
+        "{err}"
+    );
+    let err = run("256", Some("lots"));
+    assert!(err.contains("NEXTN_GPU_MEMORY_MIB"), "{err}");
+}
+
+/// A request whose caches do not fit beside another's gets a 500 naming what did not fit; the
+/// server keeps serving, and once the first request is done the next one gets its caches.
+#[test]
+fn a_request_without_room_on_the_device_is_refused_and_the_server_goes_on() {
+    let Some(dev) = lavapipe() else { return };
+    // Weights and head about 12.5 MB; a slot of 1024 positions about 6 MiB (two attention
+    // layers' KV, six delta-net states, the head's KV): 22 MiB hold one slot, not two.
+    let mut s = Server::start_with_env(
+        &[
+            "-dev",
+            &dev,
+            "-np",
+            "2",
+            "-c",
+            "2048",
+            "--spec-type",
+            "nextn",
+        ],
+        &[("NEXTN_GPU_MEMORY_MIB", "22")],
+    );
+    let long = json!({"prompt": "import os\n", "max_tokens": 300, "temperature": 0,
+                      "stream": true, "ignore_eos": true});
+    let (status, mut first) = s.open_stream("/v1/completions", &long);
+    assert_eq!(status, 200);
+    assert!(first.next_event().is_some(), "the first request streams");
+    let short = json!({"prompt": "def main():\n", "max_tokens": 8, "temperature": 0});
+    let refused = s.post("/v1/completions", &short);
+    assert_eq!(refused.status, 500, "{}", refused.text());
+    let why = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(why.contains("no room for this request's caches"), "{why}");
+    assert!(why.contains("bytes of device memory"), "{why}");
+    while first.next_event().is_some() {}
+    let served = s.post("/v1/completions", &short);
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert!(!served.json()["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .is_empty());
+    s.terminate(std::time::Duration::from_secs(20));
 }

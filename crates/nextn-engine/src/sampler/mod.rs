@@ -352,6 +352,21 @@ impl Sampler {
         &self.cfg
     }
 
+    /// Whether every draw of this sampler without a mask is the argmax of the raw row (greedy,
+    /// no penalty, no logit bias): such a row need not come back whole from the device, its
+    /// top-1 is the draw ([`nextn_model::Readback::Top1`]).
+    pub fn draws_argmax(&self) -> bool {
+        self.cfg.is_greedy()
+            && self.cfg.logit_bias.is_empty()
+            && (self.cfg.penalty_params().is_neutral() || self.cfg.repeat_last_n == 0)
+    }
+
+    /// Whether [`Sampler::top_token`] without a mask is the argmax of the raw row (no logit
+    /// bias): a greedy draft row's top-1 is enough.
+    pub fn top_token_is_argmax(&self) -> bool {
+        self.cfg.logit_bias.is_empty()
+    }
+
     /// Records a token in the penalty window. Feed the prompt tokens too, then every emitted token;
     /// [`Sampler::sample`] does not record its own result.
     pub fn accept(&mut self, token: u32) {

@@ -73,7 +73,7 @@ impl<'e> Core<'e> {
 
         let time_target = |rows: usize, logits: LogitRows| -> Option<f64> {
             let tokens: Vec<u32> = (0..rows).map(token).collect();
-            let mut state = model.new_sequence(rows + 1, kt, vt);
+            let mut state = model.new_sequence(rows + 1, kt, vt).ok()?;
             let t = Instant::now();
             model.forward(&tokens, &mut state, logits, pool).ok()?;
             Some(ms_since(t))
@@ -96,7 +96,7 @@ impl<'e> Core<'e> {
             let time_head = |rows: usize, logits: LogitRows| -> Option<f64> {
                 let tokens: Vec<u32> = (0..rows).map(token).collect();
                 let hidden = vec![0.0f32; rows * e];
-                let mut cache = head.new_cache(kt, vt, rows + 1);
+                let mut cache = head.new_cache(kt, vt, rows + 1).ok()?;
                 let t = Instant::now();
                 head.forward(&tokens, &hidden, 0, &mut cache, logits, pool)
                     .ok()?;
@@ -117,7 +117,9 @@ impl<'e> Core<'e> {
             if n_max > 0 {
                 let mut best = f64::INFINITY;
                 for _ in 0..ROUNDS {
-                    let mut state = model.new_sequence(n_max + 8, kt, vt);
+                    let Ok(mut state) = model.new_sequence(n_max + 8, kt, vt) else {
+                        break;
+                    };
                     let rows: Vec<u32> = (0..=n_max).map(token).collect();
                     if model.forward_verify(&rows, &mut state, pool).is_err() {
                         break;

@@ -14,6 +14,8 @@ use super::{
     lock, Completion, DraftSampling, Engine, EngineInfo, EngineRef, Event, FailKind, Phase,
     Request, SchedulerConfig, Shared, SpecConfig,
 };
+use nextn_model::{ModelError, SequenceState};
+
 use crate::grammar::Constraint;
 use crate::output::{ms_since, FinishReason, GrammarEnd, Timings};
 use crate::prefix_cache::{PrefixTree, Snapshot};
@@ -256,10 +258,16 @@ impl<'e> Core<'e> {
         }
         let (kt, vt) = (self.cfg.k_type, self.cfg.v_type);
         let model = self.engine.model;
-        let mut state = model.new_sequence(n_ctx, kt, vt);
-        let mut head = match (&self.spec, self.engine.head) {
-            (Some(_), Some(h)) => Some(HeadState::new(h, model.config.n_embd, kt, vt, n_ctx)),
-            _ => None,
+        let (mut state, mut head) = match self.fresh_sequence(index) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut r = request;
+                r.sink.send(Event::Failed {
+                    kind: FailKind::Internal,
+                    message: format!("no room for this request's caches: {e}"),
+                });
+                return;
+            }
         };
         let mut cache_n = 0;
         let mut request = request;
@@ -275,16 +283,24 @@ impl<'e> Core<'e> {
                 })
                 .filter(|hit| hit.n_past > kept_n)
             {
-                let mut resumed = model.new_sequence(n_ctx, kt, vt);
-                if resumed
-                    .restore(hit.segments.iter().copied(), &hit.snapshot.recurrent)
-                    .is_ok()
+                // A hit the device has no room to copy is a miss.
+                let hit_head = match &hit.snapshot.head {
+                    Some(h) if needs_head => h.try_clone().ok().map(Some),
+                    _ => Some(None),
+                };
+                if let (Ok(mut resumed), Some(hit_head)) =
+                    (model.new_sequence(n_ctx, kt, vt), hit_head)
                 {
-                    state = resumed;
-                    if needs_head {
-                        head = hit.snapshot.head.clone();
+                    if resumed
+                        .restore(hit.segments.iter().copied(), &hit.snapshot.recurrent)
+                        .is_ok()
+                    {
+                        state = resumed;
+                        if needs_head {
+                            head = hit_head;
+                        }
+                        cache_n = hit.n_past;
                     }
-                    cache_n = hit.n_past;
                 }
             }
         }
@@ -346,6 +362,39 @@ impl<'e> Core<'e> {
             m.requests_cancelled_total += 1;
             m.requests_processing = busy;
         }
+    }
+
+    /// A new sequence's caches, and its head's when drafting. Where the device has no room, the
+    /// states other slots keep for a continuing prompt are given up first (this slot's own last),
+    /// as llama-server reuses slots: a request is refused only when even that does not help.
+    fn fresh_sequence(
+        &mut self,
+        index: usize,
+    ) -> Result<(SequenceState, Option<HeadState>), ModelError> {
+        let (kt, vt) = (self.cfg.k_type, self.cfg.v_type);
+        let n_ctx = self.cfg.n_ctx_slot;
+        let model = self.engine.model;
+        let head = self.spec.as_ref().and(self.engine.head);
+        let allocate = || -> Result<_, ModelError> {
+            let state = model.new_sequence(n_ctx, kt, vt)?;
+            let head = head
+                .map(|h| HeadState::new(h, model.config.n_embd, kt, vt, n_ctx))
+                .transpose()?;
+            Ok((state, head))
+        };
+        let mut order: Vec<usize> = (0..self.kept.len()).filter(|&i| i != index).collect();
+        order.push(index);
+        let mut result = allocate();
+        for i in order {
+            match result {
+                Err(ModelError::DeviceMemory(_)) if self.kept[i].is_some() => {
+                    self.kept[i] = None;
+                    result = allocate();
+                }
+                _ => break,
+            }
+        }
+        result
     }
 
     /// Free the slots whose clients went away.

@@ -118,21 +118,32 @@ impl<'e> Core<'e> {
 
     fn save_slot(&mut self, slot: usize) -> Result<SlotActionDone, SlotActionError> {
         let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
+        let no_room = |e: ModelError| SlotActionError::Save {
+            slot,
+            why: e.to_string(),
+        };
         let saved = match &self.kept[slot] {
-            Some(k) => SavedState::of(k.tokens.clone(), &k.state, k.head.clone()),
+            Some(k) => {
+                let head = k.head.as_ref().map(HeadState::try_clone).transpose();
+                SavedState::of(k.tokens.clone(), &k.state, head.map_err(no_room)?)
+            }
             None => {
                 let fresh = self
                     .engine
                     .model
-                    .new_sequence(self.cfg.n_ctx_slot, k_type, v_type);
+                    .new_sequence(self.cfg.n_ctx_slot, k_type, v_type)
+                    .map_err(no_room)?;
                 let head = match (&self.spec, self.engine.head) {
-                    (Some(_), Some(h)) => Some(HeadState::new(
-                        h,
-                        self.engine.model.config.n_embd,
-                        k_type,
-                        v_type,
-                        self.cfg.n_ctx_slot,
-                    )),
+                    (Some(_), Some(h)) => Some(
+                        HeadState::new(
+                            h,
+                            self.engine.model.config.n_embd,
+                            k_type,
+                            v_type,
+                            self.cfg.n_ctx_slot,
+                        )
+                        .map_err(no_room)?,
+                    ),
                     _ => None,
                 };
                 SavedState::of(Vec::new(), &fresh, head)
@@ -176,12 +187,16 @@ impl<'e> Core<'e> {
         let Some(tree) = self.prefix.as_mut() else {
             return;
         };
+        // A head state the device has no room to copy is not cached.
+        let Ok(head) = saved.head.as_ref().map(HeadState::try_clone).transpose() else {
+            return;
+        };
         let kept: Result<(), std::convert::Infallible> = tree.insert(
             &saved.tokens,
             |start, end| Ok(saved.rows.iter().map(|r| r.range(start, end)).collect()),
             Snapshot {
                 recurrent: saved.recurrent.clone(),
-                head: saved.head.clone(),
+                head,
             },
         );
         let Ok(()) = kept;
@@ -207,7 +222,13 @@ impl<'e> Core<'e> {
             tokens: tokens[..hit.n_past].to_vec(),
             rows,
             recurrent: hit.snapshot.recurrent.clone(),
-            head: hit.snapshot.head.clone(),
+            head: hit
+                .snapshot
+                .head
+                .as_ref()
+                .map(HeadState::try_clone)
+                .transpose()
+                .ok()?,
         })
     }
 }

@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use nextn_model::{BatchItem, ForwardOutput, LogitRows, ModelError};
+use nextn_model::{BatchItem, ForwardOutput, LogitRows, ModelError, Readback};
 
 use super::core::Core;
 use super::policy::{SlotView, StepPlan, ViewStage, SLOT_WINDOW};
@@ -43,6 +43,17 @@ enum Work {
         dists: Vec<Distribution>,
         masks: Vec<TokenMask>,
     },
+}
+
+/// What of a slot's logits rows comes back from the target pass: only the top-1 when every token
+/// drawn from them is the row's argmax (greedy, no penalty or logit bias, no grammar) and no log
+/// probabilities are sent; the whole rows otherwise.
+fn target_readback(slot: &Slot) -> Readback {
+    if slot.sampler.draws_argmax() && slot.grammar.is_none() && slot.logprobs.is_none() {
+        Readback::Top1
+    } else {
+        Readback::Logits
+    }
 }
 
 /// Tokens to stream for one slot after settling: token `k` was drawn from row `k` of its target
@@ -291,6 +302,7 @@ impl<'e> Core<'e> {
             let (Some(slot), Some(w)) = (slot.as_mut(), w.as_ref()) else {
                 continue;
             };
+            let readback = target_readback(slot);
             let Slot { prompt, state, .. } = slot;
             let item = match w {
                 Work::Prefill { start, end } => BatchItem {
@@ -301,18 +313,21 @@ impl<'e> Core<'e> {
                     } else {
                         LogitRows::None
                     },
+                    readback,
                     verify: false,
                 },
                 Work::Decode { rows, .. } if rows.len() > 1 => BatchItem {
                     tokens: rows,
                     state,
                     logits: LogitRows::All,
+                    readback,
                     verify: true,
                 },
                 Work::Decode { rows, .. } => BatchItem {
                     tokens: rows,
                     state,
                     logits: LogitRows::Last,
+                    readback,
                     verify: false,
                 },
             };

@@ -104,7 +104,18 @@ pub fn accept_coupled(
         let RowMask::Allowed(mask) = row_mask(&mut grammar, accepted)? else {
             return Ok(Accepted::dead_end(accepted));
         };
-        let t = sampler.sample_masked_and_accept(out.logits_row(accepted), mask.as_deref(), index);
+        let t = match out.top1(accepted) {
+            // Only a row whose draw is its argmax comes back as its top-1 (no mask, no penalty,
+            // no bias); an all-NaN row draws 0, as the sampler's argmax does.
+            Some(top) => {
+                let t = top.id.unwrap_or(0);
+                sampler.accept(t);
+                t
+            }
+            None => {
+                sampler.sample_masked_and_accept(out.logits_row(accepted), mask.as_deref(), index)
+            }
+        };
         drop(mask);
         // A token that completes the grammar is the last one, drafted or not.
         if advance(&mut grammar, t)? {
@@ -304,6 +315,7 @@ mod tests {
             logits,
             hidden: Vec::new(),
             n_vocab,
+            top1: Vec::new(),
         };
         let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
         let grammar = RowGrammar {

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use nextn_model::{
     ForwardOutput, HeadBatchItem, KvRows, KvType, LayerCache, LogitRows, ModelError, NextnHead,
-    StateCodecError, StateReader, StateWriter,
+    Readback, StateCodecError, StateReader, StateWriter,
 };
 use nextn_quant::kernels::ThreadPool;
 
@@ -37,23 +37,36 @@ pub struct HeadState {
 }
 
 impl HeadState {
-    /// A fresh state for a sequence of at most `n_ctx` positions.
+    /// A fresh state for a sequence of at most `n_ctx` positions (its cache allocated now, on
+    /// the device when the head runs there).
     pub fn new(
         head: &NextnHead,
         n_embd: usize,
         k_type: KvType,
         v_type: KvType,
         n_ctx: usize,
-    ) -> Self {
-        HeadState {
-            cache: head.new_cache(k_type, v_type, n_ctx),
+    ) -> Result<Self, ModelError> {
+        Ok(HeadState {
+            cache: head.new_cache(k_type, v_type, n_ctx)?,
             pos: 0,
             lag_tokens: Vec::new(),
             lag_hidden: Vec::new(),
             // Position 0 has no previous hidden state: the head sees zeros, as llama.cpp feeds it.
             last_hidden: vec![0.0; n_embd],
             n_embd,
-        }
+        })
+    }
+
+    /// A copy; a cache on the device is a new allocation there, which can fail for lack of room.
+    pub fn try_clone(&self) -> Result<Self, ModelError> {
+        Ok(HeadState {
+            cache: self.cache.try_clone()?,
+            pos: self.pos,
+            lag_tokens: self.lag_tokens.clone(),
+            lag_hidden: self.lag_hidden.clone(),
+            last_hidden: self.last_hidden.clone(),
+            n_embd: self.n_embd,
+        })
     }
 
     /// Positions the head has an entry for or owes one (its cache and its lag).
@@ -143,7 +156,7 @@ impl HeadState {
         v_type: KvType,
         n_ctx: usize,
     ) -> Result<HeadState, HeadStateError> {
-        let mut state = HeadState::new(head, n_embd, k_type, v_type, n_ctx);
+        let mut state = HeadState::new(head, n_embd, k_type, v_type, n_ctx)?;
         let found_embd = r.count("head hidden width")?;
         if found_embd != n_embd {
             return Err(HeadStateError::Mismatch {
@@ -276,6 +289,7 @@ pub fn draft(
     // Depth 0: lag rows, plus id_last for a job that drafts and whose rows fit.
     let mut drafting = vec![false; jobs.len()];
     let mut rows_run = vec![0usize; jobs.len()];
+    let readback: Vec<Readback> = jobs.iter().map(|j| draft_readback(j, spec.p_min)).collect();
     for (k, job) in jobs.iter_mut().enumerate() {
         let h = &mut *job.head;
         drafting[k] = job.n_draft > 0 && h.lag() < max_rows;
@@ -291,7 +305,8 @@ pub fn draft(
             .iter_mut()
             .zip(&rows_run)
             .zip(&drafting)
-            .map(|((job, &rows), &d)| {
+            .zip(&readback)
+            .map(|(((job, &rows), &d), &readback)| {
                 let h = &mut *job.head;
                 HeadBatchItem {
                     tokens: &h.lag_tokens[..rows],
@@ -299,6 +314,7 @@ pub fn draft(
                     start_pos: h.pos,
                     cache: &mut h.cache,
                     logits: if d { LogitRows::Last } else { LogitRows::None },
+                    readback,
                 }
             })
             .collect();
@@ -359,6 +375,7 @@ pub fn draft(
                     start_pos: job.n_past + depth,
                     cache: &mut job.head.cache,
                     logits: LogitRows::Last,
+                    readback: readback[k],
                 });
             }
             head.forward_batch(&mut items, pool)?
@@ -406,6 +423,21 @@ pub fn draft(
     Ok((drafts, passes))
 }
 
+/// What of a job's head rows comes back: only the top-1 when the draft is the row's argmax (a
+/// greedy draft with no grammar, no logit bias and no confidence threshold, which needs the row's
+/// softmax).
+fn draft_readback(job: &DraftJob, p_min: f32) -> Readback {
+    if !job.sample_drafts
+        && job.grammar.is_none()
+        && p_min <= 0.0
+        && job.sampler.top_token_is_argmax()
+    {
+        Readback::Top1
+    } else {
+        Readback::Logits
+    }
+}
+
 /// Pick the draft after a head row (its top-1, or for sampled drafts a draw from the head's
 /// distribution, among the tokens the grammar allows) and keep the row's hidden state for the
 /// next depth; nothing when the head is not confident enough (`p_min`) or the grammar leaves
@@ -418,6 +450,14 @@ fn extend_chain(
     drafts: &mut Drafts,
     chain: &mut Vec<f32>,
 ) {
+    if let Some(top) = out.top1(0) {
+        // A row read back as its top-1 (see `draft_readback`): `top_token` without a mask,
+        // which drafts nothing when no logit is above −∞.
+        if let Some(pick) = top.id.filter(|_| top.logit > f32::NEG_INFINITY) {
+            push_draft(job, out, pick, None, drafts, chain);
+        }
+        return;
+    }
     let row = out.logits_row(0);
     let mask = match job.grammar.as_mut().map(|g| g.mask()) {
         None => None,
@@ -448,6 +488,19 @@ fn extend_chain(
             None => return,
         }
     };
+    push_draft(job, out, pick, mask, drafts, chain);
+}
+
+/// Keep `pick` as the next draft: the grammar (if any) takes it, and the row's hidden state
+/// seeds the next depth.
+fn push_draft(
+    job: &mut DraftJob,
+    out: &ForwardOutput,
+    pick: u32,
+    mask: Option<TokenMask>,
+    drafts: &mut Drafts,
+    chain: &mut Vec<f32>,
+) {
     if let Some(g) = job.grammar.as_mut() {
         if g.consume(pick).is_err() {
             let unused = drafts.dists.split_off(drafts.tokens.len());
@@ -484,7 +537,7 @@ mod tests {
         let pool = ThreadPool::new(1);
         let e = model.config.n_embd;
         let hidden = |n: usize| vec![0.25f32; n * e];
-        let mut h = HeadState::new(&head, e, KvType::F32, KvType::F32, 64);
+        let mut h = HeadState::new(&head, e, KvType::F32, KvType::F32, 64).unwrap();
         h.commit(0, &[10, 11, 12], &hidden(3));
         assert_eq!(h.lag(), 3);
         let spec = SpecConfig::default();

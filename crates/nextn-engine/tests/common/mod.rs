@@ -288,7 +288,10 @@ pub fn constrained_reference(
     mut grammar: Option<Constraint>,
 ) -> Reference {
     let pool = &l.pool;
-    let mut state = l.model.new_sequence(setup.n_ctx, setup.kv, setup.kv);
+    let mut state = l
+        .model
+        .new_sequence(setup.n_ctx, setup.kv, setup.kv)
+        .unwrap();
     let chunks: Vec<&[u32]> = prompt.chunks(setup.n_batch).collect();
     let mut logits = Vec::new();
     for (i, chunk) in chunks.iter().enumerate() {

@@ -9,6 +9,7 @@
 //! - a row's result never depends on the other rows of its dispatch: every output is reduced
 //!   in a fixed order that depends only on its own shape.
 
+pub mod argmax;
 pub mod attention;
 pub mod delta_net;
 pub mod elementwise;
@@ -28,6 +29,7 @@ pub fn all() -> Vec<&'static Kernel> {
     let mut v: Vec<&'static Kernel> = Vec::new();
     v.extend(elementwise::KERNELS);
     v.extend(norm::KERNELS);
+    v.extend(argmax::KERNELS);
     v.extend(delta_net::KERNELS);
     v.extend(attention::KERNELS);
     v.extend(matvec::kernels());

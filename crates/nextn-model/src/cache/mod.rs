@@ -541,6 +541,15 @@ pub enum LayerCache {
 }
 
 impl LayerCache {
+    /// A copy; on the device a new allocation, which can fail for lack of room there.
+    pub fn try_clone(&self) -> Result<LayerCache, ModelError> {
+        Ok(match self {
+            LayerCache::DeviceAttention(c) => LayerCache::DeviceAttention(c.try_clone()?),
+            LayerCache::DeviceDeltaNet(c) => LayerCache::DeviceDeltaNet(c.try_clone()?),
+            host => host.clone(),
+        })
+    }
+
     /// What kind of cache this is, for errors.
     pub fn kind_name(&self) -> &'static str {
         match self {

@@ -138,6 +138,26 @@ impl DeviceKvCache {
     }
 }
 
+/// Device bytes of one verify row's kept inputs: raw projections, conv outputs, β, decay and the
+/// replay's discarded outputs.
+fn verify_row_bytes(conv_dim: usize, v_heads: usize, inner: usize) -> usize {
+    (2 * conv_dim + 2 * v_heads + inner) * 4
+}
+
+fn reserve_rows(
+    gpu: &Gpu,
+    n: usize,
+    conv_dim: usize,
+    v_heads: usize,
+    inner: usize,
+) -> Result<nextn_gpu::Reservation, ModelError> {
+    gpu.reserve(
+        &format!("a delta-net layer's {n} verify rows"),
+        (n * verify_row_bytes(conv_dim, v_heads, inner)) as u64,
+    )
+    .map_err(gpu_err)
+}
+
 /// One delta-net layer's state for one sequence, on the device: the committed state, a spare
 /// that a verify pass writes its final state into, the conv window, and the verify rows'
 /// recurrence inputs until commit.
@@ -155,6 +175,9 @@ pub struct DeviceDeltaNetCache {
     pub(crate) replay_out: wgpu::Buffer,
     /// Rows the pending buffers have room for.
     pub(crate) capacity: usize,
+    /// The device memory of the state, the spare and the window; and of the verify rows.
+    _fixed: nextn_gpu::Reservation,
+    _rows: nextn_gpu::Reservation,
     pub(crate) pending: usize,
     pub(crate) conv_len: usize,
     pub(crate) ssm_len: usize,
@@ -182,7 +205,16 @@ impl DeviceDeltaNetCache {
     ) -> Result<Self, ModelError> {
         let b = |label: &str, n: usize| gpu.buffer(label, (n * 4) as u64).map_err(gpu_err);
         let capacity = 1;
+        let fixed = gpu
+            .reserve(
+                "a delta-net layer's recurrent state",
+                ((2 * ssm_len + conv_len) * 4) as u64,
+            )
+            .map_err(gpu_err)?;
+        let rows = reserve_rows(gpu, capacity, conv_dim, v_heads, inner)?;
         Ok(DeviceDeltaNetCache {
+            _fixed: fixed,
+            _rows: rows,
             gpu: gpu.clone(),
             state: b("ssm-state", ssm_len)?,
             spare: b("ssm-spare", ssm_len)?,
@@ -209,6 +241,8 @@ impl DeviceDeltaNetCache {
         }
         let g = &self.gpu;
         let b = |label: &str, m: usize| g.buffer(label, (m * 4) as u64).map_err(gpu_err);
+        // The old rows' memory stays reserved until the new rows' is: both exist for a moment.
+        self._rows = reserve_rows(g, n, self.conv_dim, self.v_heads, self.inner)?;
         self.raw = b("verify-raw", n * self.conv_dim)?;
         self.conv = b("verify-conv", n * self.conv_dim)?;
         self.beta = b("verify-beta", n * self.v_heads)?;
@@ -220,7 +254,7 @@ impl DeviceDeltaNetCache {
 
     pub fn bytes(&self) -> usize {
         (2 * self.ssm_len + self.conv_len) * 4
-            + self.capacity * (3 * self.conv_dim + 2 * self.v_heads) * 4
+            + verify_row_bytes(self.conv_dim, self.v_heads, self.inner) * self.capacity
     }
 
     /// The committed state, read back.

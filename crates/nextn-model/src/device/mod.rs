@@ -24,14 +24,19 @@ pub use cache::{DeviceDeltaNetCache, DeviceKvCache};
 pub(crate) use layer::DeviceLayer;
 pub(crate) use nextn::DeviceHead;
 
-use crate::batch::{BatchItem, ForwardOutput, LogitRows, Segment};
+use crate::batch::{BatchItem, ForwardOutput, LogitRows, Readback, RowTop1, Segment};
 use crate::cache::{KvType, LayerCache, SequenceState};
 use crate::model::Model;
 use crate::weights::Linear;
 use crate::ModelError;
 
 pub(crate) fn gpu_err(e: GpuError) -> ModelError {
-    ModelError::Device(e.to_string())
+    match e {
+        GpuError::OutOfMemory { .. }
+        | GpuError::OverBudget { .. }
+        | GpuError::BufferTooLarge { .. } => ModelError::DeviceMemory(e),
+        e => ModelError::Device(e.to_string()),
+    }
 }
 
 /// A weight matrix on the device with the tensor's scale.
@@ -137,6 +142,135 @@ pub(crate) fn logit_rows(
     (picked, ranges)
 }
 
+/// The top-1 of the logits rows of the parts read back as [`Readback::Top1`], reduced on the
+/// device in the pass that computed them.
+pub(crate) struct Top1Rows {
+    /// Per part: where its rows start in `buf` (in rows) and how many, or none.
+    parts: Vec<Option<(usize, usize)>>,
+    buf: Option<wgpu::Buffer>,
+}
+
+impl Top1Rows {
+    /// Record the reduction of the parts' rows, which `ranges` (as [`logit_rows`] gives them)
+    /// place in `logits`, `width` floats a row.
+    pub(crate) fn record(
+        rec: &mut Recorder,
+        logits: &wgpu::Buffer,
+        width: usize,
+        ranges: &[(usize, usize)],
+        readbacks: &[Readback],
+    ) -> Result<Top1Rows, ModelError> {
+        let parts: Vec<Option<(usize, usize)>> = ranges
+            .iter()
+            .zip(readbacks)
+            .map(|(&r, &rb)| (rb == Readback::Top1 && r.1 > 0).then_some(r))
+            .collect();
+        // One reduction over the span of every top-1 part's rows: the rows between them are
+        // reduced too, a few microseconds, and none of them read back.
+        let first = parts.iter().flatten().map(|r| r.0).min();
+        let end = parts.iter().flatten().map(|r| r.0 + r.1).max();
+        let (Some(first), Some(end)) = (first, end) else {
+            return Ok(Top1Rows { parts, buf: None });
+        };
+        let buf = rec
+            .gpu()
+            .buffer("top1", ((end - first) * 8) as u64)
+            .map_err(gpu_err)?;
+        nextn_gpu::kernels::argmax::argmax_rows(
+            rec,
+            logits,
+            u(first * width)?,
+            u(width)?,
+            u(width)?,
+            u(end - first)?,
+            &buf,
+        )
+        .map_err(gpu_err)?;
+        let parts = parts
+            .into_iter()
+            .map(|p| p.map(|(s, c)| (s - first, c)))
+            .collect();
+        Ok(Top1Rows {
+            parts,
+            buf: Some(buf),
+        })
+    }
+
+    /// Each part's top-1 rows (empty for a part read back whole), after the pass ran.
+    pub(crate) fn read(self, gpu: &Gpu) -> Result<Vec<Vec<RowTop1>>, ModelError> {
+        let words = match &self.buf {
+            Some(b) => gpu
+                .read_u32(b, 0, (b.size() / 4) as usize)
+                .map_err(gpu_err)?,
+            None => Vec::new(),
+        };
+        Ok(self
+            .parts
+            .iter()
+            .map(|p| {
+                let Some((start, count)) = *p else {
+                    return Vec::new();
+                };
+                (start..start + count)
+                    .map(|r| RowTop1 {
+                        id: Some(words[2 * r])
+                            .filter(|&i| i != nextn_gpu::kernels::argmax::NO_INDEX),
+                        logit: f32::from_bits(words[2 * r + 1]),
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// The logits rows of the parts read back whole, per part (empty for a top-1 part), `width`
+/// floats a row; a trimmed LM head's rows (`trimmed`) are scattered to the full vocabulary.
+pub(crate) fn read_rows_back(
+    gpu: &Gpu,
+    logits: &wgpu::Buffer,
+    width: usize,
+    ranges: &[(usize, usize)],
+    readbacks: &[Readback],
+    trimmed: Option<&crate::draft_vocab::DraftLmHead>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    ranges
+        .iter()
+        .zip(readbacks)
+        .map(|(&(start, count), &rb)| {
+            if rb == Readback::Top1 || count == 0 {
+                return Ok(Vec::new());
+            }
+            let rows = gpu
+                .read_f32(logits, (start * width) as u64, count * width)
+                .map_err(gpu_err)?;
+            Ok(match trimmed {
+                Some(d) => d.scatter(&rows, count),
+                None => rows,
+            })
+        })
+        .collect()
+}
+
+/// Bytes a pass reads back: `hidden` floats, the whole logits rows (`width` floats each, the
+/// device's width) of the parts read back whole, and 8 bytes per row of the top-1 parts.
+pub(crate) fn read_bytes(
+    hidden: usize,
+    ranges: &[(usize, usize)],
+    readbacks: &[Readback],
+    width: usize,
+) -> usize {
+    let per_row = |rb: Readback| match rb {
+        Readback::Logits => 4 * width,
+        Readback::Top1 => 8,
+    };
+    4 * hidden
+        + ranges
+            .iter()
+            .zip(readbacks)
+            .map(|(&(_, count), &rb)| count * per_row(rb))
+            .sum::<usize>()
+}
+
 /// A size as the kernels' u32 parameter.
 pub(crate) fn u(v: usize) -> Result<u32, ModelError> {
     u32::try_from(v).map_err(|_| ModelError::Device(format!("{v} is too large for a kernel")))
@@ -159,6 +293,8 @@ pub(crate) fn scratch(gpu: &Gpu, label: &str, n: usize) -> Result<wgpu::Buffer, 
 pub struct DeviceStats {
     pub passes: u64,
     pub dispatches: u64,
+    /// Bytes the forward passes read back: hidden rows, logits rows and top-1 rows.
+    pub read_back_bytes: u64,
     pub timed_passes: u64,
     pub gpu_seconds: f64,
 }
@@ -172,6 +308,13 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Count `bytes` read back from the device.
+    pub(crate) fn read_back(&self, bytes: usize) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.read_back_bytes += bytes as u64;
+        }
+    }
+
     /// Submit `rec`, counting it.
     pub(crate) fn submit(&self, rec: Recorder) -> Result<(), ModelError> {
         let dispatches = rec.len() as u64;
@@ -288,11 +431,7 @@ impl DeviceModel {
         if n == 0 {
             return Ok(items
                 .iter()
-                .map(|_| ForwardOutput {
-                    hidden: Vec::new(),
-                    logits: Vec::new(),
-                    n_vocab,
-                })
+                .map(|_| ForwardOutput::empty(n_vocab))
                 .collect());
         }
         let h_host = model.embed(&tokens)?;
@@ -350,13 +489,17 @@ impl DeviceModel {
             self.lm_head
                 .forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, n_vocab)?;
         }
+        let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
+        let top1 = Top1Rows::record(&mut rec, &logits_buf, n_vocab, &ranges, &readbacks)?;
         self.counters.submit(rec)?;
         let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
-        let logits = gpu
-            .read_f32(&logits_buf, 0, n_picked * n_vocab)
-            .map_err(gpu_err)?;
+        let rows_back = read_rows_back(gpu, &logits_buf, n_vocab, &ranges, &readbacks, None)?;
+        let top1 = top1.read(gpu)?;
+        self.counters
+            .read_back(read_bytes(n * e, &ranges, &readbacks, n_vocab));
         let mut outs = Vec::with_capacity(items.len());
-        for ((it, &s), &(lr, count)) in items.iter_mut().zip(&starts).zip(&ranges) {
+        let back = rows_back.into_iter().zip(top1);
+        for ((it, &s), (logits, top1)) in items.iter_mut().zip(&starts).zip(back) {
             let len = it.tokens.len();
             it.state.n_past += len;
             if it.verify {
@@ -364,8 +507,9 @@ impl DeviceModel {
             }
             outs.push(ForwardOutput {
                 hidden: hidden_host[s * e..(s + len) * e].to_vec(),
-                logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
+                logits,
                 n_vocab,
+                top1,
             });
         }
         Ok(outs)
@@ -385,11 +529,28 @@ impl DeviceModel {
 
 /// What `-dev` / `-ngl` choose: a device to open, or the CPU. `NEXTN_GPU_INT8=0` keeps the
 /// quantized products on f32 activations where the adapter has int8 dot products (for
-/// comparisons; the load line says which path runs).
+/// comparisons; the load line says which path runs). `NEXTN_GPU_MEMORY_MIB` caps the device
+/// memory weights and caches may take (the device's own memory otherwise).
 pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
+    let memory_budget = match std::env::var("NEXTN_GPU_MEMORY_MIB") {
+        Err(_) => None,
+        Ok(v) => Some(
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&m| m > 0)
+                .and_then(|m| m.checked_mul(1 << 20))
+                .ok_or_else(|| {
+                    ModelError::Device(format!(
+                        "NEXTN_GPU_MEMORY_MIB={v:?} is not a positive whole number of MiB"
+                    ))
+                })?,
+        ),
+    };
     let mut gpu = Gpu::open(&nextn_gpu::OpenOptions {
         name: name.map(str::to_string),
         validation: std::env::var("NEXTN_GPU_VALIDATION").as_deref() == Ok("1"),
+        memory_budget,
     })
     .map_err(gpu_err)?;
     if std::env::var("NEXTN_GPU_INT8").as_deref() == Ok("0") {

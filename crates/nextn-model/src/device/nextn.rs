@@ -10,8 +10,8 @@ use nextn_gpu::kernels::norm::rms_norm;
 use nextn_gpu::{Gpu, Recorder};
 
 use super::layer::{DeviceLayer, PassBuffers};
-use super::{gpu_err, logit_rows, scratch, u, vector, Mat};
-use crate::batch::{ForwardOutput, HeadBatchItem, Segment};
+use super::{gpu_err, logit_rows, read_rows_back, scratch, u, vector, Mat, Top1Rows};
+use crate::batch::{ForwardOutput, HeadBatchItem, Readback, Segment};
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
@@ -127,11 +127,7 @@ impl DeviceHead {
         if n == 0 {
             return Ok(items
                 .iter()
-                .map(|_| ForwardOutput {
-                    hidden: Vec::new(),
-                    logits: Vec::new(),
-                    n_vocab,
-                })
+                .map(|_| ForwardOutput::empty(n_vocab))
                 .collect());
         }
         // [embedding row ‖ previous hidden row] per row, normed on the device.
@@ -228,22 +224,32 @@ impl DeviceHead {
             gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, eu).map_err(gpu_err)?;
             lm.forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, width)?;
         }
+        let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
+        let top1 = Top1Rows::record(&mut rec, &logits_buf, width, &ranges, &readbacks)?;
         self.counters.submit(rec)?;
         let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
-        let mut logits = gpu
-            .read_f32(&logits_buf, 0, n_picked * width)
-            .map_err(gpu_err)?;
-        if let (Some(_), Some(d)) = (&self.draft, head.draft_vocab()) {
-            logits = d.scatter(&logits, n_picked);
+        // A trimmed LM head's rows and top-1 are in its own ids; the sampler sees the full
+        // vocabulary. Its ids ascend, so the lowest trimmed index among equal logits is the
+        // lowest token id too.
+        let trimmed = self.draft.as_ref().and(head.draft_vocab());
+        let logits = read_rows_back(gpu, &logits_buf, width, &ranges, &readbacks, trimmed)?;
+        let mut top1 = top1.read(gpu)?;
+        self.counters
+            .read_back(super::read_bytes(n * e, &ranges, &readbacks, width));
+        if let Some(d) = trimmed {
+            for t in top1.iter_mut().flatten() {
+                t.id = t.id.and_then(|i| d.ids().get(i as usize).copied());
+            }
         }
         Ok(items
             .iter()
             .zip(&starts)
-            .zip(&ranges)
-            .map(|((it, &s), &(lr, count))| ForwardOutput {
+            .zip(logits.into_iter().zip(top1))
+            .map(|((it, &s), (logits, top1))| ForwardOutput {
                 hidden: hidden_host[s * e..(s + it.tokens.len()) * e].to_vec(),
-                logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
+                logits,
                 n_vocab,
+                top1,
             })
             .collect())
     }

@@ -295,9 +295,10 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn new_sequence(&self) -> SequenceState {
-        self.model
-            .new_sequence(self.n_ctx, self.k_type, self.v_type)
+    pub fn new_sequence(&self) -> Result<SequenceState> {
+        Ok(self
+            .model
+            .new_sequence(self.n_ctx, self.k_type, self.v_type)?)
     }
 
     /// What the generation loop runs on: this model, `head` for drafting (or none).

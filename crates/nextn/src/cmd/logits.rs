@@ -88,10 +88,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         None
     };
-    let mut state = loaded.new_sequence();
+    let mut state = loaded.new_sequence()?;
     let mut head_cache = head
         .as_ref()
-        .map(|h| h.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx));
+        .map(|h| h.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx))
+        .transpose()?;
     let batch = args.batch_size.unwrap_or(tokens.len()).max(1);
     let e = loaded.model.config.n_embd;
     let mut prev_hidden = vec![0.0f32; e];

@@ -417,6 +417,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let recurrent_bytes = loaded
             .model
             .new_sequence(1, loaded.k_type, loaded.v_type)
+            .map_err(|e| format!("one sequence's caches: {e}"))?
             .bytes();
         let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
         let description = format!(

@@ -100,7 +100,9 @@ fn dry_run(file: &Arc<GgufFile>, valid: &ValidModel) -> Result<(), String> {
         .copied()
         .unwrap_or(0);
     let pool = ThreadPool::new(1);
-    let mut state = model.new_sequence(8, KvType::F32, KvType::F32);
+    let mut state = model
+        .new_sequence(8, KvType::F32, KvType::F32)
+        .map_err(|e| format!("a sequence for the one-token forward: {e}"))?;
     let out = model
         .forward(&[token], &mut state, LogitRows::All, &pool)
         .map_err(|e| format!("one-token forward of the trunk: {e}"))?;
@@ -111,7 +113,9 @@ fn dry_run(file: &Arc<GgufFile>, valid: &ValidModel) -> Result<(), String> {
         ));
     }
     let hidden_prev = vec![0.0f32; valid.config.n_embd];
-    let mut cache = head.new_cache(KvType::F32, KvType::F32, 8);
+    let mut cache = head
+        .new_cache(KvType::F32, KvType::F32, 8)
+        .map_err(|e| format!("the NextN head's cache: {e}"))?;
     let out = head
         .forward(&[token], &hidden_prev, 0, &mut cache, LogitRows::All, &pool)
         .map_err(|e| format!("one-token forward of the NextN head: {e}"))?;

@@ -28,7 +28,13 @@ pub struct Server {
 impl Server {
     /// Start `nextn serve` on a free port with extra flags and wait until /health says ready.
     pub fn start(args: &[&str]) -> Server {
+        Server::start_with_env(args, &[])
+    }
+
+    /// [`Server::start`] with environment variables set for the server.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_nextn"));
+        cmd.envs(env.iter().copied());
         cmd.arg("serve").arg("--port").arg("0").arg("-t").arg("2");
         if !args.contains(&"-m") {
             cmd.arg("-m").arg(bundled());

@@ -94,9 +94,11 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
     if tokens.is_empty() {
         bail!("a context of 0 tokens cannot be prefilled");
     }
-    let mut state = loaded.new_sequence();
+    let mut state = loaded.new_sequence()?;
     state.check_room(tokens.len() + 8)?;
-    let mut head_cache = head.map(|h| h.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx));
+    let mut head_cache = head
+        .map(|h| h.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx))
+        .transpose()?;
     let mut h_prev = vec![0.0f32; e];
     let mut prefill_ms = 0.0;
     let mut progress = PrefillProgress::new("prefill", tokens.len());

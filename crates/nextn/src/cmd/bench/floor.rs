@@ -242,7 +242,7 @@ fn time_prefill(loaded: &Loaded, prompt: &[u32], len: usize, what: &str) -> Resu
         return Ok(None);
     }
     let tokens = synthetic_prompt(prompt, len);
-    let mut st = loaded.new_sequence();
+    let mut st = loaded.new_sequence()?;
     let t = Instant::now();
     let chunks: Vec<&[u32]> = tokens.chunks(PREFILL_BATCH).collect();
     let mut logits = Vec::new();

@@ -204,12 +204,13 @@ fn device_report(
     let tok = tokens.max(1) as f64;
     let gpu_ms = (s.timed_passes > 0).then(|| s.gpu_seconds * 1e3 / s.timed_passes as f64);
     let line = format!(
-        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {} per pass, host CPU {} per token",
+        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per pass, host CPU {} per token",
         info.name,
         if info.software { " (software: its times are CPU times)" } else { "" },
         s.passes,
         per_pass(s.dispatches as f64),
         s.dispatches as f64 / tok,
+        s.read_back_bytes as f64 / tok / 1024.0,
         gpu_ms.map_or("no timestamps".to_string(), |m| format!("{m:.2} ms device time")),
         cpu_seconds.map_or("?".to_string(), |c| format!("{:.2} ms", c * 1e3 / tok)),
     );
@@ -219,6 +220,7 @@ fn device_report(
         "passes": s.passes,
         "dispatches": s.dispatches,
         "dispatches_per_token": s.dispatches as f64 / tok,
+        "read_back_bytes_per_token": s.read_back_bytes as f64 / tok,
         "device_ms_per_pass": gpu_ms,
         "host_cpu_ms_per_token": cpu_seconds.map(|c| c * 1e3 / tok),
     });
@@ -520,13 +522,13 @@ fn head_agreement(
 ) -> Result<(usize, usize, f64)> {
     let pool = &loaded.pool;
     let e = loaded.model.config.n_embd;
-    let mut st = loaded.new_sequence();
+    let mut st = loaded.new_sequence()?;
     let target = loaded
         .model
         .forward(tokens, &mut st, LogitRows::All, pool)?;
     let mut prev = vec![0.0f32; e];
     prev.extend_from_slice(&target.hidden[..(tokens.len() - 1) * e]);
-    let mut cache = head.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx);
+    let mut cache = head.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx)?;
     let drafts = head.forward(tokens, &prev, 0, &mut cache, LogitRows::All, pool)?;
     let (mut agree, mut kl) = (0, 0.0);
     // Row 0 has no real hidden state behind it; skip it.
