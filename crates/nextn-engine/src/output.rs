@@ -51,6 +51,10 @@ pub struct Timings {
     pub prompt_ms: f64,
     pub predicted_n: usize,
     pub predicted_ms: f64,
+    /// Images the vision tower encoded for the prompt, and the milliseconds it took (images
+    /// resumed from a cache are not encoded again).
+    pub images_encoded: usize,
+    pub image_encode_ms: f64,
 }
 
 impl Timings {

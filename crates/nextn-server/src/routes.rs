@@ -687,6 +687,7 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
         cache_points: prepared_cache_points,
         forced_acceptance,
         // As llama-server: progress is part of a stream only.
+        images: Vec::new(),
         prompt_progress: params.return_progress && params.stream,
         sink: Box::new(respond::ChannelSink(tx)),
     };

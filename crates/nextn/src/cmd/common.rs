@@ -302,6 +302,7 @@ impl Loaded {
     /// What the generation loop runs on: this model, `head` for drafting (or none).
     pub fn engine<'a>(&'a self, head: Option<&'a NextnHead>) -> EngineRef<'a> {
         EngineRef {
+            vision: None,
             model: &self.model,
             head,
             tokenizer: &self.tokenizer,

@@ -268,6 +268,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Vec::new()
         },
         forced_acceptance: None,
+        images: Vec::new(),
         prompt_progress: progress_on_terminal(),
         sink: Box::new(Stdout::new(!args.json, events)),
     });

@@ -463,6 +463,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             head,
             tokenizer: Arc::new(loaded.tokenizer),
             pool: loaded.pool,
+            vision: None,
         };
         Ok(Loaded {
             engine,
