@@ -13,15 +13,17 @@ use axum::routing::{get, post};
 use axum::Router;
 use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource};
+use nextn_engine::media::{is_image_token, ImageInput, MultimodalPrompt, PromptImage};
 use nextn_engine::scheduler::{Phase, SubmitError};
 use nextn_engine::speculative::forced::ForcedAcceptance;
+use nextn_vision::decode_image;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::reasoning::{prompt_opens_thinking, ReasoningSplitter};
 use crate::request::{
-    flag, parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, ChatRequest,
-    GenParams, Prompt,
+    flag, parse_chat, parse_completion, parse_json, unknown_fields, BiasKey, ChatImage,
+    ChatRequest, GenParams, Prompt,
 };
 use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
@@ -331,6 +333,40 @@ pub(crate) fn render_chat(app: &App, fe: &Frontend, req: &ChatRequest) -> Result
     rendered.map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
+/// `text` as prompt tokens with each of `images` at its placeholder: decoded, sized for the
+/// vision tower and laid out as its rows. Without images, plain tokens.
+pub(crate) fn tokenize_with_images(
+    fe: &Frontend,
+    text: &str,
+    images: &[ChatImage],
+) -> Result<MultimodalPrompt, ApiError> {
+    let Some(first) = images.first() else {
+        return Ok(MultimodalPrompt {
+            tokens: fe.tokenizer.encode(text, true),
+            images: Vec::new(),
+        });
+    };
+    let Some(vision) = fe.vision.as_deref() else {
+        return Err(ApiError::invalid_field(
+            &first.field,
+            "the request has an image, but this server has no vision tower: start it with --mmproj FILE",
+        ));
+    };
+    let inputs = images
+        .iter()
+        .map(|im| {
+            decode_image(&im.bytes, &im.field)
+                .map(|rgb| ImageInput::new(vision, &rgb))
+                .map_err(|e| ApiError::invalid_field(&im.field, e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    MultimodalPrompt::tokenize(&fe.tokenizer, text, true, inputs).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{e}: the text of the messages must not contain the placeholder itself"
+        ))
+    })
+}
+
 /// The text/JSON parts of a request that run off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
@@ -350,6 +386,8 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
 pub(crate) struct Prepared {
     pub params: GenParams,
     pub tokens: Vec<u32>,
+    /// The prompt's images at their rows of `tokens`.
+    pub images: Vec<PromptImage>,
     /// Prompt positions worth a prefix-cache snapshot.
     pub cache_points: Vec<usize>,
     pub grammar: Option<Constraint>,
@@ -440,7 +478,7 @@ pub(crate) fn prepare_chat(
     resolve_bias(fe, &mut req.params)?;
     let use_tools = uses_tools(&req);
     let text = render_chat(app, fe, &req)?;
-    let tokens = fe.tokenizer.encode(&text, true);
+    let MultimodalPrompt { tokens, images } = tokenize_with_images(fe, &text, &req.images)?;
     let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
     let in_reasoning = prompt_opens_thinking(&text);
     let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
@@ -489,6 +527,7 @@ pub(crate) fn prepare_chat(
     Ok(Prepared {
         params: req.params,
         tokens,
+        images,
         cache_points,
         grammar,
         shaping,
@@ -579,6 +618,7 @@ async fn completions_inner(
         Ok(Prepared {
             params: req.params,
             tokens,
+            images: Vec::new(),
             cache_points: Vec::new(),
             grammar,
             shaping,
@@ -625,6 +665,7 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
     let Prepared {
         params,
         tokens,
+        images,
         cache_points: prepared_cache_points,
         grammar,
         shaping,
@@ -636,7 +677,10 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
     if tokens.is_empty() {
         return Err(ApiError::invalid_field("prompt", "the prompt is empty"));
     }
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
+    if let Some(&bad) = tokens
+        .iter()
+        .find(|&&t| t as usize >= info.n_vocab && !is_image_token(t))
+    {
         return Err(ApiError::invalid_field(
             "prompt",
             format!(
@@ -650,8 +694,15 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
             StatusCode::BAD_REQUEST,
             "exceed_context_size_error",
             format!(
-                "the request exceeds the available context size: the prompt has {} tokens and a slot holds {} (at least one more is needed to generate)",
+                "the request exceeds the available context size: the prompt has {} tokens{} and a slot holds {} (at least one more is needed to generate)",
                 tokens.len(),
+                match images.len() {
+                    0 => String::new(),
+                    k => format!(
+                        " ({} of them for {k} image(s))",
+                        images.iter().map(|im| im.n_tokens()).sum::<usize>()
+                    ),
+                },
                 info.n_ctx_slot
             ),
         );
@@ -687,7 +738,7 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
         cache_points: prepared_cache_points,
         forced_acceptance,
         // As llama-server: progress is part of a stream only.
-        images: Vec::new(),
+        images,
         prompt_progress: params.return_progress && params.stream,
         sink: Box::new(respond::ChannelSink(tx)),
     };
