@@ -342,7 +342,12 @@ impl NextnHead {
         }
         let e = self.n_embd;
         let n = hidden_prev.len() / e;
-        if hidden_prev.len() != n * e || embd.len() != n * e || n == 0 || nx == 0 || n % nx != 0 {
+        if hidden_prev.len() != n * e
+            || embd.len() != n * e
+            || n == 0
+            || nx == 0
+            || !n.is_multiple_of(nx)
+        {
             return Err(ModelError::ImageShape {
                 found: embd.len(),
                 nx,

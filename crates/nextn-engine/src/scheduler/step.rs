@@ -364,8 +364,8 @@ impl<'e> Core<'e> {
         report: &mut StepReport,
     ) -> Vec<(usize, ForwardOutput)> {
         let mut outs = Vec::new();
-        for i in 0..work.len() {
-            let Some(Work::Image { index, embd, .. }) = work[i].as_mut() else {
+        for (i, w) in work.iter_mut().enumerate() {
+            let Some(Work::Image { index, embd, .. }) = w.as_mut() else {
                 continue;
             };
             match self.run_image(i, *index, report) {
@@ -374,7 +374,7 @@ impl<'e> Core<'e> {
                     outs.push((i, out));
                 }
                 Err(message) => {
-                    work[i] = None;
+                    *w = None;
                     self.fail(i, &message);
                 }
             }
