@@ -6,7 +6,7 @@
 
 use nextn_engine::chat::ChatMessage;
 use nextn_engine::grammar::GrammarSource;
-use nextn_engine::media::IMAGE_PLACEHOLDER;
+use nextn_engine::media::{IMAGE_PLACEHOLDER, MEDIA_MARKER};
 use nextn_engine::sampler::SamplerConfig;
 use serde_json::{Map, Value};
 
@@ -239,6 +239,72 @@ pub fn unknown_fields(o: &Map<String, Value>) -> Vec<String> {
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
+    /// llama-server's multimodal prompt: `{"prompt_string": ..., "multimodal_data": [base64...]}`,
+    /// each image at a `<__media__>` marker of the text.
+    Multimodal {
+        text: String,
+        images: Vec<ChatImage>,
+    },
+}
+
+/// A `{"prompt_string", "multimodal_data"}` prompt object.
+fn multimodal_prompt(p: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    use base64::Engine as _;
+    if let Some(k) = p
+        .keys()
+        .find(|k| *k != "prompt_string" && *k != "multimodal_data")
+    {
+        return Err(ApiError::invalid_field(
+            &format!("prompt.{k}"),
+            format!("unknown prompt field '{k}' (a prompt object has prompt_string and multimodal_data)"),
+        ));
+    }
+    let Some(Value::String(text)) = p.get("prompt_string") else {
+        return Err(ApiError::invalid_field(
+            "prompt.prompt_string",
+            "a prompt object needs a 'prompt_string' string",
+        ));
+    };
+    let images = match p.get("multimodal_data") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(k, v)| {
+                let field = format!("prompt.multimodal_data[{k}]");
+                let Some(b64) = v.as_str() else {
+                    return Err(ApiError::invalid_field(
+                        &field,
+                        "each item must be a base64 string",
+                    ));
+                };
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| ApiError::invalid_field(&field, format!("invalid base64: {e}")))?;
+                Ok(ChatImage { bytes, field })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "prompt.multimodal_data",
+                "'multimodal_data' must be an array of base64 strings",
+            ))
+        }
+    };
+    let markers = text.matches(MEDIA_MARKER).count();
+    if markers != images.len() {
+        return Err(ApiError::invalid_field(
+            "prompt.multimodal_data",
+            format!(
+                "the prompt_string has {markers} {MEDIA_MARKER} markers but {} images were given",
+                images.len()
+            ),
+        ));
+    }
+    Ok(Prompt::Multimodal {
+        text: text.replace(MEDIA_MARKER, IMAGE_PLACEHOLDER),
+        images,
+    })
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -909,6 +975,7 @@ pub fn parse_completion(o: &Map<String, Value>) -> Result<CompletionRequest, Api
     };
     let prompt = match field(o, "prompt") {
         Some(Value::String(s)) => Prompt::Text(s.clone()),
+        Some(Value::Object(p)) => multimodal_prompt(p)?,
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => Prompt::Tokens(tokens(a)?),
         Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
             Value::String(s) => Prompt::Text(s.clone()),

@@ -575,9 +575,13 @@ async fn completions_inner(
         let mut req = parse_completion(&o)?;
         // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
-        let tokens = match &req.prompt {
-            Prompt::Text(t) => fe.tokenizer.encode(t, true),
-            Prompt::Tokens(t) => t.clone(),
+        let MultimodalPrompt { tokens, images } = match &req.prompt {
+            Prompt::Text(t) => tokenize_with_images(&fe, t, &[])?,
+            Prompt::Tokens(t) => MultimodalPrompt {
+                tokens: t.clone(),
+                images: Vec::new(),
+            },
+            Prompt::Multimodal { text, images } => tokenize_with_images(&fe, text, images)?,
         };
         let grammar = match &req.params.grammar {
             Some(g) => Some(compile(&fe, g, grammar_param(&o))?),
@@ -618,7 +622,7 @@ async fn completions_inner(
         Ok(Prepared {
             params: req.params,
             tokens,
-            images: Vec::new(),
+            images,
             cache_points: Vec::new(),
             grammar,
             shaping,

@@ -8,7 +8,9 @@ use serde_json::json;
 use serve_common::Server;
 
 fn mmproj() -> (std::path::PathBuf, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("nextn-serve-images-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("nextn-serve-images-{}-{k}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("mmproj.gguf");
     // The bundled model is 256 wide.
@@ -64,4 +66,64 @@ fn a_server_without_mmproj_refuses_images() {
     let text = r.text();
     assert!(text.contains("--mmproj"), "{text}");
     assert!(text.contains("messages[0].content[1]"), "{text}");
+}
+
+#[test]
+fn completion_takes_llama_server_multimodal_data() {
+    let (dir, path) = mmproj();
+    let s = Server::start(&[
+        "-np",
+        "1",
+        "-c",
+        "512",
+        "--mmproj",
+        path.to_str().expect("utf-8"),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    let png = {
+        use std::io::Read;
+        let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+        let mut bytes = Vec::new();
+        std::fs::File::open(p)
+            .expect("picture")
+            .read_to_end(&mut bytes)
+            .expect("read");
+        base64_encode(&bytes)
+    };
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": {"prompt_string": "A picture: <__media__> It shows", "multimodal_data": [png]},
+                "n_predict": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["timings"]["images_encoded"], 1, "{v}");
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": {"prompt_string": "no marker", "multimodal_data": [png]}, "n_predict": 1}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("0 <__media__> markers but 1 images"),
+        "{}",
+        r.text()
+    );
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(ABC[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
