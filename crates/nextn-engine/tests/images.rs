@@ -238,3 +238,97 @@ fn images_without_a_tower_or_beyond_the_context_are_refused() {
     .unwrap_err();
     assert!(err.contains("placeholder"), "{err}");
 }
+
+/// llama.cpp's mtmd on the same files: the bundled model, the fixture mmproj
+/// (`TowerSpec::fixture(256)`, F16) and crates/nextn-vision/tests/data/ramp-100x75.png, the
+/// prompt of tests/data/mtmd-logits-prompt.txt. The reference tests/data/mtmd-logits-ramp-100x75.bin
+/// was written by tools/mtmd_image_ref.c (its header says how it is built):
+///   cargo run --release -p nextn-vision --example synth_mmproj fixture 256 fixture.gguf
+///   mtmd_image_ref logits models/tiny-qwen35-mtp-Q8_0.gguf fixture.gguf \
+///       crates/nextn-vision/tests/data/ramp-100x75.png 2 \
+///       crates/nextn-engine/tests/data/mtmd-logits-prompt.txt mtmd-logits-ramp-100x75.bin
+/// The chunks (text tokens, the image's token count) and the position after the prompt must
+/// agree exactly, the last row's logits within 1% of the largest |logit| (measured: 0.033 of
+/// 8.3) with the same argmax.
+#[test]
+fn logits_after_an_image_prompt_match_mtmd() {
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let raw = std::fs::read(data.join("mtmd-logits-ramp-100x75.bin")).expect("reference");
+    let mut words = raw.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]);
+    let mut int = || i32::from_le_bytes(words.next().expect("reference ends early")) as usize;
+    let n_chunks = int();
+    let mut chunks = Vec::new();
+    for _ in 0..n_chunks {
+        let (kind, n) = (int(), int());
+        let tokens: Vec<u32> = if kind == 0 {
+            (0..n).map(|_| int() as u32).collect()
+        } else {
+            Vec::new()
+        };
+        chunks.push((kind, n, tokens));
+    }
+    let (n_past, n_vocab) = (int(), int());
+    let want: Vec<f32> = words.map(f32::from_le_bytes).collect();
+    assert_eq!((n_vocab, want.len()), (l.model.n_vocab, l.model.n_vocab));
+
+    let text = std::fs::read_to_string(data.join("mtmd-logits-prompt.txt"))
+        .expect("prompt")
+        .replace(
+            nextn_engine::media::MEDIA_MARKER,
+            nextn_engine::media::IMAGE_PLACEHOLDER,
+        );
+    let png = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    let img =
+        nextn_vision::decode_image(&std::fs::read(png).expect("png"), "ramp").expect("decode");
+    let p = MultimodalPrompt::tokenize(&l.tok, &text, true, vec![ImageInput::new(&t, &img)])
+        .expect("tokenize");
+    let im = &p.images[0];
+    let ours = vec![
+        (0, im.pos, p.tokens[..im.pos].to_vec()),
+        (1, im.n_tokens(), Vec::new()),
+        (0, p.tokens.len() - im.end(), p.tokens[im.end()..].to_vec()),
+    ];
+    assert_eq!(chunks, ours, "chunks: (type, n_tokens, text tokens)");
+
+    let pool = &l.pool;
+    let kv = Setup::plain().kv;
+    let mut state = l.model.new_sequence(512, kv, kv);
+    l.model
+        .forward(&p.tokens[..im.pos], &mut state, LogitRows::None, pool)
+        .expect("text before");
+    let emb = t.encode(&im.image, pool).expect("encode");
+    l.model
+        .forward_image(&emb.data, emb.nx, emb.ny, &mut state, LogitRows::None, pool)
+        .expect("image");
+    let got = l
+        .model
+        .forward(&p.tokens[im.end()..], &mut state, LogitRows::Last, pool)
+        .expect("text after")
+        .logits;
+    assert_eq!(
+        state.n_past - state.rope_shift(),
+        n_past,
+        "position after the prompt"
+    );
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+    };
+    eprintln!(
+        "logits after the image prompt: max |diff| {max_diff:.5} (largest |logit| {scale:.3})"
+    );
+    assert!(
+        max_diff <= 0.02 * scale.max(1.0),
+        "max |diff| {max_diff} of {scale}"
+    );
+    assert_eq!(argmax(&got), argmax(&want));
+}
