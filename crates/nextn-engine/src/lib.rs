@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod grammar;
+pub mod media;
 pub mod output;
 pub mod prefix_cache;
 pub mod sampler;

@@ -51,6 +51,10 @@ pub struct Timings {
     pub prompt_ms: f64,
     pub predicted_n: usize,
     pub predicted_ms: f64,
+    /// Images the vision tower encoded for the prompt, and the milliseconds it took (images
+    /// resumed from a cache are not encoded again).
+    pub images_encoded: usize,
+    pub image_encode_ms: f64,
 }
 
 impl Timings {
@@ -64,7 +68,7 @@ impl Timings {
 
     pub fn to_json(&self) -> serde_json::Value {
         let per_token = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
-        serde_json::json!({
+        let mut t = serde_json::json!({
             "prompt_n": self.prompt_n,
             "cache_n": self.cache_n,
             "prompt_ms": self.prompt_ms,
@@ -74,7 +78,12 @@ impl Timings {
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": per_token(self.predicted_ms, self.predicted_n),
             "predicted_per_second": self.predicted_per_second(),
-        })
+        });
+        if self.images_encoded > 0 {
+            t["images_encoded"] = self.images_encoded.into();
+            t["image_encode_ms"] = self.image_encode_ms.into();
+        }
+        t
     }
 }
 

@@ -30,6 +30,7 @@ fn engine(with_head: bool) -> Engine {
         head,
         tokenizer,
         pool: ThreadPool::new(2),
+        vision: None,
     }
 }
 
@@ -89,6 +90,7 @@ fn request(prompt: Vec<u32>, sampler: SamplerConfig, n_predict: usize) -> (Reque
         cache_prompt: false,
         cache_points: Vec::new(),
         forced_acceptance: None,
+        images: Vec::new(),
         prompt_progress: false,
         sink: Box::new(sink),
     };

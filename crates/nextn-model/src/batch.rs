@@ -113,6 +113,9 @@ pub struct HeadBatchItem<'a> {
     pub tokens: &'a [u32],
     pub hidden_prev: &'a [f32],
     pub start_pos: usize,
+    /// Cache rows earlier images took beyond the rotary positions they advanced: row `i` sits
+    /// at rotary position `start_pos + i - rope_shift`, as in the trunk.
+    pub rope_shift: usize,
     /// The sequence's head cache; the rows are appended to it.
     pub cache: &'a mut LayerCache,
     pub logits: LogitRows,

@@ -230,6 +230,7 @@ impl NextnHead {
             tokens,
             hidden_prev,
             start_pos,
+            rope_shift: 0,
             cache,
             logits,
             readback: Readback::Logits,
@@ -250,6 +251,9 @@ impl NextnHead {
         pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         if let Some(d) = &self.device {
+            if items.iter().any(|it| it.rope_shift > 0) {
+                return Err(ModelError::ImageOnDevice);
+            }
             return d.forward_batch(self, items);
         }
         let e = self.n_embd;
@@ -299,7 +303,9 @@ impl NextnHead {
                     start_pos: it.start_pos,
                     cache: &mut *it.cache,
                     verify: false,
-                    positions: crate::ops::RowPositions::default(),
+                    positions: crate::ops::RowPositions::Text {
+                        shift: it.rope_shift,
+                    },
                 })
                 .collect();
             self.layer
@@ -318,5 +324,78 @@ impl NextnHead {
             n_vocab,
             |picked, n_picked| self.lm_head_logits(picked, n_picked, pool),
         )
+    }
+
+    /// The head over one image's rows, appended to `cache` at cache rows `start_pos..`: row `i`
+    /// pairs image embedding `embd[i]` (in place of a token embedding, as llama.cpp's MTP graph
+    /// takes a batch of embeddings) with `hidden_prev[i]`, the target's hidden state of the row
+    /// before, at the image's M-RoPE position (rotary position `p0`, an `nx`-wide grid) as the
+    /// trunk ran it. Returns the head's post-norm rows; no logits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_image(
+        &self,
+        embd: &[f32],
+        hidden_prev: &[f32],
+        nx: usize,
+        start_pos: usize,
+        p0: usize,
+        cache: &mut LayerCache,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        if self.device.is_some() {
+            return Err(ModelError::ImageOnDevice);
+        }
+        let e = self.n_embd;
+        let n = hidden_prev.len() / e;
+        if hidden_prev.len() != n * e
+            || embd.len() != n * e
+            || n == 0
+            || nx == 0
+            || !n.is_multiple_of(nx)
+        {
+            return Err(ModelError::ImageShape {
+                found: embd.len(),
+                nx,
+                ny: n / nx.max(1),
+                n_embd: e,
+            });
+        }
+        let mut cat = vec![0.0f32; n * 2 * e];
+        for (i, dst) in cat.chunks_exact_mut(2 * e).enumerate() {
+            ops::rms_norm(
+                &embd[i * e..(i + 1) * e],
+                &self.enorm,
+                self.eps,
+                &mut dst[..e],
+            );
+            ops::rms_norm(
+                &hidden_prev[i * e..(i + 1) * e],
+                &self.hnorm,
+                self.eps,
+                &mut dst[e..],
+            );
+        }
+        let mut h = vec![0.0f32; n * e];
+        self.eh_proj.forward(&cat, n, &mut h, pool)?;
+        let mut segments = [Segment {
+            rows: 0..n,
+            start_pos,
+            cache,
+            verify: false,
+            positions: crate::ops::RowPositions::Image { p0, nx },
+        }];
+        self.layer
+            .forward(&mut h, n, &mut segments, self.eps, pool)?;
+        let mut outs = finish_pass(
+            &h,
+            &self.shared_head_norm,
+            self.eps,
+            &[(0, n, LogitRows::None)],
+            self.n_vocab(),
+            |picked, n_picked| self.lm_head_logits(picked, n_picked, pool),
+        )?;
+        Ok(outs
+            .pop()
+            .unwrap_or_else(|| ForwardOutput::empty(self.n_vocab())))
     }
 }

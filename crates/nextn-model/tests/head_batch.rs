@@ -58,6 +58,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
             tokens: &t[1..],
             hidden_prev: &h[n_embd..],
             start_pos: 1,
+            rope_shift: 0,
             cache,
             logits: LogitRows::All,
             readback: Readback::Logits,

@@ -133,6 +133,8 @@ pub(crate) struct Frontend {
     pub tool_format: ToolFormat,
     /// Width of the model's logits rows.
     pub n_vocab: usize,
+    /// The vision tower (`--mmproj`): requests with images are refused without it.
+    pub vision: Option<Arc<nextn_vision::VisionTower>>,
     /// Built on the first request with a grammar (the token trie takes a moment to build).
     grammars: OnceLock<Result<GrammarCompiler, String>>,
 }
@@ -199,6 +201,7 @@ where
             tool_format: ToolFormat::of_template(loaded.template.source()),
             template: loaded.template,
             n_vocab: loaded.engine.model.n_vocab,
+            vision: loaded.engine.vision.clone(),
             grammars: OnceLock::new(),
         }));
         Ok((loaded.engine, loaded.scheduler))

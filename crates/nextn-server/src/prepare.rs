@@ -5,11 +5,13 @@
 
 use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource, ReasoningBudget};
+use nextn_engine::media::{ImageInput, MultimodalPrompt, PromptImage};
+use nextn_vision::decode_image;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::reasoning::{self, prompt_opens_thinking, ReasoningSplitter};
-use crate::request::{flag, BiasKey, ChatRequest, GenParams};
+use crate::request::{flag, BiasKey, ChatImage, ChatRequest, GenParams};
 use crate::respond::Shaping;
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
 use crate::{App, Frontend, ReasoningFormat};
@@ -18,6 +20,8 @@ use crate::{App, Frontend, ReasoningFormat};
 pub(crate) struct Prepared {
     pub params: GenParams,
     pub tokens: Vec<u32>,
+    /// The prompt's images at their rows of `tokens`.
+    pub images: Vec<PromptImage>,
     /// Prompt positions worth a prefix-cache snapshot.
     pub cache_points: Vec<usize>,
     pub grammar: Option<Constraint>,
@@ -65,6 +69,40 @@ pub(crate) fn compile(
     compiler
         .compile(source)
         .map_err(|e| ApiError::invalid_field(param, format!("'{param}': {e}")))
+}
+
+/// `text` as prompt tokens with each of `images` at its placeholder: decoded, sized for the
+/// vision tower and laid out as its rows. Without images, plain tokens.
+pub(crate) fn tokenize_with_images(
+    fe: &Frontend,
+    text: &str,
+    images: &[ChatImage],
+) -> Result<MultimodalPrompt, ApiError> {
+    let Some(first) = images.first() else {
+        return Ok(MultimodalPrompt {
+            tokens: fe.tokenizer.encode(text, true),
+            images: Vec::new(),
+        });
+    };
+    let Some(vision) = fe.vision.as_deref() else {
+        return Err(ApiError::invalid_field(
+            &first.field,
+            "the request has an image, but this server has no vision tower: start it with --mmproj FILE",
+        ));
+    };
+    let inputs = images
+        .iter()
+        .map(|im| {
+            decode_image(&im.bytes, &im.field)
+                .map(|rgb| ImageInput::new(vision, &rgb))
+                .map_err(|e| ApiError::invalid_field(&im.field, e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    MultimodalPrompt::tokenize(&fe.tokenizer, text, true, inputs).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{e}: the text of the messages must not contain the placeholder itself"
+        ))
+    })
 }
 
 /// `grammar` with the request's reasoning budget (its `thinking_budget_tokens`, else the server's
@@ -139,7 +177,7 @@ pub(crate) fn prepare_chat(
     resolve_bias(fe, &mut req.params)?;
     let use_tools = uses_tools(&req);
     let text = render_chat(app, fe, &req)?;
-    let tokens = fe.tokenizer.encode(&text, true);
+    let MultimodalPrompt { tokens, images } = tokenize_with_images(fe, &text, &req.images)?;
     let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
     let in_reasoning = prompt_opens_thinking(&text);
     let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
@@ -196,6 +234,7 @@ pub(crate) fn prepare_chat(
     Ok(Prepared {
         params: req.params,
         tokens,
+        images,
         cache_points,
         grammar,
         shaping,

@@ -6,6 +6,7 @@
 
 use nextn_engine::chat::ChatMessage;
 use nextn_engine::grammar::GrammarSource;
+use nextn_engine::media::{IMAGE_PLACEHOLDER, MEDIA_MARKER};
 use nextn_engine::sampler::SamplerConfig;
 use serde_json::{Map, Value};
 
@@ -68,6 +69,90 @@ pub struct ChatRequest {
     pub parallel_tool_calls: bool,
     /// The request used the older `functions` / `function_call` fields: the answer uses them too.
     pub legacy_functions: bool,
+    /// The images of the messages' content parts, in order; each sits in its message's content
+    /// as [`IMAGE_PLACEHOLDER`], what the Qwen3.5 / Qwen3.6 templates render for an image part.
+    pub images: Vec<ChatImage>,
+}
+
+/// An image content part as the request sent it: its encoded bytes (PNG, JPEG, WebP, GIF) and
+/// the field it came from. Every API's image part maps onto this.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatImage {
+    pub bytes: Vec<u8>,
+    pub field: String,
+}
+
+/// The bytes of an image given as a URL: `data:image/...;base64,...` only (the server fetches no
+/// URLs).
+pub fn image_from_url(url: &str, field: &str) -> Result<ChatImage, ApiError> {
+    use base64::Engine as _;
+    let Some(rest) = url.strip_prefix("data:") else {
+        let what = if url.starts_with("http://") || url.starts_with("https://") {
+            "image URLs are not fetched by this server"
+        } else {
+            "an image URL must be a data URI"
+        };
+        return Err(ApiError::invalid_field(
+            field,
+            format!("{what}: send the image inline as a data URI (data:image/png;base64,...)"),
+        ));
+    };
+    let Some((media, data)) = rest.split_once(',') else {
+        return Err(ApiError::invalid_field(
+            field,
+            "the data URI has no ',' before its data",
+        ));
+    };
+    if !media.ends_with(";base64") {
+        return Err(ApiError::invalid_field(
+            field,
+            "the data URI must be base64-encoded (data:image/...;base64,...)",
+        ));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| {
+            ApiError::invalid_field(field, format!("the image's base64 data is invalid: {e}"))
+        })?;
+    Ok(ChatImage {
+        bytes,
+        field: field.to_string(),
+    })
+}
+
+/// An OpenAI `image_url` part: `{"url": ..., "detail": "auto"}` or the URL as a string.
+fn image_url_part(p: &Value, field: &str) -> Result<ChatImage, ApiError> {
+    let url = match p.get("image_url") {
+        Some(Value::String(u)) => u,
+        Some(Value::Object(o)) => {
+            match o.get("detail") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(d)) if d == "auto" => {}
+                Some(d) => {
+                    return Err(ApiError::invalid_field(
+                        &format!("{field}.image_url.detail"),
+                        format!("detail {d} is not supported: images are sized within the mmproj's pixel bounds ('auto')"),
+                    ))
+                }
+            }
+            match o.get("url") {
+                Some(Value::String(u)) => u,
+                _ => {
+                    return Err(ApiError::invalid_field(
+                        &format!("{field}.image_url.url"),
+                        "an image_url part needs a 'url' string",
+                    ))
+                }
+            }
+        }
+        _ => {
+            return Err(ApiError::invalid_field(
+                field,
+                "an image_url part needs an 'image_url' object with a 'url'",
+            ))
+        }
+    };
+    image_from_url(url, &format!("{field}.image_url.url"))
 }
 
 /// Top alternatives a request may ask for per token.
@@ -158,6 +243,72 @@ pub fn unknown_fields(o: &Map<String, Value>) -> Vec<String> {
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
+    /// llama-server's multimodal prompt: `{"prompt_string": ..., "multimodal_data": [base64...]}`,
+    /// each image at a `<__media__>` marker of the text.
+    Multimodal {
+        text: String,
+        images: Vec<ChatImage>,
+    },
+}
+
+/// A `{"prompt_string", "multimodal_data"}` prompt object.
+fn multimodal_prompt(p: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    use base64::Engine as _;
+    if let Some(k) = p
+        .keys()
+        .find(|k| *k != "prompt_string" && *k != "multimodal_data")
+    {
+        return Err(ApiError::invalid_field(
+            &format!("prompt.{k}"),
+            format!("unknown prompt field '{k}' (a prompt object has prompt_string and multimodal_data)"),
+        ));
+    }
+    let Some(Value::String(text)) = p.get("prompt_string") else {
+        return Err(ApiError::invalid_field(
+            "prompt.prompt_string",
+            "a prompt object needs a 'prompt_string' string",
+        ));
+    };
+    let images = match p.get("multimodal_data") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(k, v)| {
+                let field = format!("prompt.multimodal_data[{k}]");
+                let Some(b64) = v.as_str() else {
+                    return Err(ApiError::invalid_field(
+                        &field,
+                        "each item must be a base64 string",
+                    ));
+                };
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| ApiError::invalid_field(&field, format!("invalid base64: {e}")))?;
+                Ok(ChatImage { bytes, field })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid_field(
+                "prompt.multimodal_data",
+                "'multimodal_data' must be an array of base64 strings",
+            ))
+        }
+    };
+    let markers = text.matches(MEDIA_MARKER).count();
+    if markers != images.len() {
+        return Err(ApiError::invalid_field(
+            "prompt.multimodal_data",
+            format!(
+                "the prompt_string has {markers} {MEDIA_MARKER} markers but {} images were given",
+                images.len()
+            ),
+        ));
+    }
+    Ok(Prompt::Multimodal {
+        text: text.replace(MEDIA_MARKER, IMAGE_PLACEHOLDER),
+        images,
+    })
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -669,16 +820,21 @@ fn parse_logit_bias(o: &Map<String, Value>) -> Result<Vec<(BiasKey, f32)>, ApiEr
     Ok(out)
 }
 
-/// Message content: a string, null, or an array of `{"type": "text", "text": ...}` parts.
-fn content(v: Option<&Value>, at: usize) -> Result<String, ApiError> {
+/// Message content: a string, null, or an array of `{"type": "text", "text": ...}` and
+/// `{"type": "image_url", ...}` parts; the images go to `images`.
+fn content(v: Option<&Value>, at: usize, images: &mut Vec<ChatImage>) -> Result<String, ApiError> {
     let param = format!("messages[{at}].content");
     match v {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
-            for p in parts {
+            for (k, p) in parts.iter().enumerate() {
                 match p.get("type").and_then(Value::as_str) {
+                    Some("image_url") => {
+                        images.push(image_url_part(p, &format!("{param}[{k}]"))?);
+                        text.push_str(IMAGE_PLACEHOLDER);
+                    }
                     Some("text") => match p.get("text").and_then(Value::as_str) {
                         Some(t) => text.push_str(t),
                         None => {
@@ -726,6 +882,7 @@ pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         ));
     }
     let mut messages = Vec::with_capacity(raw.len());
+    let mut images = Vec::new();
     for (i, m) in raw.iter().enumerate() {
         let Value::Object(m) = m else {
             return Err(ApiError::invalid_field(
@@ -774,7 +931,7 @@ pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         };
         messages.push(ChatMessage {
             role,
-            content: content(m.get("content"), i)?,
+            content: content(m.get("content"), i, &mut images)?,
             reasoning_content: text_of("reasoning_content")?,
             tool_calls: tool_calls.map(|c| tools::arguments_for_template(&c)),
             name: text_of("name")?,
@@ -811,6 +968,7 @@ pub fn parse_chat(o: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         tool_choice,
         parallel_tool_calls: boolean(o, "parallel_tool_calls")?.unwrap_or(true),
         legacy_functions,
+        images,
     })
 }
 
@@ -833,6 +991,7 @@ pub fn parse_completion(o: &Map<String, Value>) -> Result<CompletionRequest, Api
     };
     let prompt = match field(o, "prompt") {
         Some(Value::String(s)) => Prompt::Text(s.clone()),
+        Some(Value::Object(p)) => multimodal_prompt(p)?,
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => Prompt::Tokens(tokens(a)?),
         Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
             Value::String(s) => Prompt::Text(s.clone()),
@@ -915,7 +1074,7 @@ mod tests {
             ),
             (
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
-                "messages[0].content",
+                "messages[0].content[0]",
             ),
             (
                 json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),

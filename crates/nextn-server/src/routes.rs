@@ -20,7 +20,8 @@ use crate::handler::{
     blocking, body_error, frontend, json_response, with_server_defaults, AppState,
 };
 use crate::prepare::{
-    compile, grammar_param, prepare_chat, resolve_bias, with_reasoning_budget, Prepared,
+    compile, grammar_param, prepare_chat, resolve_bias, tokenize_with_images,
+    with_reasoning_budget, Prepared,
 };
 use crate::reasoning::prompt_opens_thinking;
 use crate::request::{flag, parse_chat, parse_completion, parse_json, unknown_fields, Prompt};
@@ -28,6 +29,7 @@ use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::submit::{enqueue, Submitted};
 use crate::{anthropic, native, responses, slots, unserved};
 use crate::{prometheus, App, Frontend};
+use nextn_engine::media::MultimodalPrompt;
 
 pub(crate) fn router(app: AppState) -> Router {
     let limit = app.cfg.max_body_bytes;
@@ -324,9 +326,13 @@ async fn completions_inner(
         let mut req = parse_completion(&o)?;
         // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
-        let tokens = match &req.prompt {
-            Prompt::Text(t) => fe.tokenizer.encode(t, true),
-            Prompt::Tokens(t) => t.clone(),
+        let MultimodalPrompt { tokens, images } = match &req.prompt {
+            Prompt::Text(t) => tokenize_with_images(&fe, t, &[])?,
+            Prompt::Tokens(t) => MultimodalPrompt {
+                tokens: t.clone(),
+                images: Vec::new(),
+            },
+            Prompt::Multimodal { text, images } => tokenize_with_images(&fe, text, images)?,
         };
         let grammar = match &req.params.grammar {
             Some(g) => Some(compile(&fe, g, grammar_param(&o))?),
@@ -336,6 +342,7 @@ async fn completions_inner(
         let in_reasoning = match &req.prompt {
             Prompt::Text(t) => prompt_opens_thinking(t),
             Prompt::Tokens(t) => prompt_opens_thinking(&fe.tokenizer.decode(t)),
+            Prompt::Multimodal { text, .. } => prompt_opens_thinking(text),
         };
         let grammar = with_reasoning_budget(
             &app,
@@ -380,6 +387,7 @@ async fn completions_inner(
         Ok(Prepared {
             params: req.params,
             tokens,
+            images,
             cache_points: Vec::new(),
             grammar,
             shaping,

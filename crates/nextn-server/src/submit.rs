@@ -2,6 +2,7 @@
 //! context), forced acceptance, the event channel, and what a refused submission answers.
 
 use axum::http::StatusCode;
+use nextn_engine::media::is_image_token;
 use nextn_engine::scheduler::SubmitError;
 use nextn_engine::speculative::forced::ForcedAcceptance;
 use serde_json::json;
@@ -35,6 +36,7 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
     let Prepared {
         params,
         tokens,
+        images,
         cache_points: prepared_cache_points,
         grammar,
         shaping,
@@ -46,7 +48,10 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
     if tokens.is_empty() {
         return Err(ApiError::invalid_field("prompt", "the prompt is empty"));
     }
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
+    if let Some(&bad) = tokens
+        .iter()
+        .find(|&&t| t as usize >= info.n_vocab && !is_image_token(t))
+    {
         return Err(ApiError::invalid_field(
             "prompt",
             format!(
@@ -60,8 +65,15 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
             StatusCode::BAD_REQUEST,
             "exceed_context_size_error",
             format!(
-                "the request exceeds the available context size: the prompt has {} tokens and a slot holds {} (at least one more is needed to generate)",
+                "the request exceeds the available context size: the prompt has {} tokens{} and a slot holds {} (at least one more is needed to generate)",
                 tokens.len(),
+                match images.len() {
+                    0 => String::new(),
+                    k => format!(
+                        " ({} of them for {k} image(s))",
+                        images.iter().map(|im| im.n_tokens()).sum::<usize>()
+                    ),
+                },
                 info.n_ctx_slot
             ),
         );
@@ -97,6 +109,7 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
         cache_points: prepared_cache_points,
         forced_acceptance,
         // As llama-server: progress is part of a stream only.
+        images,
         prompt_progress: params.return_progress && params.stream,
         sink: Box::new(respond::ChannelSink(tx)),
     };

@@ -64,11 +64,9 @@ pub fn decode_image(bytes: &[u8], what: &str) -> Result<RgbImage, VisionError> {
     if reader.format().is_none() {
         return Err(fail("not a PNG, JPEG, WebP or GIF file".to_string()));
     }
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(MAX_IMAGE_SIDE);
-    limits.max_image_height = Some(MAX_IMAGE_SIDE);
-    limits.max_alloc = Some(MAX_DECODE_ALLOC);
-    reader.limits(limits);
+    // The header alone, without the decoder's limits: an image over the bound is refused with
+    // its size named rather than the decoder's generic limit error.
+    reader.no_limits();
     let (w, h) = reader.into_dimensions().map_err(|e| fail(e.to_string()))?;
     if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE {
         return Err(VisionError::ImageTooLarge {

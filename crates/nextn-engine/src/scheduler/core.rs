@@ -5,6 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nextn_model::ImageSpan;
+
 use super::cost::{CostModel, RowCost};
 use super::policy::Planner;
 use super::slot::Slot;
@@ -17,6 +19,7 @@ use super::{
 use nextn_model::{ModelError, SequenceState};
 
 use crate::grammar::Constraint;
+use crate::media::is_image_token;
 use crate::output::{ms_since, FinishReason, GrammarEnd, Timings};
 use crate::prefix_cache::{PrefixTree, Snapshot};
 use crate::sampler::Sampler;
@@ -227,12 +230,24 @@ impl<'e> Core<'e> {
                 "the prompt is empty: at least one token is needed".into(),
             );
         }
+        if let Err(message) = self.check_images(&request) {
+            return fail(request, message);
+        }
         if request.prompt.len() >= n_ctx {
             let n = request.prompt.len();
-            return fail(request, format!("the prompt has {n} tokens, but the context holds {n_ctx} (at least one more is needed to generate)"));
+            let image_rows: usize = request.images.iter().map(|im| im.n_tokens()).sum();
+            let of_images = match request.images.len() {
+                0 => String::new(),
+                k => format!(" ({image_rows} of them for {k} image(s))"),
+            };
+            return fail(request, format!("the prompt has {n} tokens{of_images}, but the context holds {n_ctx} (at least one more is needed to generate)"));
         }
         let n_vocab = self.engine.model.n_vocab;
-        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        if let Some(&bad) = request
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= n_vocab && !is_image_token(t))
+        {
             return fail(
                 request,
                 format!("token id {bad} is out of range: the vocabulary has {n_vocab} tokens"),
@@ -253,7 +268,7 @@ impl<'e> Core<'e> {
                 );
             }
         }
-        for &t in &request.prompt {
+        for &t in request.prompt.iter().filter(|&&t| !is_image_token(t)) {
             sampler.accept(t);
         }
         let (kt, vt) = (self.cfg.k_type, self.cfg.v_type);
@@ -311,6 +326,36 @@ impl<'e> Core<'e> {
             }
             cache_n = kept_n;
         }
+        if request
+            .images
+            .iter()
+            .any(|im| im.pos < cache_n && cache_n < im.end())
+        {
+            // A resumed state never ends inside an image (an image is one chunk); should one,
+            // the prompt runs from its start.
+            match self.fresh_sequence(index) {
+                Ok((s, h)) => (state, head) = (s, h),
+                Err(e) => {
+                    request.sink.send(Event::Failed {
+                        kind: FailKind::Internal,
+                        message: format!("no room for this request's caches: {e}"),
+                    });
+                    return;
+                }
+            }
+            cache_n = 0;
+        }
+        // The images among the resumed rows set the rotary positions of the rows after them.
+        state.images = request
+            .images
+            .iter()
+            .filter(|im| im.end() <= cache_n)
+            .map(|im| ImageSpan {
+                start: im.pos,
+                n_tokens: im.n_tokens(),
+                n_pos: im.n_pos(),
+            })
+            .collect();
         if let Some(every) = self
             .cfg
             .prefix_cache
@@ -323,6 +368,10 @@ impl<'e> Core<'e> {
                 .cache_points
                 .extend((1..).map(|k| k * every).take_while(|&p| p < n));
         }
+        let images = &request.images;
+        request
+            .cache_points
+            .retain(|&p| !images.iter().any(|im| im.pos < p && p < im.end()));
         let n_max = self.spec.as_ref().map_or(0, |s| s.n_max);
         // p/q acceptance needs a distribution to draw drafts from: only when sampling.
         let draft_sampling = match &self.spec {
@@ -397,6 +446,46 @@ impl<'e> Core<'e> {
         result
     }
 
+    /// A request's images: the engine can encode them, each lies inside the prompt after the
+    /// one before, and its rows hold its placeholder ids.
+    fn check_images(&self, request: &Request) -> Result<(), String> {
+        if request.images.is_empty() {
+            return Ok(());
+        }
+        if self.engine.vision.is_none() {
+            return Err(
+                "the prompt has images, but no vision tower is loaded (start with --mmproj FILE)"
+                    .into(),
+            );
+        }
+        if self.engine.model.device.is_some() {
+            return Err(nextn_model::ModelError::ImageOnDevice.to_string());
+        }
+        let mut after = 0;
+        for (k, im) in request.images.iter().enumerate() {
+            if im.pos < after || !im.matches(&request.prompt) {
+                return Err(format!(
+                    "image {k} does not sit at its placeholder rows {}..{} of the prompt",
+                    im.pos,
+                    im.end()
+                ));
+            }
+            after = im.end();
+        }
+        let image_rows: usize = request.images.iter().map(|im| im.n_tokens()).sum();
+        let placeholders = request
+            .prompt
+            .iter()
+            .filter(|&&t| is_image_token(t))
+            .count();
+        if placeholders != image_rows {
+            return Err(format!(
+                "the prompt has {placeholders} image rows, but its images take {image_rows}"
+            ));
+        }
+        Ok(())
+    }
+
     /// Free the slots whose clients went away.
     fn reap_closed(&mut self) {
         let mut cancelled = 0;
@@ -458,6 +547,8 @@ impl<'e> Core<'e> {
                 prompt_ms: slot.prompt_ms,
                 predicted_n: tokens.len(),
                 predicted_ms,
+                images_encoded: slot.images_encoded,
+                image_encode_ms: slot.image_encode_ms,
             },
             tokens,
             spec: std::mem::take(&mut slot.stats),

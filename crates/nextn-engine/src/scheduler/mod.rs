@@ -35,7 +35,10 @@ use std::time::{Duration, Instant};
 use nextn_model::{KvType, Model, NextnHead};
 use nextn_quant::kernels::ThreadPool;
 
+use nextn_vision::VisionTower;
+
 use crate::grammar::Constraint;
+use crate::media::PromptImage;
 use crate::output::{FinishReason, GrammarEnd, Timings};
 use crate::sampler::{SamplerConfig, TokenLogprob};
 use crate::speculative::forced::ForcedAcceptance;
@@ -54,6 +57,8 @@ pub struct Engine {
     pub head: Option<NextnHead>,
     pub tokenizer: Arc<Tokenizer>,
     pub pool: ThreadPool,
+    /// The vision tower (`--mmproj`); `None` refuses prompts with images.
+    pub vision: Option<Arc<VisionTower>>,
 }
 
 impl Engine {
@@ -63,6 +68,7 @@ impl Engine {
             head: self.head.as_ref(),
             tokenizer: &self.tokenizer,
             pool: &self.pool,
+            vision: self.vision.as_deref(),
         }
     }
 }
@@ -75,6 +81,7 @@ pub struct EngineRef<'e> {
     pub head: Option<&'e NextnHead>,
     pub tokenizer: &'e Tokenizer,
     pub pool: &'e ThreadPool,
+    pub vision: Option<&'e VisionTower>,
 }
 
 #[derive(Clone, Debug)]
@@ -110,7 +117,10 @@ pub struct PrefixCacheConfig {
 
 /// One generation request: prompt tokens and how to sample and stop.
 pub struct Request {
+    /// Token ids; an image's rows hold its placeholder ids ([`crate::media`]).
     pub prompt: Vec<u32>,
+    /// The prompt's images in order, each at its rows of `prompt`.
+    pub images: Vec<PromptImage>,
     pub sampler: SamplerConfig,
     /// Most tokens to generate; `None` runs to an end-of-generation token or a full context.
     pub n_predict: Option<usize>,

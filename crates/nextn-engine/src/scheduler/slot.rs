@@ -7,6 +7,7 @@ use nextn_model::SequenceState;
 
 use super::{Event, EventSink, Request};
 use crate::grammar::Constraint;
+use crate::media::PromptImage;
 use crate::output::TextOut;
 use crate::sampler::Sampler;
 use crate::speculative::speculator::Speculator;
@@ -24,6 +25,11 @@ pub enum Stage {
 
 pub struct Slot<'t> {
     pub prompt: Vec<u32>,
+    /// The prompt's images, in order.
+    pub images: Vec<PromptImage>,
+    /// Images encoded for this request and the milliseconds it took.
+    pub images_encoded: usize,
+    pub image_encode_ms: f64,
     pub sink: Box<dyn EventSink>,
     pub sampler: Sampler,
     pub state: SequenceState,
@@ -68,6 +74,7 @@ impl<'t> Slot<'t> {
     ) -> Self {
         let Request {
             prompt,
+            images,
             n_predict,
             stop,
             ignore_eos,
@@ -84,6 +91,9 @@ impl<'t> Slot<'t> {
         cache_points.dedup();
         Slot {
             prompt,
+            images,
+            images_encoded: 0,
+            image_encode_ms: 0.0,
             sink,
             sampler,
             state,
@@ -118,14 +128,34 @@ impl<'t> Slot<'t> {
         }
     }
 
-    /// Where the prompt chunk starting at `next` must end at the latest: the next cache point.
+    /// Where the prompt chunk starting at `next` must end at the latest: the next cache point
+    /// or image. An image is a chunk of its own: one starting at `next` ends where it ends.
     pub fn chunk_limit(&self, next: usize) -> usize {
+        if let Some(im) = self.image_at(next) {
+            return im.end();
+        }
+        let next_image = self
+            .images
+            .iter()
+            .map(|im| im.pos)
+            .find(|&p| p > next)
+            .unwrap_or(self.prompt.len());
         self.cache_points
             .iter()
             .copied()
             .find(|&p| p > next)
             .unwrap_or(self.prompt.len())
+            .min(next_image)
             .min(self.prompt.len())
+    }
+
+    /// The index of the image whose rows start at prompt position `pos`.
+    pub fn image_index_at(&self, pos: usize) -> Option<usize> {
+        self.images.iter().position(|im| im.pos == pos)
+    }
+
+    fn image_at(&self, pos: usize) -> Option<&PromptImage> {
+        self.image_index_at(pos).map(|k| &self.images[k])
     }
 
     /// The committed tokens: the prompt, then the output, up to the state's position.

@@ -118,6 +118,16 @@ impl<'e> Core<'e> {
 
     fn save_slot(&mut self, slot: usize) -> Result<SlotActionDone, SlotActionError> {
         let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
+        if let Some(k) = self.kept[slot]
+            .as_ref()
+            .filter(|k| k.tokens.iter().any(|&t| crate::media::is_image_token(t)))
+        {
+            let n = k.state.images.len().max(1);
+            return Err(SlotActionError::Save {
+                slot,
+                why: format!("it holds {n} image(s), and slot files hold text-only states (erase the slot or start a text-only conversation)"),
+            });
+        }
         let no_room = |e: ModelError| SlotActionError::Save {
             slot,
             why: e.to_string(),

@@ -34,6 +34,14 @@ enum Work {
         start: usize,
         end: usize,
     },
+    /// The prompt's image `index` (its rows start at `start`), encoded and run through the
+    /// target on its own ([`nextn_model::Model::forward_image`]); `embd` is its embeddings once
+    /// encoded, which the head takes too.
+    Image {
+        index: usize,
+        start: usize,
+        embd: Vec<f32>,
+    },
     /// `[id_last, drafts…]` at positions `n_past..`; `dists[j]`: the distribution draft `j` was
     /// drawn from (sampled drafts only); `masks[j]`: the grammar's mask for row `j`, computed
     /// while drafting.
@@ -117,7 +125,8 @@ impl<'e> Core<'e> {
         };
         let plan = self.plan();
         let mut work = self.draft(&plan, &mut report)?;
-        let outs = self.target_pass(&work, &mut report)?;
+        let mut outs = self.target_pass(&work, &mut report)?;
+        outs.extend(self.image_pass(&mut work, &mut report));
         let t_post = Instant::now();
         let emissions = self.settle(&mut work, &outs, &mut report)?;
         let endings = self.emit_all(emissions, &outs, &mut report);
@@ -187,9 +196,19 @@ impl<'e> Core<'e> {
     ) -> Result<Vec<Option<Work>>, ModelError> {
         let mut work: Vec<Option<Work>> = (0..self.slots.len()).map(|_| None).collect();
         for c in &plan.prompt {
-            work[c.slot] = Some(Work::Prefill {
-                start: c.start,
-                end: c.end,
+            let image = self.slots[c.slot]
+                .as_ref()
+                .and_then(|s| s.image_index_at(c.start));
+            work[c.slot] = Some(match image {
+                Some(index) => Work::Image {
+                    index,
+                    start: c.start,
+                    embd: Vec::new(),
+                },
+                None => Work::Prefill {
+                    start: c.start,
+                    end: c.end,
+                },
             });
         }
         let mut depth_of = vec![0usize; self.slots.len()];
@@ -330,6 +349,7 @@ impl<'e> Core<'e> {
                     readback,
                     verify: false,
                 },
+                Work::Image { .. } => continue,
             };
             n_rows += item.tokens.len();
             n_logit_rows += match item.logits {
@@ -340,12 +360,79 @@ impl<'e> Core<'e> {
             items.push(item);
             order.push(i);
         }
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
         let outs = self
             .engine
             .model
             .forward_batch(&mut items, self.engine.pool)?;
         report.target = (n_rows, n_logit_rows, ms_since(t));
         Ok(order.into_iter().zip(outs).collect())
+    }
+
+    /// Encode each image of this step with the vision tower and run it through the target, one
+    /// image at a time. A request whose image fails ends with the error; the others go on.
+    fn image_pass(
+        &mut self,
+        work: &mut [Option<Work>],
+        report: &mut StepReport,
+    ) -> Vec<(usize, ForwardOutput)> {
+        let mut outs = Vec::new();
+        for (i, w) in work.iter_mut().enumerate() {
+            let Some(Work::Image { index, embd, .. }) = w.as_mut() else {
+                continue;
+            };
+            match self.run_image(i, *index, report) {
+                Ok((e, out)) => {
+                    *embd = e;
+                    outs.push((i, out));
+                }
+                Err(message) => {
+                    *w = None;
+                    self.fail(i, &message);
+                }
+            }
+        }
+        outs
+    }
+
+    /// Slot `i`'s image `index`: its embeddings and the target's output over its rows.
+    fn run_image(
+        &mut self,
+        i: usize,
+        index: usize,
+        report: &mut StepReport,
+    ) -> Result<(Vec<f32>, ForwardOutput), String> {
+        let (model, pool) = (self.engine.model, self.engine.pool);
+        let vision = self
+            .engine
+            .vision
+            .ok_or("the prompt has images, but no vision tower is loaded")?;
+        let slot = self.slots[i].as_mut().ok_or("the slot is gone")?;
+        let image = slot.images[index].clone();
+        let t = Instant::now();
+        let emb = vision
+            .encode(&image.image, pool)
+            .map_err(|e| format!("encoding image {index}: {e}"))?;
+        slot.image_encode_ms += ms_since(t);
+        slot.images_encoded += 1;
+        if (emb.nx, emb.ny) != (image.nx, image.ny) {
+            return Err(format!(
+                "image {index} encoded to {}x{} tokens, but the prompt gave it {}x{}",
+                emb.nx, emb.ny, image.nx, image.ny
+            ));
+        }
+        let logits = if image.end() == slot.prompt.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
+        let out = model
+            .forward_image(&emb.data, emb.nx, emb.ny, &mut slot.state, logits, pool)
+            .map_err(|e| format!("image {index}: {e}"))?;
+        report.prompt_rows += image.n_tokens() as u64;
+        Ok((emb.data, out))
     }
 
     /// Settle every slot's rows: prompt chunks go into the head's lag (and the cache points into
@@ -362,7 +449,13 @@ impl<'e> Core<'e> {
             let emission = match work[i].take() {
                 Some(Work::Prefill { start, end }) => {
                     report.prompt_rows += (end - start) as u64;
-                    self.settle_prompt(i, start, end, out, report)
+                    self.settle_prompt(i, start, end, out, report, None)
+                }
+                Some(Work::Image { index, start, embd }) => {
+                    let end = self.slots[i]
+                        .as_ref()
+                        .map_or(start, |s| s.images[index].end());
+                    self.settle_prompt(i, start, end, out, report, Some((index, embd)))
                 }
                 Some(Work::Decode {
                     n_past,
@@ -380,6 +473,8 @@ impl<'e> Core<'e> {
         Ok(emissions)
     }
 
+    /// A prompt chunk `start..end` went through the target; `image`: it was the prompt's image
+    /// of that index, with its embeddings.
     fn settle_prompt(
         &mut self,
         i: usize,
@@ -387,18 +482,38 @@ impl<'e> Core<'e> {
         end: usize,
         out: &ForwardOutput,
         report: &mut StepReport,
+        image: Option<(usize, Vec<f32>)>,
     ) -> Option<Emission> {
+        let (head, pool) = (self.engine.head, self.engine.pool);
         let slot = self.slots[i].as_mut()?;
         let last = end == slot.prompt.len();
         let Slot {
             spec,
             prompt,
+            images,
             sampler,
             grammar,
             ..
         } = slot;
         let first = last.then_some((sampler, grammar.as_mut()));
-        let settled = spec.settle_prompt(start, &prompt[start..end], out, first);
+        let settled = match image {
+            None => spec
+                .settle_prompt(start, &prompt[start..end], out, first)
+                .map_err(|e| e.to_string()),
+            Some((index, embd)) => spec
+                .settle_image(head, start, &images[index], &embd, out, first, pool)
+                .map(|(accepted, ms)| {
+                    report.draft_ms.push((i, ms));
+                    accepted
+                })
+                .map_err(|e| e.to_string()),
+        };
+        if let (false, Err(e)) = (last, &settled) {
+            let e = e.clone();
+            self.fail(i, &e);
+            return None;
+        }
+        let slot = self.slots[i].as_mut()?;
         slot.report_prompt_progress(end);
         if !last {
             slot.stage = Stage::Prefill { next: end };
@@ -429,7 +544,7 @@ impl<'e> Core<'e> {
         let accepted = match settled {
             Ok(a) => a?,
             Err(e) => {
-                self.fail(i, &e.to_string());
+                self.fail(i, &e);
                 return None;
             }
         };

@@ -66,6 +66,7 @@ fn request(prompt: &[u32], n: usize) -> (Request, mpsc::Receiver<Event>) {
         cache_prompt: false,
         cache_points: Vec::new(),
         forced_acceptance: None,
+        images: Vec::new(),
         prompt_progress: false,
         sink: Box::new(TestSink(tx)),
     };
@@ -87,6 +88,7 @@ fn completion(rx: &mpsc::Receiver<Event>) -> Completion {
 fn plain_tokens(engine: EngineRef, n_ctx: usize, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut plain = Scheduler::new(
         EngineRef {
+            vision: None,
             head: None,
             ..engine
         },
@@ -103,6 +105,7 @@ fn auto_retires_the_head_of_a_slot_that_never_drafts() {
     let (model, head, tokenizer) = bundled();
     let pool = ThreadPool::new(2);
     let engine = EngineRef {
+        vision: None,
         model: &model,
         head: Some(&head),
         tokenizer: &tokenizer,
@@ -145,6 +148,7 @@ fn head_lag_stays_bounded_through_a_long_prompt() {
     let (model, head, tokenizer) = bundled();
     let pool = ThreadPool::new(2);
     let engine = EngineRef {
+        vision: None,
         model: &model,
         head: Some(&head),
         tokenizer: &tokenizer,

@@ -33,6 +33,9 @@ pub struct HeadState {
     /// The target's hidden state of the last committed position: it pairs with the token at the
     /// next position.
     last_hidden: Vec<f32>,
+    /// Cache rows the prompt's images took beyond the rotary positions they advanced, as in the
+    /// target's state: the head sees every row at the target's rotary position.
+    rope_shift: usize,
     n_embd: usize,
 }
 
@@ -53,6 +56,7 @@ impl HeadState {
             lag_hidden: Vec::new(),
             // Position 0 has no previous hidden state: the head sees zeros, as llama.cpp feeds it.
             last_hidden: vec![0.0; n_embd],
+            rope_shift: 0,
             n_embd,
         })
     }
@@ -65,6 +69,7 @@ impl HeadState {
             lag_tokens: self.lag_tokens.clone(),
             lag_hidden: self.lag_hidden.clone(),
             last_hidden: self.last_hidden.clone(),
+            rope_shift: self.rope_shift,
             n_embd: self.n_embd,
         })
     }
@@ -113,6 +118,69 @@ impl HeadState {
         self.last_hidden.clear();
         self.last_hidden
             .extend_from_slice(&hidden[last * e..(last + 1) * e]);
+    }
+
+    /// The target committed one image's rows at positions `start..` (`embd` its embeddings,
+    /// `nx` tokens wide; `hidden` the target's post-norm rows). The head gets its entries at
+    /// once, after the lag before it: each image row pairs its embedding, in place of a token
+    /// embedding, with the target's hidden state of the row before, at the image's M-RoPE
+    /// position, so the head's cache has no hole at the image and later rows see it as the
+    /// target's do. Returns the milliseconds of head work.
+    #[allow(clippy::too_many_arguments)]
+    pub fn commit_image(
+        &mut self,
+        head: &NextnHead,
+        start: usize,
+        embd: &[f32],
+        nx: usize,
+        n_pos: usize,
+        hidden: &[f32],
+        pool: &ThreadPool,
+    ) -> Result<f64, ModelError> {
+        let t = Instant::now();
+        let e = self.n_embd;
+        let n = hidden.len() / e;
+        if self.covered() != start || n == 0 {
+            return Err(ModelError::ImageShape {
+                found: embd.len(),
+                nx,
+                ny: n / nx.max(1),
+                n_embd: e,
+            });
+        }
+        if self.lag() > 0 {
+            let rows = self.lag();
+            head.forward_batch(
+                &mut [HeadBatchItem {
+                    tokens: &self.lag_tokens,
+                    hidden_prev: &self.lag_hidden,
+                    start_pos: self.pos,
+                    rope_shift: self.rope_shift,
+                    cache: &mut self.cache,
+                    logits: LogitRows::None,
+                    readback: Readback::Logits,
+                }],
+                pool,
+            )?;
+            self.consume_lag(rows);
+        }
+        let mut hidden_prev = Vec::with_capacity(n * e);
+        hidden_prev.extend_from_slice(&self.last_hidden);
+        hidden_prev.extend_from_slice(&hidden[..(n - 1) * e]);
+        head.forward_image(
+            embd,
+            &hidden_prev,
+            nx,
+            self.pos,
+            self.pos - self.rope_shift,
+            &mut self.cache,
+            pool,
+        )?;
+        self.pos += n;
+        self.rope_shift += n - n_pos;
+        self.last_hidden.clear();
+        self.last_hidden.extend_from_slice(&hidden[(n - 1) * e..]);
+        Ok(ms_since(t))
     }
 
     /// Drop the head's entries past committed position `n_past` (an entry for a sampled token
@@ -312,6 +380,7 @@ pub fn draft(
                     tokens: &h.lag_tokens[..rows],
                     hidden_prev: &h.lag_hidden[..rows * h.n_embd],
                     start_pos: h.pos,
+                    rope_shift: h.rope_shift,
                     cache: &mut h.cache,
                     logits: if d { LogitRows::Last } else { LogitRows::None },
                     readback,
@@ -373,6 +442,7 @@ pub fn draft(
                     tokens: token,
                     hidden_prev: &chain[k],
                     start_pos: job.n_past + depth,
+                    rope_shift: job.head.rope_shift,
                     cache: &mut job.head.cache,
                     logits: LogitRows::Last,
                     readback: readback[k],

@@ -147,6 +147,37 @@ impl Speculator {
         accept_coupled(sampler, &[], out, 0, grammar).map(Some)
     }
 
+    /// An image chunk went through the target (`out` holds its hidden rows, `embd` its
+    /// embeddings): the head takes its rows at once ([`HeadState::commit_image`]); after the
+    /// last chunk the first output token is drawn as in [`Speculator::settle_prompt`]. Returns
+    /// the head's milliseconds too.
+    #[allow(clippy::too_many_arguments)]
+    pub fn settle_image(
+        &mut self,
+        head: Option<&NextnHead>,
+        start: usize,
+        image: &crate::media::PromptImage,
+        embd: &[f32],
+        out: &ForwardOutput,
+        last: Option<(&mut Sampler, Option<&mut Constraint>)>,
+        pool: &ThreadPool,
+    ) -> Result<(Option<Accepted>, f64), SettleError> {
+        let mut ms = 0.0;
+        if let (Some(h), Some(head)) = (self.head.as_mut(), head) {
+            ms = h.commit_image(
+                head,
+                start,
+                embd,
+                image.nx,
+                image.n_pos(),
+                &out.hidden,
+                pool,
+            )?;
+        }
+        let accepted = self.settle_prompt(start, &[], out, last)?;
+        Ok((accepted, ms))
+    }
+
     /// Accept what the target's output says about the verified rows, draw the token after the kept
     /// drafts, and commit the target's state and the head's to the kept rows. `first_index` is
     /// the output position row 0 predicts. On a grammar error the pending rows are dropped.

@@ -262,8 +262,18 @@ impl Tokenizer {
     /// With `parse_special`, control tokens written in the text (`<|im_start|>`) become their ids;
     /// user-defined tokens (`<think>`) are matched either way.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        self.encode_from(text, parse_special, self.add_bos)
+    }
+
+    /// Token ids of `text` that continues a prompt already begun (never a BOS): the text between
+    /// two images of a prompt.
+    pub fn encode_continuation(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        self.encode_from(text, parse_special, false)
+    }
+
+    fn encode_from(&self, text: &str, parse_special: bool, add_bos: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if self.add_bos {
+        if add_bos {
             out.extend(self.bos);
         }
         if text.is_empty() {

@@ -30,6 +30,7 @@ pub struct Loaded {
 impl Loaded {
     pub fn engine(&self, with_head: bool) -> EngineRef<'_> {
         EngineRef {
+            vision: None,
             model: &self.model,
             head: with_head.then_some(&self.head),
             tokenizer: &self.tok,
@@ -223,6 +224,7 @@ pub fn run_jobs_with(
             cache_prompt,
             cache_points: job.cache_points,
             forced_acceptance: None,
+            images: Vec::new(),
             prompt_progress: false,
             sink: Box::new(Collect(tx)),
         });

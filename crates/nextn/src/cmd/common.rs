@@ -20,6 +20,7 @@ use nextn_model::draft_vocab::TokenRanking;
 use nextn_model::{KvType, Model, NextnHead, SequenceState};
 use nextn_quant::kernels::ThreadPool;
 use nextn_server::reasoning::{self, prompt_opens_thinking};
+use nextn_vision::VisionTower;
 
 /// Relative path of the model shipped in the repository.
 pub const BUNDLED_MODEL: &str = "models/tiny-qwen35-mtp-Q8_0.gguf";
@@ -304,6 +305,7 @@ impl Loaded {
     /// What the generation loop runs on: this model, `head` for drafting (or none).
     pub fn engine<'a>(&'a self, head: Option<&'a NextnHead>) -> EngineRef<'a> {
         EngineRef {
+            vision: None,
             model: &self.model,
             head,
             tokenizer: &self.tokenizer,
@@ -351,6 +353,54 @@ fn chat_template(args: &ModelArgs, file: &GgufFile) -> Result<ChatTemplate> {
 
 /// The model file: `-m`, `-hf` (fetched into the hub cache when needed), `NEXTN_MODEL`, or the
 /// bundled model.
+/// The vision tower: llama-mtmd-cli's and llama-server's flags.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct VisionArgs {
+    /// Vision projector (mmproj GGUF) for image input; with -hf, the repository's mmproj file is
+    /// used unless --no-mmproj
+    #[arg(long = "mmproj", value_name = "FILE", env = "LLAMA_ARG_MMPROJ")]
+    pub mmproj: Option<PathBuf>,
+    /// Do not load a vision projector (not even the one beside an -hf model)
+    #[arg(long = "no-mmproj", env = "LLAMA_ARG_NO_MMPROJ", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue, conflicts_with = "mmproj")]
+    pub no_mmproj: bool,
+    /// Fewest tokens an image is resized to (default: the mmproj's)
+    #[arg(long = "image-min-tokens", value_name = "N")]
+    pub image_min_tokens: Option<u32>,
+    /// Most tokens an image is resized to (default: the mmproj's)
+    #[arg(long = "image-max-tokens", value_name = "N")]
+    pub image_max_tokens: Option<u32>,
+}
+
+impl VisionArgs {
+    /// The mmproj to load, if any: --mmproj, else the one beside an -hf model.
+    pub fn path(&self, model: &ModelArgs) -> Result<Option<PathBuf>> {
+        if self.no_mmproj {
+            return Ok(None);
+        }
+        match (&self.mmproj, &model.hf_repo) {
+            (Some(p), _) => Ok(Some(p.clone())),
+            (None, Some(repo)) => super::hf::resolve_mmproj(repo),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Loads the tower at `path` for `model`, checked against its width.
+    pub fn load(&self, path: &Path, model: &Model) -> Result<Arc<VisionTower>> {
+        if model.device.is_some() {
+            bail!("--mmproj {}: images need the model on the CPU (drop -dev / -ngl, or use --no-mmproj)", path.display());
+        }
+        let mut tower =
+            VisionTower::load(path).with_context(|| format!("--mmproj {}", path.display()))?;
+        tower
+            .check_text_model(model.config.n_embd)
+            .with_context(|| format!("--mmproj {}", path.display()))?;
+        tower
+            .set_token_bounds(self.image_min_tokens, self.image_max_tokens)
+            .context("--image-min-tokens / --image-max-tokens")?;
+        Ok(Arc::new(tower))
+    }
+}
+
 pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     match &args.hf_repo {
         Some(repo) => super::hf::resolve(repo, args.hf_file.as_deref()),

@@ -102,6 +102,7 @@ pub fn chat(
             cache_prompt: true,
             cache_points,
             forced_acceptance: None,
+            images: Vec::new(),
             prompt_progress: progress_on_terminal(),
             sink: Box::new(Stdout::new(true, events)),
         });

@@ -21,11 +21,69 @@ pub fn resolve(spec: &str, file: Option<&str>) -> Result<PathBuf> {
     if repo_id.split('/').filter(|p| !p.is_empty()).count() != 2 {
         bail!("-hf {spec}: expected a repository as ORG/NAME, optionally with :QUANT (e.g. unsloth/Qwen3.6-35B-A3B-GGUF:Q4_K_M)");
     }
-    let cache = Cache::from_env();
-    let offline = std::env::var("HF_HUB_OFFLINE")
+    let wanted = choose(&repo_files(spec, repo_id)?, quant, file)
+        .with_context(|| format!("-hf {spec}: choosing the GGUF file"))?;
+    let mut paths = wanted
+        .iter()
+        .map(|f| fetch(spec, repo_id, f))
+        .collect::<Result<Vec<_>>>()?;
+    let first = paths.swap_remove(0);
+    check_head(&first)?;
+    Ok(first)
+}
+
+/// The projector (`mmproj`) file beside the `-hf` model, as llama.cpp finds it: the repository's
+/// GGUF whose name has `mmproj`, F16 first, then BF16, then any; `None` when it has none.
+pub fn resolve_mmproj(spec: &str) -> Result<Option<PathBuf>> {
+    let repo_id = spec.split_once(':').map_or(spec, |(r, _)| r);
+    let mut projectors: Vec<String> = repo_files(spec, repo_id)?
+        .into_iter()
+        .filter(|f| f.ends_with(".gguf") && f.to_ascii_lowercase().contains("mmproj"))
+        .collect();
+    projectors.sort_by_key(|f| {
+        let l = f.to_ascii_lowercase();
+        (
+            !l.contains("f16") || l.contains("bf16"),
+            !l.contains("bf16"),
+            f.clone(),
+        )
+    });
+    match projectors.first() {
+        Some(f) => fetch(spec, repo_id, f).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE")
         .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
-        .unwrap_or(false);
+        .unwrap_or(false)
+}
+
+/// One file of the repository, from the cache or downloaded into it.
+fn fetch(spec: &str, repo_id: &str, f: &str) -> Result<PathBuf> {
+    let cache = Cache::from_env();
     let cached = cache.repo(Repo::model(repo_id.to_string()));
+    Ok(match cached.get(f) {
+        Some(p) => p,
+        None if offline() => bail!(
+            "-hf {spec}: HF_HUB_OFFLINE is set and {f} is not in the cache {}",
+            cache.path().display()
+        ),
+        None => {
+            eprintln!("downloading {repo_id}/{f} into {}", cache.path().display());
+            api(&cache)?
+                .model(repo_id.to_string())
+                .get(f)
+                .map_err(|e| anyhow::anyhow!("-hf {spec}: cannot download {f}: {e}"))?
+        }
+    })
+}
+
+/// The repository's files: from the hub, or with `HF_HUB_OFFLINE` from the cached snapshot.
+fn repo_files(spec: &str, repo_id: &str) -> Result<Vec<String>> {
+    let cache = Cache::from_env();
+    let offline = offline();
     let files = if offline {
         cached_files(cache.path(), repo_id).with_context(|| {
             format!(
@@ -44,29 +102,7 @@ pub fn resolve(spec: &str, file: Option<&str>) -> Result<PathBuf> {
         })?;
         info.siblings.into_iter().map(|s| s.rfilename).collect()
     };
-    let wanted = choose(&files, quant, file)
-        .with_context(|| format!("-hf {spec}: choosing the GGUF file"))?;
-    let mut paths = Vec::new();
-    for f in &wanted {
-        let path = match cached.get(f) {
-            Some(p) => p,
-            None if offline => bail!(
-                "-hf {spec}: HF_HUB_OFFLINE is set and {f} is not in the cache {}",
-                cache.path().display()
-            ),
-            None => {
-                eprintln!("downloading {repo_id}/{f} into {}", cache.path().display());
-                api(&cache)?
-                    .model(repo_id.to_string())
-                    .get(f)
-                    .map_err(|e| anyhow::anyhow!("-hf {spec}: cannot download {f}: {e}"))?
-            }
-        };
-        paths.push(path);
-    }
-    let first = paths.swap_remove(0);
-    check_head(&first)?;
-    Ok(first)
+    Ok(files)
 }
 
 /// `nextn verify`'s first question, before anything is served: is it a GGUF with an MTP head?

@@ -14,7 +14,9 @@ use nextn_engine::scheduler::{
 use nextn_engine::slot_file::{write_atomically, SlotFileError};
 use serde_json::json;
 
-use super::common::{self, GrammarArgs, ModelArgs, SamplingArgs, SpecArgs};
+use super::common::{self, GrammarArgs, ModelArgs, SamplingArgs, SpecArgs, VisionArgs};
+use nextn_engine::media::{ImageInput, MultimodalPrompt, IMAGE_PLACEHOLDER, MEDIA_MARKER};
+use nextn_engine::scheduler::EngineRef;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -77,6 +79,28 @@ pub struct Args {
     /// Use --prompt-cache without updating the file
     #[arg(long = "prompt-cache-ro", requires = "prompt_cache")]
     pub prompt_cache_ro: bool,
+    #[command(flatten)]
+    pub vision: VisionArgs,
+    /// Image file (PNG, JPEG, WebP, GIF) for the prompt, repeatable; each goes where the prompt
+    /// has <__media__>, else all go before the prompt, as llama-mtmd-cli places them
+    #[arg(long = "image", value_name = "FILE", conflicts_with_all = ["tokens", "prompt_cache"])]
+    pub image: Vec<PathBuf>,
+}
+
+/// The prompt text with an image placeholder per `--image`: at each `<__media__>` when the
+/// text has them (as many as images), else all before the text.
+fn place_images(text: &str, n_images: usize) -> Result<String> {
+    if n_images == 0 {
+        return Ok(text.to_string());
+    }
+    let markers = text.matches(MEDIA_MARKER).count();
+    if markers == 0 {
+        return Ok(IMAGE_PLACEHOLDER.repeat(n_images) + text);
+    }
+    if markers != n_images {
+        bail!("the prompt has {markers} {MEDIA_MARKER} markers but {n_images} --image files were given");
+    }
+    Ok(text.replace(MEDIA_MARKER, IMAGE_PLACEHOLDER))
 }
 
 /// Streams text to stdout as it comes, or (for one JSON object at the end) hands it back with
@@ -183,8 +207,37 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         String::new()
     };
+    if conversation && !args.image.is_empty() {
+        bail!("--image needs a prompt (-p or -f): conversation mode takes no images");
+    }
     let grammar = args.grammar.source()?;
+    let mmproj = if args.image.is_empty() {
+        // An explicit --mmproj is loaded (and checked) even without images.
+        args.vision.mmproj.clone()
+    } else {
+        match args.vision.path(&args.model)? {
+            Some(p) => Some(p),
+            None => bail!("--image needs a vision projector: give --mmproj FILE (an -hf model's is found beside it)"),
+        }
+    };
     let loaded = common::load(&args.model, args.spec.enabled())?;
+    let vision = match &mmproj {
+        Some(p) => Some(args.vision.load(p, &loaded.model)?),
+        None => None,
+    };
+    let images = match &vision {
+        Some(tower) => args
+            .image
+            .iter()
+            .map(|p| {
+                let bytes = std::fs::read(p).with_context(|| format!("--image {}", p.display()))?;
+                let rgb = nextn_vision::decode_image(&bytes, &p.display().to_string())?;
+                Ok(ImageInput::new(tower, &rgb))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => Vec::new(),
+    };
+    let text = place_images(&text, images.len())?;
     if let Some((id, _)) = sampler
         .logit_bias
         .iter()
@@ -228,10 +281,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         text
     };
-    let tokens = if args.tokens.is_empty() {
-        loaded.tokenizer.encode(&prompt, true)
+    let n_images = images.len();
+    let MultimodalPrompt { tokens, images } = if args.tokens.is_empty() {
+        MultimodalPrompt::tokenize(&loaded.tokenizer, &prompt, true, images)
+            .with_context(|| format!("{n_images} --image file(s)"))?
     } else {
-        args.tokens.clone()
+        MultimodalPrompt {
+            tokens: args.tokens.clone(),
+            images: Vec::new(),
+        }
     };
     let prompt_text = if args.tokens.is_empty() {
         prompt
@@ -247,7 +305,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         &prompt_text,
     )?;
     let mut scheduler = Scheduler::new(
-        loaded.engine(head.as_ref()),
+        EngineRef {
+            vision: vision.as_deref(),
+            ..loaded.engine(head.as_ref())
+        },
         SchedulerConfig {
             n_slots: 1,
             n_ctx_slot: loaded.n_ctx,
@@ -289,6 +350,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Vec::new()
         },
         forced_acceptance: None,
+        images,
         prompt_progress: progress_on_terminal(),
         sink: Box::new(Stdout::new(!args.json, events)),
     });
@@ -331,6 +393,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!();
+    }
+    if t.images_encoded > 0 {
+        eprintln!(
+            "images: {} encoded in {:.1} ms (part of the prompt time)",
+            t.images_encoded, t.image_encode_ms
+        );
     }
     if t.cache_n > 0 {
         eprintln!(

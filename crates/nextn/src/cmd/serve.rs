@@ -12,7 +12,7 @@ use nextn_model::config::LayerKind;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 use serde_json::json;
 
-use super::common::{self, ModelArgs, SamplingArgs, SpecArgs};
+use super::common::{self, ModelArgs, SamplingArgs, SpecArgs, VisionArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,6 +20,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub vision: VisionArgs,
     /// Sampling for requests that do not set it (request fields override these)
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -369,6 +371,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(dir) = &cfg.slot_save_path {
         nextn_server::slots::check_save_dir(dir).map_err(anyhow::Error::msg)?;
     }
+    // The -hf repository is resolved before the model path is pinned below.
+    let mmproj = args.vision.path(&args.model)?;
+    let vision_args = args.vision.clone();
     let mut model_args = args.model.clone();
     model_args.model = Some(path);
     model_args.hf_repo = None;
@@ -382,6 +387,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let load = move || -> Result<Loaded, String> {
         let loaded =
             common::load(&model_args, spec_args.enabled()).map_err(|e| format!("{e:#}"))?;
+        let vision = match &mmproj {
+            Some(p) => Some(
+                vision_args
+                    .load(p, &loaded.model)
+                    .map_err(|e| format!("{e:#}"))?,
+            ),
+            None => None,
+        };
         let head = if spec_args.enabled() {
             Some(spec_args.load_head(&loaded).map_err(|e| format!("{e:#}"))?)
         } else {
@@ -441,6 +454,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             mib(recurrent_bytes),
             mib((kv_per_token * n_ctx_slot + recurrent_bytes) * n_slots),
         );
+        let description = match &mmproj {
+            Some(p) => format!(
+                "{description}\nvision: images through the tower of {}",
+                p.display()
+            ),
+            None => description,
+        };
         // llama-server's spelling: -1 is no limit, 0 turns the cache off.
         let budget_bytes = match cache_ram {
             Some(n) if n < 0 => usize::MAX,
@@ -472,6 +492,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             head,
             tokenizer: Arc::new(loaded.tokenizer),
             pool: loaded.pool,
+            vision,
         };
         Ok(Loaded {
             engine,

@@ -442,6 +442,7 @@ fn run_depth(
             cache_prompt: false,
             cache_points: Vec::new(),
             forced_acceptance,
+            images: Vec::new(),
             prompt_progress: false,
             sink: Box::new(Collect(tx.clone())),
         });

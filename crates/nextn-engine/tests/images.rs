@@ -1,0 +1,334 @@
+//! Prompts with images through the generation loop, on the bundled model and a random-weight
+//! mmproj written for its width: greedy decoding with MTP drafting equals plain decoding, both
+//! equal the image decoded by hand (text rows, `Model::forward_image`, text rows, one token at a
+//! time), and the next turn of a conversation resumes after the picture.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+
+use common::{Collect, Loaded, Setup};
+use nextn_engine::media::{ImageInput, MultimodalPrompt};
+use nextn_engine::sampler::SamplerConfig;
+use nextn_engine::scheduler::{
+    Completion, EngineRef, Event, PrefixCacheConfig, Request, Scheduler, SchedulerConfig,
+};
+use nextn_model::LogitRows;
+use nextn_vision::synth::{write_mmproj, TowerSpec};
+use nextn_vision::{RgbImage, VisionTower};
+
+fn tower(l: &Loaded) -> VisionTower {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("nextn-images-{}-{k}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path: PathBuf = dir.join("mmproj.gguf");
+    write_mmproj(&TowerSpec::fixture(l.model.config.n_embd), &path).expect("write mmproj");
+    let t = VisionTower::load(&path).expect("load mmproj");
+    std::fs::remove_dir_all(&dir).ok();
+    t
+}
+
+fn picture(seed: u8) -> RgbImage {
+    let (w, h) = (70u32, 50u32);
+    let px = (0..w * h * 3)
+        .map(|i| ((i * 7 + u32::from(seed) * 31) % 251) as u8)
+        .collect();
+    RgbImage::new(w, h, px).expect("image")
+}
+
+fn prompt(l: &Loaded, t: &VisionTower, text: &str, seed: u8) -> MultimodalPrompt {
+    let rendered = format!(
+        "<|im_start|>user\n{text}<|vision_start|><|image_pad|><|vision_end|>What is it?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    MultimodalPrompt::tokenize(
+        &l.tok,
+        &rendered,
+        true,
+        vec![ImageInput::new(t, &picture(seed))],
+    )
+    .expect("one placeholder, one image")
+}
+
+fn engine<'a>(l: &'a Loaded, t: &'a VisionTower, head: bool) -> EngineRef<'a> {
+    EngineRef {
+        vision: Some(t),
+        ..l.engine(head)
+    }
+}
+
+fn scheduler<'a>(engine: EngineRef<'a>, setup: &Setup) -> Scheduler<'a> {
+    Scheduler::new(
+        engine,
+        SchedulerConfig {
+            n_slots: 1,
+            n_ctx_slot: setup.n_ctx,
+            k_type: setup.kv,
+            v_type: setup.kv,
+            n_batch: 32,
+            queue_capacity: 4,
+            spec: setup.spec.clone(),
+            policy: setup.policy,
+            calibrate: false,
+            prefix_cache: setup.prefix_cache.clone(),
+        },
+    )
+}
+
+fn run(s: &mut Scheduler<'_>, p: &MultimodalPrompt, n: usize) -> Result<Completion, String> {
+    let (tx, rx) = mpsc::channel();
+    s.submit(Request {
+        prompt: p.tokens.clone(),
+        images: p.images.clone(),
+        sampler: SamplerConfig::greedy(),
+        n_predict: Some(n),
+        stop: Vec::new(),
+        ignore_eos: true,
+        trace: false,
+        grammar: None,
+        logprobs: None,
+        cache_prompt: true,
+        cache_points: Vec::new(),
+        forced_acceptance: None,
+        prompt_progress: false,
+        sink: Box::new(Collect(tx)),
+    });
+    s.run();
+    match rx.try_recv() {
+        Ok(Event::Done(c)) => Ok(c),
+        Ok(Event::Failed { message, .. }) => Err(message),
+        other => panic!("the request did not end: {other:?}"),
+    }
+}
+
+/// Greedy decoding by hand: the text before the image, the image's embeddings, the text after,
+/// then one row per token.
+fn by_hand(l: &Loaded, t: &VisionTower, p: &MultimodalPrompt, n: usize) -> Vec<u32> {
+    let pool = &l.pool;
+    let im = &p.images[0];
+    let kv = Setup::plain().kv;
+    let mut state = l.model.new_sequence(512, kv, kv).expect("sequence");
+    l.model
+        .forward(&p.tokens[..im.pos], &mut state, LogitRows::None, pool)
+        .expect("text before");
+    let emb = t.encode(&im.image, pool).expect("encode");
+    l.model
+        .forward_image(&emb.data, emb.nx, emb.ny, &mut state, LogitRows::None, pool)
+        .expect("image");
+    let mut logits = l
+        .model
+        .forward(&p.tokens[im.end()..], &mut state, LogitRows::Last, pool)
+        .expect("text after")
+        .logits;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let next = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .expect("logits");
+        out.push(next);
+        logits = l
+            .model
+            .forward(&[next], &mut state, LogitRows::Last, pool)
+            .expect("decode")
+            .logits;
+    }
+    out
+}
+
+#[test]
+fn greedy_mtp_with_an_image_equals_plain_decoding_and_decoding_by_hand() {
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let p = prompt(&l, &t, "Look:", 1);
+    let im = &p.images[0];
+    assert!(im.n_tokens() > 1 && im.nx != im.ny, "{}x{}", im.nx, im.ny);
+    let n = 40;
+    let want = by_hand(&l, &t, &p, n);
+    let plain = run(
+        &mut scheduler(engine(&l, &t, false), &Setup::plain()),
+        &p,
+        n,
+    )
+    .expect("plain");
+    assert_eq!(plain.tokens, want, "plain decoding in the loop");
+    assert_eq!(plain.timings.images_encoded, 1);
+    assert!(plain.timings.image_encode_ms > 0.0);
+    assert_eq!(plain.prompt_tokens, p.tokens.len());
+    let setup = Setup::drafting(3);
+    let mtp = run(&mut scheduler(engine(&l, &t, true), &setup), &p, n).expect("mtp");
+    assert_eq!(mtp.tokens, want, "greedy MTP");
+    assert!(mtp.spec.draft_n > 0, "drafting continued after the image");
+    assert!(
+        mtp.spec.draft_n_accepted > 0,
+        "the head's drafts after the image are accepted: {:?}",
+        mtp.spec
+    );
+}
+
+#[test]
+fn the_next_turn_resumes_after_the_image_and_equals_a_cold_run() {
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let setup = Setup {
+        prefix_cache: Some(PrefixCacheConfig {
+            budget_bytes: 64 << 20,
+            snapshot_every: 0,
+        }),
+        ..Setup::drafting(3)
+    };
+    let first = prompt(&l, &t, "Look:", 2);
+    let mut warm = scheduler(engine(&l, &t, true), &setup);
+    let answer = run(&mut warm, &first, 12).expect("first turn");
+    let mut second = first.clone();
+    second.tokens.extend(&answer.tokens);
+    second.tokens.extend(l.tok.encode_continuation(
+        "<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
+        true,
+    ));
+    let resumed = run(&mut warm, &second, 24).expect("second turn, warm");
+    assert!(
+        resumed.timings.cache_n > first.images[0].end(),
+        "resumed after the image: {:?}",
+        resumed.timings
+    );
+    assert_eq!(
+        resumed.timings.images_encoded, 0,
+        "the image was not encoded again"
+    );
+    let cold = run(&mut scheduler(engine(&l, &t, true), &setup), &second, 24).expect("cold");
+    assert_eq!(cold.timings.cache_n, 0);
+    assert_eq!(cold.timings.images_encoded, 1);
+    assert_eq!(resumed.tokens, cold.tokens, "warm equals cold");
+
+    // Another picture at the same place is not taken for the first.
+    let other = prompt(&l, &t, "Look:", 3);
+    let fresh = run(&mut warm, &other, 4).expect("other picture");
+    assert!(
+        fresh.timings.cache_n <= other.images[0].pos,
+        "{:?}",
+        fresh.timings
+    );
+    assert_eq!(fresh.timings.images_encoded, 1);
+}
+
+#[test]
+fn images_without_a_tower_or_beyond_the_context_are_refused() {
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let p = prompt(&l, &t, "Look:", 4);
+    let err = run(&mut scheduler(l.engine(false), &Setup::plain()), &p, 4).unwrap_err();
+    assert!(err.contains("--mmproj"), "{err}");
+    let small = Setup {
+        n_ctx: p.tokens.len() - 2,
+        ..Setup::plain()
+    };
+    let err = run(&mut scheduler(engine(&l, &t, false), &small), &p, 4).unwrap_err();
+    assert!(err.contains("image") && err.contains("context"), "{err}");
+    let mut moved = p.clone();
+    moved.images[0].pos += 1;
+    let err = run(
+        &mut scheduler(engine(&l, &t, false), &Setup::plain()),
+        &moved,
+        4,
+    )
+    .unwrap_err();
+    assert!(err.contains("placeholder"), "{err}");
+}
+
+/// llama.cpp's mtmd on the same files: the bundled model, the fixture mmproj
+/// (`TowerSpec::fixture(256)`, F16) and crates/nextn-vision/tests/data/ramp-100x75.png, the
+/// prompt of tests/data/mtmd-logits-prompt.txt. The reference tests/data/mtmd-logits-ramp-100x75.bin
+/// was written by tools/mtmd_image_ref.c (its header says how it is built):
+///   cargo run --release -p nextn-vision --example synth_mmproj fixture 256 fixture.gguf
+///   mtmd_image_ref logits models/tiny-qwen35-mtp-Q8_0.gguf fixture.gguf \
+///       crates/nextn-vision/tests/data/ramp-100x75.png 2 \
+///       crates/nextn-engine/tests/data/mtmd-logits-prompt.txt mtmd-logits-ramp-100x75.bin
+/// The chunks (text tokens, the image's token count) and the position after the prompt must
+/// agree exactly, the last row's logits within 1% of the largest |logit| (measured: 0.033 of
+/// 8.3) with the same argmax.
+#[test]
+fn logits_after_an_image_prompt_match_mtmd() {
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let raw = std::fs::read(data.join("mtmd-logits-ramp-100x75.bin")).expect("reference");
+    let mut words = raw.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]);
+    let mut int = || i32::from_le_bytes(words.next().expect("reference ends early")) as usize;
+    let n_chunks = int();
+    let mut chunks = Vec::new();
+    for _ in 0..n_chunks {
+        let (kind, n) = (int(), int());
+        let tokens: Vec<u32> = if kind == 0 {
+            (0..n).map(|_| int() as u32).collect()
+        } else {
+            Vec::new()
+        };
+        chunks.push((kind, n, tokens));
+    }
+    let (n_past, n_vocab) = (int(), int());
+    let want: Vec<f32> = words.map(f32::from_le_bytes).collect();
+    assert_eq!((n_vocab, want.len()), (l.model.n_vocab, l.model.n_vocab));
+
+    let text = std::fs::read_to_string(data.join("mtmd-logits-prompt.txt"))
+        .expect("prompt")
+        .replace(
+            nextn_engine::media::MEDIA_MARKER,
+            nextn_engine::media::IMAGE_PLACEHOLDER,
+        );
+    let png = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    let img =
+        nextn_vision::decode_image(&std::fs::read(png).expect("png"), "ramp").expect("decode");
+    let p = MultimodalPrompt::tokenize(&l.tok, &text, true, vec![ImageInput::new(&t, &img)])
+        .expect("tokenize");
+    let im = &p.images[0];
+    let ours = vec![
+        (0, im.pos, p.tokens[..im.pos].to_vec()),
+        (1, im.n_tokens(), Vec::new()),
+        (0, p.tokens.len() - im.end(), p.tokens[im.end()..].to_vec()),
+    ];
+    assert_eq!(chunks, ours, "chunks: (type, n_tokens, text tokens)");
+
+    let pool = &l.pool;
+    let kv = Setup::plain().kv;
+    let mut state = l.model.new_sequence(512, kv, kv).expect("sequence");
+    l.model
+        .forward(&p.tokens[..im.pos], &mut state, LogitRows::None, pool)
+        .expect("text before");
+    let emb = t.encode(&im.image, pool).expect("encode");
+    l.model
+        .forward_image(&emb.data, emb.nx, emb.ny, &mut state, LogitRows::None, pool)
+        .expect("image");
+    let got = l
+        .model
+        .forward(&p.tokens[im.end()..], &mut state, LogitRows::Last, pool)
+        .expect("text after")
+        .logits;
+    assert_eq!(
+        state.n_past - state.rope_shift(),
+        n_past,
+        "position after the prompt"
+    );
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+    };
+    eprintln!(
+        "logits after the image prompt: max |diff| {max_diff:.5} (largest |logit| {scale:.3})"
+    );
+    assert!(
+        max_diff <= 0.02 * scale.max(1.0),
+        "max |diff| {max_diff} of {scale}"
+    );
+    assert_eq!(argmax(&got), argmax(&want));
+}

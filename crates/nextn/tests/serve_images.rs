@@ -1,0 +1,129 @@
+//! `nextn serve --mmproj` with a random-weight mmproj written for the bundled model: images in
+//! chat completions through the official `openai` client (tools/openai_image_check.py), and a
+//! server without a vision tower refusing them with a 400 that says so.
+
+mod serve_common;
+
+use serde_json::json;
+use serve_common::Server;
+
+fn mmproj() -> (std::path::PathBuf, std::path::PathBuf) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("nextn-serve-images-{}-{k}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("mmproj.gguf");
+    // The bundled model is 256 wide.
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &path)
+        .expect("write mmproj");
+    (dir, path)
+}
+
+#[test]
+fn images_through_the_official_openai_client() {
+    if let Some(why) = serve_common::missing_python_modules(&["openai"]) {
+        assert!(!nextn_testdata::in_ci(), "required in CI (CI=true): {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (dir, path) = mmproj();
+    let s = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "1",
+        "-c",
+        "1024",
+        "--mmproj",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    let url = format!("http://127.0.0.1:{}/v1", s.port);
+    let out = serve_common::run_python_tool("openai_image_check.py", &["--url", &url]);
+    std::fs::remove_dir_all(&dir).ok();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all image checks passed"),
+        "tools/openai_image_check.py failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
+        out.status,
+        s.log_text()
+    );
+}
+
+#[test]
+fn a_server_without_mmproj_refuses_images() {
+    let s = Server::start(&["-np", "1", "-c", "256"]);
+    // A 1x1 PNG.
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is it?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}}
+        ]}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let text = r.text();
+    assert!(text.contains("--mmproj"), "{text}");
+    assert!(text.contains("messages[0].content[1]"), "{text}");
+}
+
+#[test]
+fn completion_takes_llama_server_multimodal_data() {
+    let (dir, path) = mmproj();
+    let s = Server::start(&[
+        "-np",
+        "1",
+        "-c",
+        "512",
+        "--mmproj",
+        path.to_str().expect("utf-8"),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    let png = {
+        use std::io::Read;
+        let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+        let mut bytes = Vec::new();
+        std::fs::File::open(p)
+            .expect("picture")
+            .read_to_end(&mut bytes)
+            .expect("read");
+        base64_encode(&bytes)
+    };
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": {"prompt_string": "A picture: <__media__> It shows", "multimodal_data": [png]},
+                "n_predict": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["timings"]["images_encoded"], 1, "{v}");
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": {"prompt_string": "no marker", "multimodal_data": [png]}, "n_predict": 1}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("0 <__media__> markers but 1 images"),
+        "{}",
+        r.text()
+    );
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(ABC[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
