@@ -13,7 +13,7 @@ own types (pydantic, strictly), and:
 - `previous_response_id` (the stored conversation continued, the prefix cache hit reported in
   `cached_tokens`), `retrieve`, `delete`, and the errors for unknown ids;
 - `input_tokens.count` agreeing with a response's `input_tokens`;
-- a 400 for what the server refuses (an image part, a web_search tool).
+- a 400 for what the server refuses (an image part on a server without a vision tower, a web_search tool).
 
   pip install openai jsonschema
   python3 tools/openai_responses_check.py --url http://127.0.0.1:8080/v1 [--api-key KEY]
@@ -256,8 +256,8 @@ def input_tokens(client):
 
 def refusals(client):
     for what, kw, needle in [
-        ("an image part", dict(input=[{"role": "user", "content": [
-            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]), "input_image"),
+        ("an image part without a vision tower", dict(input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]), "--mmproj"),
         ("a web_search tool", dict(input="x", tools=[{"type": "web_search"}]), "web_search"),
     ]:
         try:

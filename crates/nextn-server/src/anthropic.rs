@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::handler::{blocking, body_error, frontend, with_server_defaults, AppState};
-use crate::prepare::{prepare_chat, render_chat};
+use crate::prepare::{prepare_chat, render_chat, tokenize_with_images};
 use crate::reasoning::effort_budget;
 use crate::request::{fresh_seed, parse_chat, parse_json};
 use crate::respond::{failure, sse_response, started, Part, Reply};
@@ -850,7 +850,8 @@ async fn count_inner(
         let mut c = convert(&o, true)?;
         let req = chat_request(&app, &mut c)?;
         let text = render_chat(&app, &fe, &req)?;
-        Ok(fe.tokenizer.encode(&text, true).len())
+        // Images count by the rows they take in the prompt.
+        Ok(tokenize_with_images(&fe, &text, &req.images)?.tokens.len())
     })
     .await?;
     Ok(crate::handler::json_response(

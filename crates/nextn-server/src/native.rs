@@ -158,7 +158,7 @@ pub(crate) async fn props(State(app): State<AppState>) -> Response {
             "total_slots": info.n_slots,
             "model_alias": app.cfg.model_id,
             "model_path": app.cfg.model_path,
-            "modalities": {"vision": false, "audio": false},
+            "modalities": {"vision": fe.vision.is_some(), "audio": false},
             "endpoint_slots": true,
             "endpoint_props": false,
             "endpoint_metrics": true,

@@ -66,6 +66,7 @@ fn a_server_without_mmproj_refuses_images() {
     let text = r.text();
     assert!(text.contains("--mmproj"), "{text}");
     assert!(text.contains("messages[0].content[1]"), "{text}");
+    assert_eq!(s.get("/props").json()["modalities"]["vision"], false);
 }
 
 #[test]
@@ -108,6 +109,88 @@ fn completion_takes_llama_server_multimodal_data() {
         "{}",
         r.text()
     );
+}
+
+/// The ramp picture of nextn-vision's test data, base64.
+fn ramp_png() -> String {
+    let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    base64_encode(&std::fs::read(p).expect("picture"))
+}
+
+/// Anthropic `image` blocks and Responses `input_image` parts go through the same image path as
+/// chat completions: the image's rows count in the prompt, the next turn with the same picture
+/// resumes after it, and `/props` says the server has vision.
+#[test]
+fn messages_and_responses_take_images() {
+    let (dir, path) = mmproj();
+    let s = Server::start(&[
+        "-np",
+        "1",
+        "-c",
+        "1024",
+        "--mmproj",
+        path.to_str().expect("utf-8"),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(s.get("/props").json()["modalities"]["vision"], true);
+    let png = ramp_png();
+    let message = |with_image: bool| {
+        let mut content = vec![json!({"type": "text", "text": "What is in this picture?"})];
+        if with_image {
+            content.insert(
+                0,
+                json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}),
+            );
+        }
+        json!({"model": "m", "max_tokens": 4, "temperature": 0, "thinking": {"type": "disabled"},
+               "messages": [{"role": "user", "content": content}]})
+    };
+    let count = |body: &serde_json::Value| {
+        let r = s.post("/v1/messages/count_tokens", body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["input_tokens"].as_u64().unwrap()
+    };
+    let (with, without) = (count(&message(true)), count(&message(false)));
+    assert!(with > without + 4, "the image's rows: {with} vs {without}");
+    let first = s.post("/v1/messages", &message(true));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let u = &first.json()["usage"];
+    assert_eq!(
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap(),
+        with
+    );
+    // The same picture again: the prefix cache resumes past it.
+    let again = s.post("/v1/messages", &message(true)).json();
+    let cached = again["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(
+        cached > with - without,
+        "resumed {cached} of {with}: {again}"
+    );
+
+    let input = |with_image: bool| {
+        let mut content = vec![json!({"type": "input_text", "text": "What is in this picture?"})];
+        if with_image {
+            content.push(
+                json!({"type": "input_image", "image_url": format!("data:image/png;base64,{png}")}),
+            );
+        }
+        json!({"model": "m", "max_output_tokens": 4, "temperature": 0,
+               "input": [{"role": "user", "content": content}]})
+    };
+    let tokens = |body: &serde_json::Value| {
+        let r = s.post("/v1/responses", body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["input_tokens"].as_u64().unwrap()
+    };
+    assert!(tokens(&input(true)) > tokens(&input(false)) + 4);
+    // A damaged picture is the request's fault, named by its field.
+    let bad = s.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert_eq!(bad.json()["error"]["type"], "invalid_request_error");
 }
 
 fn base64_encode(bytes: &[u8]) -> String {

@@ -31,6 +31,16 @@ fn missing_browser() -> Option<String> {
 /// What the page showed for `prompt` (tools/browser/chat_page_check.mjs), with its screenshot
 /// saved at `shot`.
 fn page_check(s: &Server, shot: &Path, prompt: &str) -> serde_json::Value {
+    page_check_with(s, shot, prompt, None)
+}
+
+/// [`page_check`], with `image` attached through the page's attach button.
+fn page_check_with(
+    s: &Server,
+    shot: &Path,
+    prompt: &str,
+    image: Option<&Path>,
+) -> serde_json::Value {
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/browser/chat_page_check.mjs");
     let out = Command::new("node")
@@ -38,6 +48,7 @@ fn page_check(s: &Server, shot: &Path, prompt: &str) -> serde_json::Value {
         .arg(format!("http://127.0.0.1:{}/", s.port))
         .arg(shot)
         .arg(prompt)
+        .args(image)
         .env("NO_PROXY", "127.0.0.1,localhost")
         .output()
         .expect("run node");
@@ -112,4 +123,73 @@ fn the_chat_page_streams_an_answer_with_its_statistics() {
         png.len()
     );
     eprintln!("screenshot: {}", shot.display());
+}
+
+/// With a vision tower the page offers its attach button: a picture attached there goes with the
+/// message (its rows counted in the prompt, as the API counts the same message), shows in the
+/// user's bubble, and the answer streams as for text; without one the button is not offered.
+#[test]
+fn the_chat_page_attaches_an_image() {
+    if let Some(why) = missing_browser() {
+        assert!(!nextn_testdata::in_ci(), "required in CI (CI=true): {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("nextn-page-image-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mmproj = dir.join("mmproj.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
+        .unwrap();
+    let picture =
+        nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    let s = Server::start(&[
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "--mmproj",
+        mmproj.to_str().unwrap(),
+    ]);
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-page-image.png");
+    let shown = page_check_with(&s, &shot, "What is in the picture?", Some(&picture));
+    assert_eq!(shown["attach_offered"], true, "{shown}");
+    assert_eq!(shown["user_images"], 1, "{shown}");
+    let png = std::fs::read(&picture).unwrap();
+    let url = format!("data:image/png;base64,{}", base64(&png));
+    let api = s
+        .post(
+            "/v1/chat/completions",
+            &serde_json::json!({"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "What is in the picture?"}]}]}),
+        )
+        .json();
+    let prompt_tokens = api["usage"]["prompt_tokens"].as_u64().unwrap();
+    let stats = shown["stats"].as_str().unwrap();
+    assert!(
+        stats.contains(&format!("prompt {prompt_tokens} tokens")),
+        "{stats} vs the API's {prompt_tokens} prompt tokens"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    let plain = Server::start(&["-n", "4"]);
+    let shown = page_check(&plain, &shot, "hi");
+    assert_eq!(shown["attach_offered"], false, "{shown}");
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            out.push(if k <= c.len() {
+                ABC[(n >> (18 - 6 * k) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
 }
