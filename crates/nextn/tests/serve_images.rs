@@ -4,6 +4,9 @@
 
 mod serve_common;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+
 use serde_json::json;
 use serve_common::Server;
 
@@ -81,16 +84,7 @@ fn completion_takes_llama_server_multimodal_data() {
         path.to_str().expect("utf-8"),
     ]);
     std::fs::remove_dir_all(&dir).ok();
-    let png = {
-        use std::io::Read;
-        let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
-        let mut bytes = Vec::new();
-        std::fs::File::open(p)
-            .expect("picture")
-            .read_to_end(&mut bytes)
-            .expect("read");
-        base64_encode(&bytes)
-    };
+    let png = ramp_png();
     let r = s.post(
         "/completion",
         &json!({"prompt": {"prompt_string": "A picture: <__media__> It shows", "multimodal_data": [png]},
@@ -114,7 +108,7 @@ fn completion_takes_llama_server_multimodal_data() {
 /// The ramp picture of nextn-vision's test data, base64.
 fn ramp_png() -> String {
     let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
-    base64_encode(&std::fs::read(p).expect("picture"))
+    STANDARD.encode(std::fs::read(p).expect("picture"))
 }
 
 /// Anthropic `image` blocks and Responses `input_image` parts go through the same image path as
@@ -191,22 +185,4 @@ fn messages_and_responses_take_images() {
     );
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(bad.json()["error"]["type"], "invalid_request_error");
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for k in 0..4 {
-            if k <= c.len() {
-                out.push(ABC[(n >> (18 - 6 * k) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }

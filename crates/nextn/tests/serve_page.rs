@@ -5,6 +5,9 @@
 
 mod serve_common;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -155,7 +158,7 @@ fn the_chat_page_attaches_an_image() {
     assert_eq!(shown["attach_offered"], true, "{shown}");
     assert_eq!(shown["user_images"], 1, "{shown}");
     let png = std::fs::read(&picture).unwrap();
-    let url = format!("data:image/png;base64,{}", base64(&png));
+    let url = format!("data:image/png;base64,{}", STANDARD.encode(&png));
     let api = s
         .post(
             "/v1/chat/completions",
@@ -174,22 +177,4 @@ fn the_chat_page_attaches_an_image() {
     let plain = Server::start(&["-n", "4"]);
     let shown = page_check(&plain, &shot, "hi");
     assert_eq!(shown["attach_offered"], false, "{shown}");
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for k in 0..4 {
-            out.push(if k <= c.len() {
-                ABC[(n >> (18 - 6 * k) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
 }
