@@ -17,8 +17,9 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nextn-cli-images-{}", std::process::id()));
+/// A temporary folder of the test `name` (tests run in parallel, each in its own).
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nextn-cli-images-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
@@ -30,7 +31,7 @@ fn picture() -> String {
 
 #[test]
 fn run_with_an_image_drafts_the_plain_tokens() {
-    let d = dir();
+    let d = dir("run");
     let mmproj = d.join("mmproj.gguf");
     nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
         .expect("write mmproj");
@@ -168,6 +169,264 @@ fn run_with_an_image_drafts_the_plain_tokens() {
         text(&o.stderr).contains("projection width 512"),
         "{}",
         text(&o.stderr)
+    );
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// `run -cnv` with stdin piped: the lines and the process's output.
+fn talk(args: &[&str], input: &str, env: &[(&str, &std::path::Path)]) -> Output {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nextn"));
+    c.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("run nextn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for nextn")
+}
+
+/// The `[prompt ...]` line of each answered turn.
+fn turns(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("[prompt "))
+        .collect()
+}
+
+/// A chat (`-cnv`) with pictures as llama-mtmd-cli's chat mode takes them: `/image PATH` (or
+/// `--image`) goes with the next message, whose answer is the one-shot `-p` answer to the same
+/// prompt; the next turn resumes after the image without encoding it again; a missing or broken
+/// file and a chat without a projector say so and the chat goes on.
+#[test]
+fn conversation_takes_images() {
+    let d = dir("cnv");
+    let mmproj = d.join("mmproj.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
+        .expect("write mmproj");
+    let model = nextn_testdata::bundled_model();
+    let (m, mp, img) = (model.to_str().unwrap(), mmproj.to_str().unwrap(), picture());
+    let common = ["-m", m, "--mmproj", mp, "-n", "8", "--temp", "0", "-t", "2"];
+    let one_shot = run(&[
+        &["run"][..],
+        &common,
+        &["--image", &img, "-p", "Describe it.", "--chat"],
+    ]
+    .concat());
+    assert!(one_shot.status.success(), "{}", text(&one_shot.stderr));
+    let first = text(&one_shot.stdout);
+    assert!(!first.trim().is_empty(), "no answer");
+
+    let chat = talk(
+        &[&["run"][..], &common, &["-cnv"]].concat(),
+        &format!("/image {img}\nDescribe it.\nAnd the colours?\n"),
+        &[],
+    );
+    let err = text(&chat.stderr);
+    assert!(chat.status.success(), "{err}");
+    assert!(err.contains("image loaded"), "{err}");
+    let out = text(&chat.stdout);
+    assert!(
+        out.starts_with(&first) && out.len() > first.len(),
+        "chat: {out:?}\none-shot: {first:?}"
+    );
+    let t = turns(&err);
+    assert_eq!(t.len(), 2, "{err}");
+    assert!(t[0].contains("1 image(s) encoded"), "{err}");
+    assert!(
+        !t[1].contains("encoded"),
+        "the image was encoded again: {err}"
+    );
+    // The second turn resumes past the image's rows (more than the text before them).
+    let resumed: usize = t[1]
+        .split(", ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(resumed > 20, "{err}");
+
+    // --image goes with the first message.
+    let chat = talk(
+        &[&["run"][..], &common, &["-cnv", "--image", &img]].concat(),
+        "Describe it.\n",
+        &[],
+    );
+    assert!(chat.status.success(), "{}", text(&chat.stderr));
+    assert_eq!(text(&chat.stdout), first);
+
+    let broken = d.join("broken.png");
+    std::fs::write(&broken, b"\x89PNG\r\n\x1a\nnot really").expect("write");
+    let missing = d.join("missing.png");
+    let chat = talk(
+        &[&["run"][..], &common, &["-cnv"]].concat(),
+        &format!(
+            "/image {}\n/image {}\n/image\nHello.\n",
+            missing.display(),
+            broken.display()
+        ),
+        &[],
+    );
+    let err = text(&chat.stderr);
+    assert!(chat.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("error: /image {}: cannot read", missing.display())),
+        "{err}"
+    );
+    assert!(err.contains("cannot decode image"), "{err}");
+    assert!(err.contains("/image needs a file"), "{err}");
+    let t = turns(&err);
+    assert_eq!(t.len(), 1, "{err}");
+    assert!(!t[0].contains("encoded"), "{err}");
+    assert!(!text(&chat.stdout).trim().is_empty(), "no answer: {err}");
+
+    // No projector: /image says what is missing, and the chat goes on.
+    let chat = talk(
+        &["run", "-m", m, "-n", "4", "-t", "2", "-cnv"],
+        &format!("/image {img}\nHello.\n"),
+        &[],
+    );
+    let err = text(&chat.stderr);
+    assert!(chat.status.success(), "{err}");
+    assert!(err.contains("/image needs a vision projector"), "{err}");
+    assert_eq!(turns(&err).len(), 1, "{err}");
+
+    // /clear forgets the picture: the next message is text alone.
+    let chat = talk(
+        &[&["run"][..], &common, &["-cnv"]].concat(),
+        &format!("/image {img}\n/clear\nDescribe it.\n"),
+        &[],
+    );
+    let err = text(&chat.stderr);
+    assert!(chat.status.success(), "{err}");
+    assert!(err.contains("conversation cleared"), "{err}");
+    // The picture is what makes the first answer: without it the answer differs.
+    assert_ne!(text(&chat.stdout), first, "{err}");
+    let t = turns(&err);
+    assert_eq!(t.len(), 1, "{err}");
+    assert!(!t[0].contains("encoded"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// `-hf ORG/NAME` finds the repository's mmproj beside the model in the hub cache (no network:
+/// HF_HUB_OFFLINE, or a hub that cannot be reached), its answer is the one with the same files
+/// given by path, and `--no-mmproj` leaves it out.
+#[test]
+fn hf_model_brings_its_mmproj_from_the_cache() {
+    let d = dir("hf");
+    let repo = d.join("hub").join("models--org--tiny-vl");
+    let snapshot = repo.join("snapshots").join("89abcdef");
+    std::fs::create_dir_all(&snapshot).expect("snapshot dir");
+    std::fs::create_dir_all(repo.join("refs")).expect("refs dir");
+    std::fs::write(repo.join("refs").join("main"), "89abcdef").expect("refs/main");
+    let model = nextn_testdata::bundled_model();
+    std::fs::copy(&model, snapshot.join("tiny-qwen35-mtp-Q8_0.gguf")).expect("copy model");
+    let mmproj = snapshot.join("mmproj-F16.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
+        .expect("write mmproj");
+    // A projector of another width: chosen after the F16 one, it would fail the load.
+    nextn_vision::synth::write_mmproj(
+        &nextn_vision::synth::TowerSpec::fixture(512),
+        snapshot.join("mmproj-Q8_0.gguf"),
+    )
+    .expect("write mmproj");
+    let img = picture();
+    let gen = [
+        "--image",
+        &img,
+        "-p",
+        "Describe it.",
+        "--chat",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--json",
+        "-t",
+        "2",
+    ];
+    let hf = |args: &[&str], offline: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nextn"));
+        c.args(args).env("HF_HOME", &d).env_remove("HF_TOKEN");
+        if offline {
+            c.env("HF_HUB_OFFLINE", "1");
+        } else {
+            // A closed port on loopback: the hub cannot be reached.
+            c.env_remove("HF_HUB_OFFLINE")
+                .env("HF_ENDPOINT", "http://127.0.0.1:9");
+        }
+        c.output().expect("run nextn")
+    };
+    let local = run(&[
+        &["run", "-m", model.to_str().unwrap(), "--mmproj"][..],
+        &[mmproj.to_str().unwrap()],
+        &gen,
+    ]
+    .concat());
+    assert!(local.status.success(), "{}", text(&local.stderr));
+    let local: serde_json::Value = serde_json::from_str(&text(&local.stdout)).expect("json");
+    for offline in [true, false] {
+        let o = hf(
+            &[&["run", "-hf", "org/tiny-vl:Q8_0"][..], &gen].concat(),
+            offline,
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        if !offline {
+            assert!(
+                text(&o.stderr).contains("using its snapshot in the cache"),
+                "{}",
+                text(&o.stderr)
+            );
+        }
+        let v: serde_json::Value = serde_json::from_str(&text(&o.stdout)).expect("json");
+        assert_eq!(v["timings"]["images_encoded"], 1, "{v}");
+        assert_eq!(v["tokens"], local["tokens"]);
+        assert_eq!(v["prompt_tokens"], local["prompt_tokens"]);
+    }
+    let o = hf(
+        &[&["run", "-hf", "org/tiny-vl:Q8_0", "--no-mmproj"][..], &gen].concat(),
+        true,
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--image needs a vision projector"),
+        "{}",
+        text(&o.stderr)
+    );
+    // A chat finds it too: /image works without --mmproj.
+    let chat = talk(
+        &[
+            "run",
+            "-hf",
+            "org/tiny-vl:Q8_0",
+            "-n",
+            "4",
+            "-t",
+            "2",
+            "-cnv",
+        ],
+        &format!("/image {img}\nDescribe it.\n"),
+        &[
+            ("HF_HOME", &d),
+            ("HF_HUB_OFFLINE", std::path::Path::new("1")),
+        ],
+    );
+    let err = text(&chat.stderr);
+    assert!(chat.status.success(), "{err}");
+    assert!(
+        turns(&err)
+            .first()
+            .is_some_and(|t| t.contains("1 image(s) encoded")),
+        "{err}"
     );
     std::fs::remove_dir_all(&d).ok();
 }

@@ -3,13 +3,21 @@
 //! rendered with the model's chat template and the answer streams to stdout. The conversation's
 //! state stays between turns (the slot keeps it and the prefix cache keeps the state before each
 //! answer), so a turn prefills only what is new.
+//!
+//! With a vision projector, images join the conversation as in llama-mtmd-cli's chat mode:
+//! `--image` files go with the first user message, and a `/image PATH` line attaches a picture
+//! to the next one (several lines, several pictures). Each image sits before its message's text.
+//! The rendered conversation keeps every image at its place, and an image's rows are keyed by its
+//! pixels, so later turns resume after it from the cache instead of encoding it again.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
 use anyhow::{bail, Result};
 use nextn_engine::chat::{final_header, ChatMessage};
+use nextn_engine::media::{ImageInput, MultimodalPrompt, IMAGE_PLACEHOLDER};
 use nextn_engine::sampler::SamplerConfig;
 use nextn_engine::scheduler::{
     DraftPolicy, EngineRef, Event, PrefixCacheConfig, Request, Scheduler, SchedulerConfig,
@@ -21,11 +29,66 @@ use super::run::{progress_on_terminal, Args, Stdout};
 
 /// A line that ends the conversation (besides end of input).
 const EXIT: &[&str] = &["/exit", "/quit"];
+/// A line that forgets the conversation so far (the system message stays).
+const CLEAR: &str = "/clear";
+/// `/image PATH`: a picture for the next user message.
+const IMAGE: &str = "/image";
+
+/// What a line of input asks for.
+#[derive(Debug, PartialEq)]
+enum Line<'a> {
+    Exit,
+    Clear,
+    /// `/image` and the rest of the line (empty when no file was named).
+    Image(&'a str),
+    Message(&'a str),
+    Empty,
+}
+
+fn parse_line(line: &str) -> Line<'_> {
+    let line = line.trim();
+    if EXIT.contains(&line) {
+        return Line::Exit;
+    }
+    if line == CLEAR {
+        return Line::Clear;
+    }
+    if line == IMAGE {
+        return Line::Image("");
+    }
+    if let Some(rest) = line
+        .strip_prefix(IMAGE)
+        .and_then(|r| r.strip_prefix([' ', '\t']))
+    {
+        let rest = rest.trim();
+        // A terminal's drag and drop quotes a path with spaces.
+        let unquoted = ['\'', '"'].iter().find_map(|&q| {
+            rest.strip_prefix(q)
+                .and_then(|r| r.strip_suffix(q))
+                .filter(|r| !r.is_empty())
+        });
+        return Line::Image(unquoted.unwrap_or(rest));
+    }
+    if line.is_empty() {
+        Line::Empty
+    } else {
+        Line::Message(line)
+    }
+}
+
+/// Reads and prepares an image file for the tower.
+pub(super) fn load_image(tower: &nextn_vision::VisionTower, path: &Path) -> Result<ImageInput> {
+    let bytes =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let rgb = nextn_vision::decode_image(&bytes, &path.display().to_string())?;
+    Ok(ImageInput::new(tower, &rgb))
+}
 
 pub fn chat(
     args: &Args,
     loaded: &Loaded,
     engine: EngineRef<'_>,
+    first_images: Vec<ImageInput>,
     sampler: SamplerConfig,
     spec: SpecConfig,
     kwargs: &serde_json::Map<String, serde_json::Value>,
@@ -51,12 +114,22 @@ pub fn chat(
     );
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!("chat with the model: one line per turn; /exit or end of input (Ctrl-D) ends it");
+        let image = if engine.vision.is_some() {
+            "; /image PATH attaches a picture to the next message"
+        } else {
+            ""
+        };
+        eprintln!("chat with the model: one line per turn{image}; /clear forgets the conversation; /exit or end of input (Ctrl-D) ends it");
     }
-    let mut messages = Vec::new();
-    if let Some(s) = &args.system_prompt {
-        messages.push(ChatMessage::new("system", s));
-    }
+    let system: Vec<ChatMessage> = args
+        .system_prompt
+        .iter()
+        .map(|s| ChatMessage::new("system", s))
+        .collect();
+    let mut messages = system.clone();
+    // The images of the messages so far, in order, and those for the next user message.
+    let mut images: Vec<ImageInput> = Vec::new();
+    let mut pending = first_images;
     let mut compiler = None;
     let mut lines = std::io::stdin().lock().lines();
     loop {
@@ -68,16 +141,47 @@ pub fn chat(
             break;
         };
         let line = line?;
-        let user = line.trim();
-        if EXIT.contains(&user) {
-            break;
-        }
-        if user.is_empty() {
-            continue;
-        }
-        messages.push(ChatMessage::new("user", user));
+        let user = match parse_line(&line) {
+            Line::Exit => break,
+            Line::Empty => continue,
+            Line::Clear => {
+                messages = system.clone();
+                images.clear();
+                pending.clear();
+                eprintln!("conversation cleared");
+                continue;
+            }
+            Line::Image(path) => {
+                match (engine.vision, path) {
+                    (None, _) => eprintln!("error: /image needs a vision projector: start with --mmproj FILE (an -hf model's is found beside it)"),
+                    (Some(_), "") => eprintln!("error: /image needs a file: /image PATH"),
+                    (Some(tower), path) => match load_image(tower, Path::new(path)) {
+                        Ok(img) => {
+                            pending.push(img);
+                            eprintln!("{path}: image loaded ({} for the next message)", pending.len());
+                        }
+                        Err(e) => eprintln!("error: /image {path}: {e:#}"),
+                    },
+                }
+                continue;
+            }
+            Line::Message(text) => text,
+        };
+        let content = IMAGE_PLACEHOLDER.repeat(pending.len()) + user;
+        messages.push(ChatMessage::new("user", &content));
         let prompt = loaded.template.render(&messages, true, kwargs)?;
-        let tokens = loaded.tokenizer.encode(&prompt, true);
+        let all_images: Vec<ImageInput> = images.iter().chain(&pending).cloned().collect();
+        let MultimodalPrompt {
+            tokens,
+            images: prompt_images,
+        } = match MultimodalPrompt::tokenize(&loaded.tokenizer, &prompt, true, all_images) {
+            Ok(p) => p,
+            Err(e) => {
+                messages.pop();
+                eprintln!("error: the message is not sent: {e}");
+                continue;
+            }
+        };
         let grammar = common::with_reasoning_budget(
             &mut compiler,
             loaded,
@@ -102,25 +206,47 @@ pub fn chat(
             cache_prompt: true,
             cache_points,
             forced_acceptance: None,
-            images: Vec::new(),
+            images: prompt_images,
             prompt_progress: progress_on_terminal(),
             sink: Box::new(Stdout::new(true, events)),
         });
         scheduler.run();
         let completion = loop {
             match received.try_recv() {
-                Ok(Event::Done(c)) => break c,
+                Ok(Event::Done(c)) => break Some(c),
+                Ok(Event::Failed { message, .. }) if !pending.is_empty() => {
+                    // Most likely the pictures do not fit: the message goes without a trace.
+                    eprintln!(
+                        "error: {message} (the message and its {} image(s) are dropped)",
+                        pending.len()
+                    );
+                    break None;
+                }
                 Ok(Event::Failed { message, .. }) => bail!("{message}"),
                 Ok(_) => continue,
                 Err(_) => bail!("generation ended without a result"),
             }
         };
+        let Some(completion) = completion else {
+            messages.pop();
+            pending.clear();
+            continue;
+        };
+        images.append(&mut pending);
         println!();
         let answer = loaded.tokenizer.decode(&completion.tokens);
         messages.push(ChatMessage::new("assistant", answer.trim_end()));
         let t = &completion.timings;
+        let encoded = if t.images_encoded > 0 {
+            format!(
+                ", {} image(s) encoded in {:.1} ms",
+                t.images_encoded, t.image_encode_ms
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "[prompt {} tokens, {} of them from the previous turns; {} tokens at {:.1} tok/s]",
+            "[prompt {} tokens, {} of them from the previous turns{encoded}; {} tokens at {:.1} tok/s]",
             completion.prompt_tokens,
             t.cache_n,
             t.predicted_n,
@@ -128,4 +254,29 @@ pub fn chat(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_line, Line};
+
+    #[test]
+    fn lines_are_commands_or_messages() {
+        assert_eq!(parse_line("  /quit "), Line::Exit);
+        assert_eq!(parse_line("/exit"), Line::Exit);
+        assert_eq!(parse_line("/clear"), Line::Clear);
+        assert_eq!(parse_line("/image"), Line::Image(""));
+        assert_eq!(parse_line("/image  a b.png "), Line::Image("a b.png"));
+        assert_eq!(
+            parse_line("/image '/tmp/a b.png'"),
+            Line::Image("/tmp/a b.png")
+        );
+        assert_eq!(parse_line("/image \"x.png\""), Line::Image("x.png"));
+        assert_eq!(
+            parse_line("/images of cats"),
+            Line::Message("/images of cats")
+        );
+        assert_eq!(parse_line("   "), Line::Empty);
+        assert_eq!(parse_line(" hi "), Line::Message("hi"));
+    }
 }

@@ -3,7 +3,8 @@
 //! `~/.cache/huggingface/hub`), so a model downloaded by llama.cpp or the `huggingface_hub`
 //! Python package is found there and not fetched again. `HF_TOKEN` (or the token of
 //! `huggingface-cli login`) authenticates, `HF_ENDPOINT` names another hub, and
-//! `HF_HUB_OFFLINE=1` uses the cache alone. A split model comes with all of its shards.
+//! `HF_HUB_OFFLINE=1` uses the cache alone (as does a hub that cannot be reached, for a repository
+//! already in the cache). A split model comes with all of its shards.
 
 use std::path::{Path, PathBuf};
 
@@ -80,7 +81,8 @@ fn fetch(spec: &str, repo_id: &str, f: &str) -> Result<PathBuf> {
     })
 }
 
-/// The repository's files: from the hub, or with `HF_HUB_OFFLINE` from the cached snapshot.
+/// The repository's files: from the hub, or with `HF_HUB_OFFLINE` (or when the hub cannot be
+/// reached) from the cached snapshot.
 fn repo_files(spec: &str, repo_id: &str) -> Result<Vec<String>> {
     let cache = Cache::from_env();
     let offline = offline();
@@ -93,14 +95,26 @@ fn repo_files(spec: &str, repo_id: &str) -> Result<Vec<String>> {
         })?
     } else {
         let api = api(&cache)?;
-        let info = api.model(repo_id.to_string()).info().map_err(|e| {
-            anyhow::anyhow!(
-                "-hf {spec}: cannot list {repo_id} on the Hugging Face hub ({}): {e} (set HF_TOKEN for a gated or private repository; with HF_HUB_OFFLINE=1 only the cache {} is used)",
-                endpoint(),
-                cache.path().display()
-            )
-        })?;
-        info.siblings.into_iter().map(|s| s.rfilename).collect()
+        match api.model(repo_id.to_string()).info() {
+            Ok(info) => info.siblings.into_iter().map(|s| s.rfilename).collect(),
+            // As llama.cpp does: a repository already in the cache is used from there when the
+            // hub cannot be reached.
+            Err(e) => match cached_files(cache.path(), repo_id) {
+                Ok(files) => {
+                    eprintln!(
+                        "note: cannot list {repo_id} on the Hugging Face hub ({}): {e}; using its snapshot in the cache {}",
+                        endpoint(),
+                        cache.path().display()
+                    );
+                    files
+                }
+                Err(_) => bail!(
+                    "-hf {spec}: cannot list {repo_id} on the Hugging Face hub ({}): {e} (set HF_TOKEN for a gated or private repository; with HF_HUB_OFFLINE=1 only the cache {} is used)",
+                    endpoint(),
+                    cache.path().display()
+                ),
+            },
+        }
     };
     Ok(files)
 }

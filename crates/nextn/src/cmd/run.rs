@@ -15,7 +15,7 @@ use nextn_engine::slot_file::{write_atomically, SlotFileError};
 use serde_json::json;
 
 use super::common::{self, GrammarArgs, ModelArgs, SamplingArgs, SpecArgs, VisionArgs};
-use nextn_engine::media::{ImageInput, MultimodalPrompt, IMAGE_PLACEHOLDER, MEDIA_MARKER};
+use nextn_engine::media::{MultimodalPrompt, IMAGE_PLACEHOLDER, MEDIA_MARKER};
 use nextn_engine::scheduler::EngineRef;
 
 #[derive(clap::Args)]
@@ -82,7 +82,8 @@ pub struct Args {
     #[command(flatten)]
     pub vision: VisionArgs,
     /// Image file (PNG, JPEG, WebP, GIF) for the prompt, repeatable; each goes where the prompt
-    /// has <__media__>, else all go before the prompt, as llama-mtmd-cli places them
+    /// has <__media__>, else all go before the prompt, as llama-mtmd-cli places them. In a chat
+    /// (-cnv) they go with the first message, and `/image PATH` attaches more
     #[arg(long = "image", value_name = "FILE", conflicts_with_all = ["tokens", "prompt_cache"])]
     pub image: Vec<PathBuf>,
 }
@@ -207,11 +208,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         String::new()
     };
-    if conversation && !args.image.is_empty() {
-        bail!("--image needs a prompt (-p or -f): conversation mode takes no images");
-    }
     let grammar = args.grammar.source()?;
-    let mmproj = if args.image.is_empty() {
+    let mmproj = if conversation && args.image.is_empty() {
+        // `/image` may come later: --mmproj, or the one beside an -hf model.
+        args.vision.path(&args.model)?
+    } else if args.image.is_empty() {
         // An explicit --mmproj is loaded (and checked) even without images.
         args.vision.mmproj.clone()
     } else {
@@ -222,6 +223,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let loaded = common::load(&args.model, args.spec.enabled())?;
     let vision = match &mmproj {
+        // The projector an -hf model brings is left out of a chat on a device, which cannot
+        // take images, rather than refusing the chat.
+        Some(p)
+            if conversation
+                && args.image.is_empty()
+                && args.vision.mmproj.is_none()
+                && loaded.model.device.is_some() =>
+        {
+            eprintln!(
+                "note: {} is not loaded: images need the model on the CPU, so /image is off",
+                p.display()
+            );
+            None
+        }
         Some(p) => Some(args.vision.load(p, &loaded.model)?),
         None => None,
     };
@@ -230,14 +245,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .image
             .iter()
             .map(|p| {
-                let bytes = std::fs::read(p).with_context(|| format!("--image {}", p.display()))?;
-                let rgb = nextn_vision::decode_image(&bytes, &p.display().to_string())?;
-                Ok(ImageInput::new(tower, &rgb))
+                super::conversation::load_image(tower, p)
+                    .with_context(|| format!("--image {}", p.display()))
             })
             .collect::<Result<Vec<_>>>()?,
         None => Vec::new(),
     };
-    let text = place_images(&text, images.len())?;
+    let text = if conversation {
+        text
+    } else {
+        place_images(&text, images.len())?
+    };
     if let Some((id, _)) = sampler
         .logit_bias
         .iter()
@@ -268,8 +286,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     if conversation {
-        let engine = loaded.engine(head.as_ref());
-        return super::conversation::chat(&args, &loaded, engine, sampler, spec, &kwargs);
+        let engine = EngineRef {
+            vision: vision.as_deref(),
+            ..loaded.engine(head.as_ref())
+        };
+        return super::conversation::chat(&args, &loaded, engine, images, sampler, spec, &kwargs);
     }
     let prompt = if args.chat {
         let mut messages = Vec::new();
