@@ -40,7 +40,7 @@ pub fn image_hash(img: &RgbImage) -> u64 {
 }
 
 /// The placeholder ids of the `n` rows of the image with hash `hash`.
-fn placeholder_ids(hash: u64, n: usize) -> impl Iterator<Item = u32> {
+pub(crate) fn placeholder_ids(hash: u64, n: usize) -> impl Iterator<Item = u32> {
     (0..n as u64).map(move |k| {
         // splitmix64 of (hash, row): ids differ row by row and picture by picture.
         let mut z = hash ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15);

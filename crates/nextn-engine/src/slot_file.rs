@@ -9,7 +9,8 @@
 //! | magic `NEXTNSLT`, version (u32) | refused when another program or version wrote it |
 //! | model fingerprint (u64), model name | refused when another model wrote it |
 //! | K and V element types (ggml ids, u8 each), head present (u8) | |
-//! | tokens | the committed tokens, positions `0..n` |
+//! | tokens | the committed tokens, positions `0..n`; an image's rows hold its placeholder ids |
+//! | images (version 2) | count (u64); when any, the vision tower's fingerprint (u64), then per image its first row, rows and rotary positions (u64 each) |
 //! | attention rows | per attention layer, positions `0..n` |
 //! | recurrent snapshot | every delta-net layer's conv window and delta-rule state after `n` |
 //! | NextN head state | when present |
@@ -17,14 +18,17 @@
 
 use nextn_gguf::Fnv1a;
 use nextn_model::{
-    KvRows, KvType, Model, ModelError, NextnHead, RecurrentSnapshot, SequenceState,
+    ImageSpan, KvRows, KvType, Model, ModelError, NextnHead, RecurrentSnapshot, SequenceState,
     StateCodecError, StateReader, StateWriter,
 };
 
+use crate::media::is_image_token;
 use crate::speculative::draft::{HeadState, HeadStateError};
 
 pub const MAGIC: [u8; 8] = *b"NEXTNSLT";
-pub const VERSION: u32 = 1;
+/// Version 2 adds the images; version 1 files (text only) are still read.
+pub const VERSION: u32 = 2;
+const TEXT_ONLY_VERSION: u32 = 1;
 
 /// Which model a state belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +83,17 @@ pub enum SlotFileError {
     TooLong { n: usize, n_ctx: usize },
     #[error("the slot file holds token id {token}, beyond the vocabulary of {n_vocab}")]
     TokenOutOfRange { token: u32, n_vocab: usize },
+    #[error("the slot file holds {n} image(s), which need a vision projector (start with --mmproj, the one it was saved with)")]
+    NoVision { n: usize },
+    #[error("the slot file holds {n} image(s) encoded by another vision projector or other --image-min-tokens / --image-max-tokens (fingerprint {file:016x}; this server's is {this:016x})")]
+    ForeignVision { n: usize, file: u64, this: u64 },
+    #[error("the slot file is damaged: image {index} at rows {start}..{end} {why}")]
+    BadImage {
+        index: usize,
+        start: u64,
+        end: u64,
+        why: &'static str,
+    },
     #[error("the slot file is damaged: {0}")]
     Codec(#[from] StateCodecError),
     #[error("the slot file does not fit this model: {0}")]
@@ -102,6 +117,8 @@ pub struct SavedState {
     pub rows: Vec<KvRows>,
     pub recurrent: RecurrentSnapshot,
     pub head: Option<HeadState>,
+    /// The images among the tokens, in order: their rows and the rotary positions they took.
+    pub images: Vec<ImageSpan>,
 }
 
 impl SavedState {
@@ -117,15 +134,18 @@ impl SavedState {
             tokens,
             recurrent,
             head,
+            images: state.images.clone(),
         })
     }
 
-    /// The file's bytes.
+    /// The file's bytes. `vision` is the fingerprint of the tower that encoded the images
+    /// ([`nextn_vision::VisionTower::fingerprint`]).
     pub fn encode(
         &self,
         identity: &ModelIdentity,
         k_type: KvType,
         v_type: KvType,
+        vision: Option<u64>,
     ) -> Result<Vec<u8>, ModelError> {
         let mut w = StateWriter::new();
         w.bytes(&MAGIC);
@@ -137,6 +157,15 @@ impl SavedState {
         w.u8(v_type.ggml_id());
         w.u8(u8::from(self.head.is_some()));
         w.u32s(&self.tokens);
+        w.u64(self.images.len() as u64);
+        if !self.images.is_empty() {
+            w.u64(vision.unwrap_or(0));
+            for im in &self.images {
+                w.u64(im.start as u64);
+                w.u64(im.n_tokens as u64);
+                w.u64(im.n_pos as u64);
+            }
+        }
         w.u64(self.rows.len() as u64);
         for r in &self.rows {
             r.encode(&mut w);
@@ -160,7 +189,7 @@ impl SavedState {
         }
         let mut r = StateReader::new(&bytes[MAGIC.len()..]);
         let version = r.u32("version")?;
-        if version != VERSION {
+        if version != VERSION && version != TEXT_ONLY_VERSION {
             return Err(SlotFileError::Version {
                 found: version,
                 supported: VERSION,
@@ -216,8 +245,22 @@ impl SavedState {
                 n_ctx: target.n_ctx,
             });
         }
+        let images = if version == TEXT_ONLY_VERSION {
+            Vec::new()
+        } else {
+            read_images(&mut r, &tokens, target.vision)?
+        };
         let n_vocab = target.model.n_vocab;
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        // Image rows hold placeholder ids (checked above); every other row a vocabulary token.
+        let mut in_image = vec![false; tokens.len()];
+        for im in &images {
+            in_image[im.start..im.start + im.n_tokens].fill(true);
+        }
+        if let Some((&token, _)) = tokens
+            .iter()
+            .zip(&in_image)
+            .find(|&(&t, &image)| !image && t as usize >= n_vocab)
+        {
             return Err(SlotFileError::TokenOutOfRange { token, n_vocab });
         }
         let n_layers = r.u64("attention layer count")?;
@@ -258,6 +301,8 @@ impl SavedState {
                     target.k_type,
                     target.v_type,
                     target.n_ctx,
+                    // The head took every image's rows, as the target did.
+                    images.iter().map(|im| im.n_tokens - im.n_pos).sum(),
                 )?),
                 // A server without drafting has no use for the head's state.
                 None => None,
@@ -289,6 +334,7 @@ impl SavedState {
             rows,
             recurrent,
             head,
+            images,
         })
     }
 
@@ -299,8 +345,86 @@ impl SavedState {
             .model
             .new_sequence(target.n_ctx, target.k_type, target.v_type)?;
         state.restore(std::iter::once(&self.rows[..]), &self.recurrent)?;
+        state.images = self.images.clone();
         Ok(state)
     }
+}
+
+/// The images section of a version 2 file: each image inside the tokens, after the one before,
+/// its rows all placeholder ids and no placeholder id outside an image; a file with images needs
+/// the tower that encoded them.
+fn read_images(
+    r: &mut StateReader<'_>,
+    tokens: &[u32],
+    vision: Option<u64>,
+) -> Result<Vec<ImageSpan>, SlotFileError> {
+    let n = r.count("image count")?;
+    if n > 0 {
+        // Each image takes three u64s, after the fingerprint.
+        if n as u64 > r.remaining() as u64 / 24 {
+            return Err(StateCodecError::Invalid {
+                what: "image count",
+                value: n as u64,
+            }
+            .into());
+        }
+        let file = r.u64("vision fingerprint")?;
+        match vision {
+            None => return Err(SlotFileError::NoVision { n }),
+            Some(this) if this != file => {
+                return Err(SlotFileError::ForeignVision { n, file, this })
+            }
+            Some(_) => {}
+        }
+    }
+    let mut images = Vec::with_capacity(n);
+    let mut next = 0u64;
+    for index in 0..n {
+        let start = r.u64("image start")?;
+        let rows = r.u64("image rows")?;
+        let n_pos = r.u64("image positions")?;
+        let end = start.saturating_add(rows);
+        let bad = |why| SlotFileError::BadImage {
+            index,
+            start,
+            end,
+            why,
+        };
+        if start < next {
+            return Err(bad("overlaps the image before it"));
+        }
+        if rows == 0 || end > tokens.len() as u64 {
+            return Err(bad("is not inside the tokens"));
+        }
+        if n_pos == 0 || n_pos > rows {
+            return Err(bad(
+                "advances the rotary position by more than its rows or by none",
+            ));
+        }
+        // In range of `tokens.len()`, so these fit in usize.
+        let (s, e) = (start as usize, end as usize);
+        if !tokens[s..e].iter().all(|&t| is_image_token(t)) {
+            return Err(bad("holds text tokens"));
+        }
+        if tokens[next as usize..s].iter().any(|&t| is_image_token(t)) {
+            return Err(bad("leaves image rows before it without an image"));
+        }
+        images.push(ImageSpan {
+            start: s,
+            n_tokens: rows as usize,
+            n_pos: n_pos as usize,
+        });
+        next = end;
+    }
+    if tokens[next as usize..].iter().any(|&t| is_image_token(t)) {
+        return Err(SlotFileError::BadImage {
+            index: n,
+            start: next,
+            end: tokens.len() as u64,
+            why: "is missing: these rows hold image ids but the file lists no image there",
+        });
+    }
+    Ok(images)
 }
 
 /// What a slot file must fit: the model, its head when drafting, the KV types, the context.
@@ -308,6 +432,8 @@ pub struct Target<'m> {
     pub model: &'m Model,
     pub head: Option<&'m NextnHead>,
     pub identity: &'m ModelIdentity,
+    /// The vision tower's fingerprint, when one is loaded.
+    pub vision: Option<u64>,
     pub k_type: KvType,
     pub v_type: KvType,
     pub n_ctx: usize,

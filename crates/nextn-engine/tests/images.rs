@@ -39,16 +39,15 @@ fn picture(seed: u8) -> RgbImage {
 }
 
 fn prompt(l: &Loaded, t: &VisionTower, text: &str, seed: u8) -> MultimodalPrompt {
+    prompt_with(l, t, text, &picture(seed))
+}
+
+fn prompt_with(l: &Loaded, t: &VisionTower, text: &str, img: &RgbImage) -> MultimodalPrompt {
     let rendered = format!(
         "<|im_start|>user\n{text}<|vision_start|><|image_pad|><|vision_end|>What is it?<|im_end|>\n<|im_start|>assistant\n"
     );
-    MultimodalPrompt::tokenize(
-        &l.tok,
-        &rendered,
-        true,
-        vec![ImageInput::new(t, &picture(seed))],
-    )
-    .expect("one placeholder, one image")
+    MultimodalPrompt::tokenize(&l.tok, &rendered, true, vec![ImageInput::new(t, img)])
+        .expect("one placeholder, one image")
 }
 
 fn engine<'a>(l: &'a Loaded, t: &'a VisionTower, head: bool) -> EngineRef<'a> {
@@ -331,4 +330,123 @@ fn logits_after_an_image_prompt_match_mtmd() {
         "max |diff| {max_diff} of {scale}"
     );
     assert_eq!(argmax(&got), argmax(&want));
+}
+
+/// Rewrite a slot file's checksum after editing it, so that only the edit is judged.
+fn reseal(bytes: &mut [u8]) {
+    let n = bytes.len() - 8;
+    let mut h = nextn_gguf::Fnv1a::new();
+    h.write(&bytes[..n]);
+    bytes[n..].copy_from_slice(&h.finish().to_le_bytes());
+}
+
+/// A state with an image goes to a slot file and back: another engine with the same tower
+/// resumes the next turn after the picture without encoding it, with the cold run's tokens and
+/// the drafts of a resume from the same state in memory (the head keeps the image's rotary
+/// shift); an engine with another tower or none, and
+/// files whose image section lies, are refused.
+#[test]
+fn a_slot_file_with_an_image_continues_as_a_cold_run() {
+    use nextn_engine::slot_file::SlotFileError;
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let setup = Setup {
+        prefix_cache: Some(PrefixCacheConfig {
+            budget_bytes: 64 << 20,
+            snapshot_every: 0,
+        }),
+        ..Setup::drafting(3)
+    };
+    // A grid of several rows and columns: the image shifts the rotary positions after it.
+    let (w, h) = (200u32, 150u32);
+    let px = (0..w * h * 3).map(|i| ((i * 13) % 241) as u8).collect();
+    let first = prompt_with(&l, &t, "Look:", &RgbImage::new(w, h, px).expect("image"));
+    let im = &first.images[0];
+    assert!(im.n_tokens() > im.n_pos() + 4, "{}x{}", im.nx, im.ny);
+    let mut a = scheduler(engine(&l, &t, true), &setup);
+    let answer = run(&mut a, &first, 12).expect("first turn");
+    let mut second = first.clone();
+    second.tokens.extend(&answer.tokens);
+    second.tokens.extend(l.tok.encode_continuation(
+        "<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
+        true,
+    ));
+    let (bytes, kept) = a
+        .save_prefix(&second.tokens, second.tokens.len() - 1)
+        .expect("a snapshot after the first turn");
+    assert!(kept.len() > first.images[0].end(), "{}", kept.len());
+
+    let mut b = scheduler(engine(&l, &t, true), &setup);
+    assert_eq!(b.load_prefix(&bytes).expect("same tower"), kept);
+    let warm = run(&mut b, &second, 24).expect("second turn, from the file");
+    assert_eq!(warm.timings.cache_n, kept.len());
+    assert_eq!(
+        warm.timings.images_encoded, 0,
+        "the image was not encoded again"
+    );
+    let cold = run(&mut scheduler(engine(&l, &t, true), &setup), &second, 24).expect("cold");
+    assert_eq!(cold.timings.images_encoded, 1);
+    assert_eq!(warm.tokens, cold.tokens, "warm equals cold");
+    // The first engine resumes from the same state in memory: the same drafts.
+    let same = run(&mut a, &second, 24).expect("second turn, in memory");
+    assert_eq!(same.timings.cache_n, kept.len());
+    assert_eq!(same.tokens, warm.tokens);
+    assert_eq!(
+        (
+            warm.spec.drafted_per_pos.clone(),
+            warm.spec.accepted_per_pos.clone()
+        ),
+        (
+            same.spec.drafted_per_pos.clone(),
+            same.spec.accepted_per_pos.clone()
+        ),
+        "the head resumed from the file where it stands in memory"
+    );
+
+    // Another tower (other token bounds), or none, did not encode these rows.
+    let mut bounded = tower(&l);
+    bounded.set_token_bounds(None, Some(8)).expect("bounds");
+    let e = scheduler(engine(&l, &bounded, true), &setup)
+        .load_prefix(&bytes)
+        .unwrap_err();
+    assert!(
+        matches!(e, SlotFileError::ForeignVision { n: 1, .. }),
+        "{e}"
+    );
+    let e = scheduler(l.engine(true), &setup)
+        .load_prefix(&bytes)
+        .unwrap_err();
+    assert!(matches!(e, SlotFileError::NoVision { n: 1 }), "{e}");
+    assert!(e.to_string().contains("--mmproj"), "{e}");
+
+    // The image section: count 1, the tower's fingerprint, then start, rows, positions.
+    let mut at = [1u64.to_le_bytes(), t.fingerprint().to_le_bytes()].concat();
+    let section = bytes
+        .windows(at.len())
+        .position(|w| w == at.as_slice())
+        .expect("the image section")
+        + at.len();
+    at.clear();
+    let field = |k: usize| section + 8 * k..section + 8 * k + 8;
+    assert_eq!(bytes[field(0)], (im.pos as u64).to_le_bytes());
+    assert_eq!(bytes[field(1)], (im.n_tokens() as u64).to_le_bytes());
+    assert_eq!(bytes[field(2)], (im.n_pos() as u64).to_le_bytes());
+    let edits: [(usize, u64, &str); 4] = [
+        (0, im.pos as u64 + 1, "holds text tokens"),
+        (1, im.n_tokens() as u64 - 1, "no image there"),
+        (1, 1 << 40, "not inside the tokens"),
+        (2, 0, "rotary position"),
+    ];
+    for (k, value, says) in edits {
+        let mut edited = bytes.clone();
+        edited[field(k)].copy_from_slice(&value.to_le_bytes());
+        reseal(&mut edited);
+        let e = scheduler(engine(&l, &t, true), &setup)
+            .load_prefix(&edited)
+            .unwrap_err();
+        assert!(
+            matches!(e, SlotFileError::BadImage { .. }) && e.to_string().contains(says),
+            "field {k} = {value}: {e}"
+        );
+    }
 }

@@ -119,10 +119,10 @@ fn damaged_foreign_and_mismatched_files_are_refused() {
         Err(SlotFileError::NotASlotFile)
     ));
     let mut newer = bytes.clone();
-    newer[8..12].copy_from_slice(&2u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&3u32.to_le_bytes());
     reseal(&mut newer);
     let e = load(&mut s, &newer).unwrap_err();
-    assert!(matches!(e, SlotFileError::Version { found: 2, .. }), "{e}");
+    assert!(matches!(e, SlotFileError::Version { found: 3, .. }), "{e}");
 
     // Another model's fingerprint.
     let mut foreign = bytes.clone();

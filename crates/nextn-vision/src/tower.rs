@@ -22,6 +22,8 @@ pub struct VisionTower {
     blocks: Vec<Block>,
     post_ln: Option<Norm>,
     merger: Merger,
+    /// [`GgufFile::fingerprint`] of the mmproj file.
+    file_fingerprint: u64,
 }
 
 /// The embeddings of one image: `nx * ny` tokens (row by row) of `width` floats each.
@@ -54,6 +56,7 @@ impl VisionTower {
     /// As [`load`](Self::load), for a file already opened.
     pub fn from_file(file: Arc<GgufFile>, path: &str) -> Result<VisionTower, VisionError> {
         let cfg = VisionConfig::from_gguf(&file, path)?;
+        let file_fingerprint = file.fingerprint();
         let b = Binder { file };
         let e = cfg.n_embd;
         let p = cfg.patch_size as u64;
@@ -103,7 +106,18 @@ impl VisionTower {
             blocks,
             post_ln,
             merger,
+            file_fingerprint,
         })
+    }
+
+    /// What an image's embeddings depend on besides its pixels: the mmproj file and the token
+    /// bounds its grid is sized within. Two towers with the same fingerprint give the same rows.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = nextn_gguf::Fnv1a::new();
+        h.write(&self.file_fingerprint.to_le_bytes());
+        h.write(&self.cfg.min_tokens.to_le_bytes());
+        h.write(&self.cfg.max_tokens.to_le_bytes());
+        h.finish()
     }
 
     pub fn config(&self) -> &VisionConfig {

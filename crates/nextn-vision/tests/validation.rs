@@ -97,3 +97,20 @@ fn deepstack_features_widen_the_embeddings() {
     let e = tower.check_text_model(32).unwrap_err().to_string();
     assert!(e.contains("deepstack"), "{e}");
 }
+
+/// The fingerprint follows the file and the token bounds, and nothing else.
+#[test]
+fn the_fingerprint_names_the_file_and_the_token_bounds() {
+    let path = common::fixture_mmproj("fingerprint");
+    let a = VisionTower::load(&path).unwrap();
+    let mut b = VisionTower::load(&path).unwrap();
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    b.set_token_bounds(None, Some(64)).unwrap();
+    assert_ne!(a.fingerprint(), b.fingerprint());
+    let other = TowerSpec {
+        seed: TowerSpec::fixture(common::FIXTURE_DIM).seed + 1,
+        ..TowerSpec::fixture(common::FIXTURE_DIM)
+    };
+    let c = VisionTower::load(common::write_fixture("fingerprint-other", &other)).unwrap();
+    assert_ne!(a.fingerprint(), c.fingerprint());
+}

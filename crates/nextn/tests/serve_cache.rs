@@ -1,7 +1,7 @@
 //! What the server keeps between requests, as clients see it: a slot's state saved to a file and
 //! restored in another server process continues exactly as a cold server would; `/slots` shows
-//! what each slot holds; damaged, foreign and misnamed slot files are a clear 4xx and leave the
-//! server serving; a turn after a `<think>` answer or a tool call resumes from the prefix cache
+//! what each slot holds (images included); damaged, foreign and misnamed slot files are a clear
+//! 4xx and leave the server serving; a turn after a `<think>` answer or a tool call resumes from the prefix cache
 //! with the answer a cold server gives.
 
 mod serve_common;
@@ -309,6 +309,148 @@ fn bad_slot_files_and_requests_are_refused_and_nothing_else_changes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--slot-save-path /dev/null/slots"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A slot whose state holds an image is saved and restored in another server with the same
+/// projector: the next request with the same picture resumes after it (the image is not encoded
+/// again) with the cold answer, drafting included; a server without that projector refuses the file.
+#[test]
+fn a_saved_slot_with_an_image_continues_exactly() {
+    use base64::Engine as _;
+    let dir = temp_dir("slots-image");
+    let d = dir.to_str().unwrap();
+    let mmproj = dir.join("mmproj.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
+        .expect("write mmproj");
+    let mp = mmproj.to_str().unwrap();
+    let png = base64::engine::general_purpose::STANDARD.encode(
+        std::fs::read(
+            nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png"),
+        )
+        .unwrap(),
+    );
+    let user = "<|im_start|>user\n<__media__>Describe the picture.<|im_end|>\n";
+    let request = |text: String, extra: Value| {
+        let mut body = json!({
+            "prompt": {"prompt_string": text, "multimodal_data": [png]},
+            "n_predict": 12,
+            "temperature": 0.7,
+            "seed": 3,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let a = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "1",
+        "--mmproj",
+        mp,
+        "--slot-save-path",
+        d,
+    ]);
+    let r = post(
+        &a,
+        "/completion",
+        &request(user.to_string(), json!({"n_predict": 0})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["timings"]["images_encoded"], 1, "{}", r.text());
+    let n = slots(&a)[0]["n_past"].as_u64().unwrap();
+    assert!(n > 20, "the image's rows are in the slot: {n}");
+    let r = post(
+        &a,
+        "/slots/0?action=save",
+        &json!({"filename": "image.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["n_saved"], n);
+    let next = format!("{user}<|im_start|>assistant\n");
+    let cold = post(
+        &a,
+        "/completion",
+        &request(next.clone(), json!({"cache_prompt": false})),
+    );
+    assert_eq!(cold.status, 200, "{}", cold.text());
+    let cold = cold.json();
+    assert_eq!(cold["timings"]["images_encoded"], 1, "{cold}");
+
+    // Only the slot's own state can help here (no prefix cache).
+    let b = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "-np",
+        "1",
+        "--mmproj",
+        mp,
+        "--slot-save-path",
+        d,
+        "--cache-ram",
+        "0",
+    ]);
+    let r = post(
+        &b,
+        "/slots/0?action=restore",
+        &json!({"filename": "image.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["n_restored"], n);
+    let warm = post(&b, "/completion", &request(next.clone(), json!({})));
+    assert_eq!(warm.status, 200, "{}", warm.text());
+    let warm = warm.json();
+    assert_eq!(warm["timings"]["cache_n"], n, "{warm}");
+    // Timings name images only when some were encoded.
+    assert!(warm["timings"].get("images_encoded").is_none(), "{warm}");
+    assert_eq!(warm["content"], cold["content"], "{warm}\n{cold}");
+    assert!(!cold["content"].as_str().unwrap_or("").is_empty(), "{cold}");
+
+    // Without drafting the head's part of the file is left unread: the same answer.
+    let plain = Server::start(&["-np", "1", "--mmproj", mp, "--slot-save-path", d]);
+    let r = post(
+        &plain,
+        "/slots/0?action=restore",
+        &json!({"filename": "image.bin"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = post(&plain, "/completion", &request(next.clone(), json!({}))).json();
+    assert_eq!(v["timings"]["cache_n"], n, "{v}");
+    assert_eq!(v["content"], cold["content"]);
+
+    // Another projector (here: other token bounds), or none, did not encode these rows.
+    let other = Server::start(&[
+        "--spec-type",
+        "nextn",
+        "--mmproj",
+        mp,
+        "--image-max-tokens",
+        "64",
+        "--slot-save-path",
+        d,
+    ]);
+    let r = post(
+        &other,
+        "/slots/0?action=restore",
+        &json!({"filename": "image.bin"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("another vision projector"),
+        "{}",
+        r.text()
+    );
+    let blind = Server::start(&["--spec-type", "nextn", "--slot-save-path", d]);
+    let r = post(
+        &blind,
+        "/slots/0?action=restore",
+        &json!({"filename": "image.bin"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("need a vision projector"), "{}", r.text());
+    assert_eq!(slots(&blind)[0]["n_past"], 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use nextn_model::{KvRows, RecurrentSnapshot};
+use nextn_model::{ImageSpan, KvRows, RecurrentSnapshot};
 
 use crate::speculative::draft::HeadState;
 
@@ -21,16 +21,20 @@ pub trait Weighed {
 }
 
 /// A sequence's state at a cached position besides its attention rows: the recurrent states,
-/// and the NextN head's state when the sequence kept one.
+/// the NextN head's state when the sequence kept one, and the images among its rows (for a slot
+/// file of it; a request resuming here brings its own).
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub recurrent: RecurrentSnapshot,
     pub head: Option<HeadState>,
+    pub images: Vec<ImageSpan>,
 }
 
 impl Weighed for Snapshot {
     fn bytes(&self) -> usize {
-        self.recurrent.bytes() + self.head.as_ref().map_or(0, HeadState::bytes)
+        self.recurrent.bytes()
+            + self.head.as_ref().map_or(0, HeadState::bytes)
+            + self.images.len() * std::mem::size_of::<ImageSpan>()
     }
 }
 

@@ -592,7 +592,11 @@ impl<'e> Core<'e> {
             .insert(
                 &tokens,
                 |start, end| slot.state.attention_rows(start, end),
-                Snapshot { recurrent, head },
+                Snapshot {
+                    recurrent,
+                    head,
+                    images: slot.state.images.clone(),
+                },
             )
             .is_err()
         {

@@ -70,6 +70,7 @@ impl<'e> Core<'e> {
             model,
             head: self.spec.as_ref().and(self.engine.head),
             identity,
+            vision: self.engine.vision.map(|t| t.fingerprint()),
             k_type: self.cfg.k_type,
             v_type: self.cfg.v_type,
             n_ctx: self.cfg.n_ctx_slot,
@@ -118,16 +119,6 @@ impl<'e> Core<'e> {
 
     fn save_slot(&mut self, slot: usize) -> Result<SlotActionDone, SlotActionError> {
         let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
-        if let Some(k) = self.kept[slot]
-            .as_ref()
-            .filter(|k| k.tokens.iter().any(|&t| crate::media::is_image_token(t)))
-        {
-            let n = k.state.images.len().max(1);
-            return Err(SlotActionError::Save {
-                slot,
-                why: format!("it holds {n} image(s), and slot files hold text-only states (erase the slot or start a text-only conversation)"),
-            });
-        }
         let no_room = |e: ModelError| SlotActionError::Save {
             slot,
             why: e.to_string(),
@@ -176,7 +167,7 @@ impl<'e> Core<'e> {
     /// A state as a slot file of this model and these KV types.
     pub(super) fn encode_state(&mut self, saved: &SavedState) -> Result<Vec<u8>, ModelError> {
         let (k_type, v_type) = (self.cfg.k_type, self.cfg.v_type);
-        self.with_target(|t| saved.encode(t.identity, k_type, v_type))
+        self.with_target(|t| saved.encode(t.identity, k_type, v_type, t.vision))
     }
 
     /// Read a slot file written for this model and these KV types.
@@ -207,6 +198,7 @@ impl<'e> Core<'e> {
             Snapshot {
                 recurrent: saved.recurrent.clone(),
                 head,
+                images: saved.images.clone(),
             },
         );
         let Ok(()) = kept;
@@ -239,6 +231,7 @@ impl<'e> Core<'e> {
                 .map(HeadState::try_clone)
                 .transpose()
                 .ok()?,
+            images: hit.snapshot.images.clone(),
         })
     }
 }

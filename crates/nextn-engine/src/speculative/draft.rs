@@ -216,6 +216,8 @@ impl HeadState {
     }
 
     /// A state written by [`HeadState::encode`], checked against `head`'s shape and the KV types.
+    /// `rope_shift` is the target's for the same rows (the images among them set it).
+    #[allow(clippy::too_many_arguments)]
     pub fn decode(
         r: &mut StateReader<'_>,
         head: &NextnHead,
@@ -223,8 +225,10 @@ impl HeadState {
         k_type: KvType,
         v_type: KvType,
         n_ctx: usize,
+        rope_shift: usize,
     ) -> Result<HeadState, HeadStateError> {
         let mut state = HeadState::new(head, n_embd, k_type, v_type, n_ctx)?;
+        state.rope_shift = rope_shift;
         let found_embd = r.count("head hidden width")?;
         if found_embd != n_embd {
             return Err(HeadStateError::Mismatch {
@@ -648,5 +652,87 @@ mod tests {
         let (made, _) = draft(&head, &mut jobs, &spec, 2, &pool).unwrap();
         assert!(made[0].tokens.is_empty());
         assert_eq!((h.lag(), h.pos), (0, 6));
+    }
+
+    /// A slot file keeps a state's images: their spans come back, the head's rotary shift is the
+    /// target's again, and only the tower that encoded them may resume it. Version 1 files (text
+    /// only, no image section) still read.
+    #[test]
+    fn slot_files_bring_back_images_and_the_heads_rotary_shift() {
+        use crate::slot_file::{ModelIdentity, SavedState, SlotFileError, Target};
+        use nextn_model::{ImageSpan, LogitRows};
+        let file = GgufFile::open(nextn_testdata::bundled_model()).unwrap();
+        let model = Model::load(Arc::new(file)).unwrap();
+        let head = NextnHead::load(&model).unwrap();
+        let pool = ThreadPool::new(1);
+        let (e, kv, n) = (model.config.n_embd, KvType::F32, 12);
+        let text: Vec<u32> = (1..=n as u32).collect();
+        let mut state = model.new_sequence(64, kv, kv).unwrap();
+        model
+            .forward(&text, &mut state, LogitRows::None, &pool)
+            .unwrap();
+        let span = ImageSpan {
+            start: 3,
+            n_tokens: 6,
+            n_pos: 3,
+        };
+        state.images = vec![span];
+        let mut tokens = text.clone();
+        tokens.splice(3..9, crate::media::placeholder_ids(42, 6));
+        let mut h = HeadState::new(&head, e, kv, kv, 64).unwrap();
+        h.commit(0, &tokens, &vec![0.5; n * e]);
+        h.rope_shift = 3;
+        let saved = SavedState::of(tokens.clone(), &state, Some(h)).unwrap();
+        let identity = ModelIdentity::of(&model);
+        let target = |vision| Target {
+            model: &model,
+            head: Some(&head),
+            identity: &identity,
+            vision,
+            k_type: kv,
+            v_type: kv,
+            n_ctx: 64,
+        };
+        let bytes = saved.encode(&identity, kv, kv, Some(7)).unwrap();
+        let back = SavedState::decode(&bytes, &target(Some(7))).unwrap();
+        assert_eq!(back.tokens, tokens);
+        assert_eq!(back.images, [span]);
+        assert_eq!(back.head.as_ref().map(|h| h.rope_shift), Some(3));
+        assert_eq!(back.resume(&target(Some(7))).unwrap().images, [span]);
+        assert!(matches!(
+            SavedState::decode(&bytes, &target(Some(8))),
+            Err(SlotFileError::ForeignVision {
+                n: 1,
+                file: 7,
+                this: 8
+            })
+        ));
+        assert!(matches!(
+            SavedState::decode(&bytes, &target(None)),
+            Err(SlotFileError::NoVision { n: 1 })
+        ));
+        // Placeholder rows the file lists no image for are refused.
+        let mut unlisted = saved.clone();
+        unlisted.images.clear();
+        let bytes = unlisted.encode(&identity, kv, kv, Some(7)).unwrap();
+        let e = SavedState::decode(&bytes, &target(Some(7))).unwrap_err();
+        assert!(matches!(e, SlotFileError::BadImage { .. }), "{e}");
+
+        // A text-only state as version 1 wrote it: no image count after the tokens.
+        let mut text_only = saved.clone();
+        text_only.tokens = text.clone();
+        text_only.images.clear();
+        let v2 = text_only.encode(&identity, kv, kv, None).unwrap();
+        let after_tokens = 8 + 4 + 8 + 8 + identity.name.len() + 3 + 8 + 4 * n;
+        assert_eq!(v2[after_tokens..after_tokens + 8], [0; 8]);
+        let mut v1 = [&v2[..after_tokens], &v2[after_tokens + 8..]].concat();
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let body = v1.len() - 8;
+        let mut sum = nextn_gguf::Fnv1a::new();
+        sum.write(&v1[..body]);
+        v1[body..].copy_from_slice(&sum.finish().to_le_bytes());
+        let back = SavedState::decode(&v1, &target(None)).unwrap();
+        assert_eq!(back.tokens, text);
+        assert!(back.images.is_empty());
     }
 }
