@@ -108,13 +108,21 @@ impl SharedOut {
     }
 }
 
-/// `x` rounded as ggml rounds activations for weights of `ty`.
-pub(crate) fn round_for(ty: GgmlType, x: &[f32]) -> Option<Vec<f32>> {
-    match ty {
-        GgmlType::F16 => Some(x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()),
-        GgmlType::BF16 => Some(x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()),
-        _ => None,
-    }
+/// `x` (rows of `k`) rounded as ggml rounds activations for weights of `ty`, rows spread over
+/// the pool.
+pub(crate) fn round_for(ty: GgmlType, x: &[f32], k: usize, pool: &ThreadPool) -> Option<Vec<f32>> {
+    let round: fn(f32) -> f32 = match ty {
+        GgmlType::F16 => |v| f16::from_f32(v).to_f32(),
+        GgmlType::BF16 => |v| bf16::from_f32(v).to_f32(),
+        _ => return None,
+    };
+    let mut out = x.to_vec();
+    crate::ops::par_rows(pool, &mut out, k, |_, row| {
+        for v in row {
+            *v = round(*v);
+        }
+    });
+    Some(out)
 }
 
 /// `out[i*n + j] = a[i] . W[j]` for `m` rows of `a` (`k` each).
@@ -129,26 +137,29 @@ pub(crate) fn gemm(a: &[f32], m: usize, w: &Panels, out: &mut [f32], pool: &Thre
     let panels_per_task = 4;
     let n_groups = n_panels.div_ceil(panels_per_task);
     let sink = SharedOut(out.as_mut_ptr());
-    let avx512 = has_avx512();
+    let kernel = Kernel::detect();
     pool.run(n_groups * n_bands, |t, _| {
         let (g, band) = (t % n_groups, t / n_groups);
         let rows = band * row_band..((band + 1) * row_band).min(m);
+        // A band's last block of fewer than MR rows goes through the same kernel, its rows
+        // copied into a zero-padded block (the padding's outputs are dropped).
+        let mut padded = Vec::new();
         for p in g * panels_per_task..((g + 1) * panels_per_task).min(n_panels) {
             let panel = &w.data[p * k * NR..(p + 1) * k * NR];
             let width = NR.min(n - p * NR);
             let mut i = rows.start;
             while i < rows.end {
                 let mr = MR.min(rows.end - i);
-                let mut acc = [[0f32; NR]; MR];
-                if avx512 && mr == MR {
-                    // SAFETY: AVX-512F is present; `a` holds rows i..i+MR of k, `panel` k*NR.
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        kernel_avx512(&a[i * k..(i + MR) * k], k, panel, &mut acc)
-                    };
+                let block = if mr == MR {
+                    &a[i * k..(i + MR) * k]
                 } else {
-                    kernel_portable(&a[i * k..(i + mr) * k], mr, k, panel, &mut acc);
-                }
+                    padded.resize(MR * k, 0.0);
+                    padded[..mr * k].copy_from_slice(&a[i * k..(i + mr) * k]);
+                    padded[mr * k..].fill(0.0);
+                    &padded[..]
+                };
+                let mut acc = [[0f32; NR]; MR];
+                kernel.run(block, k, panel, &mut acc);
                 for (r, acc_row) in acc.iter().enumerate().take(mr) {
                     for (j, v) in acc_row.iter().enumerate().take(width) {
                         // SAFETY: (i + r, p*NR + j) is inside `out`; only this task owns it.
@@ -159,6 +170,52 @@ pub(crate) fn gemm(a: &[f32], m: usize, w: &Panels, out: &mut [f32], pool: &Thre
             }
         }
     });
+}
+
+/// The block kernel the CPU runs. Every kernel sums each output over `k` in order with fused
+/// multiply-adds, so all give the same bits (tested); they differ in vector width only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Portable,
+}
+
+impl Kernel {
+    fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx512() {
+                return Kernel::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Kernel::Avx2;
+            }
+        }
+        Kernel::Portable
+    }
+
+    /// `acc[r][j] = a[r] . panel[.., j]` for the MR rows of `a` (`k` each).
+    fn run(self, a: &[f32], k: usize, panel: &[f32], acc: &mut [[f32; NR]; MR]) {
+        assert!(a.len() >= MR * k && panel.len() >= k * NR);
+        match self {
+            // SAFETY: detected AVX-512F and FMA; the lengths are checked above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { kernel_avx512(a, k, panel, acc) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                for half in 0..2 {
+                    // SAFETY: detected AVX2 and FMA; the lengths are checked above.
+                    unsafe { kernel_avx2_half(a, k, panel, half * NR / 2, acc) };
+                }
+            }
+            Kernel::Portable => kernel_portable(a, MR, k, panel, acc),
+        }
+    }
 }
 
 fn has_avx512() -> bool {
@@ -252,6 +309,40 @@ unsafe fn kernel_avx512(a: &[f32], k: usize, panel: &[f32], acc: &mut [[f32; NR]
     }
 }
 
+/// Outputs `first..first + NR/2` of the panel for MR rows: twelve 256-bit accumulators (the
+/// sixteen registers of AVX2 hold no more beside the two loads and the broadcast).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2_half(
+    a: &[f32],
+    k: usize,
+    panel: &[f32],
+    first: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
+    // SAFETY: the caller guarantees AVX2 and FMA; `a` holds MR rows of k and `panel` k * NR
+    // floats, and `first + 16 <= NR`, so every pointer offset and load stays inside them.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut c = [[_mm256_setzero_ps(); 2]; MR];
+        let mut pb = panel.as_ptr().add(first);
+        for kk in 0..k {
+            let b0 = _mm256_loadu_ps(pb);
+            let b1 = _mm256_loadu_ps(pb.add(8));
+            pb = pb.add(NR);
+            for (r, cr) in c.iter_mut().enumerate() {
+                let v = _mm256_set1_ps(*a.as_ptr().add(r * k + kk));
+                cr[0] = _mm256_fmadd_ps(v, b0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(v, b1, cr[1]);
+            }
+        }
+        for (r, cr) in c.iter().enumerate() {
+            _mm256_storeu_ps(acc[r].as_mut_ptr().add(first), cr[0]);
+            _mm256_storeu_ps(acc[r].as_mut_ptr().add(first + 8), cr[1]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +378,50 @@ mod tests {
                 let want: f32 = (0..k).map(|c| a[i * k + c] * w[j * k + c]).sum();
                 assert!((out[i * n + j] - want).abs() < 1e-4, "({i},{j})");
                 assert_eq!(out[i * n + j], out_t[i * n + j]);
+            }
+        }
+    }
+
+    /// Every kernel the machine can run gives the portable kernel's bits, whole blocks and
+    /// padded tails alike.
+    #[test]
+    fn kernels_give_the_same_bits() {
+        let k = 37;
+        let a: Vec<f32> = (0..MR * k)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+            .collect();
+        let panel: Vec<f32> = (0..k * NR)
+            .map(|i| ((i * 7 % 31) as f32 - 15.0) / 11.0)
+            .collect();
+        let mut want = [[0f32; NR]; MR];
+        Kernel::Portable.run(&a, k, &panel, &mut want);
+        let mut kernels = vec![];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                kernels.push(Kernel::Avx2);
+            } else {
+                nextn_testdata::cpu_feature_missing("avx2", "the AVX2 gemm kernel");
+            }
+            if has_avx512() {
+                kernels.push(Kernel::Avx512);
+            } else {
+                nextn_testdata::cpu_feature_missing("avx512", "the AVX-512 gemm kernel");
+            }
+        }
+        for kernel in kernels {
+            let mut got = [[0f32; NR]; MR];
+            kernel.run(&a, k, &panel, &mut got);
+            for r in 0..MR {
+                for j in 0..NR {
+                    assert_eq!(
+                        got[r][j].to_bits(),
+                        want[r][j].to_bits(),
+                        "{kernel:?} ({r},{j})"
+                    );
+                }
             }
         }
     }

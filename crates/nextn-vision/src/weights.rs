@@ -51,7 +51,7 @@ impl Linear {
         if n >= gemm::MIN_GEMM_ROWS && gemm::handles(self.ty) {
             let panels = gemm::Panels::from_rows(self.ty, bytes, self.rows, self.cols, pool)
                 .map_err(|source| self.kernel_error(source))?;
-            match gemm::round_for(self.ty, &x[..n * self.cols]) {
+            match gemm::round_for(self.ty, &x[..n * self.cols], self.cols, pool) {
                 Some(rounded) => gemm::gemm(&rounded, n, &panels, out, pool),
                 None => gemm::gemm(x, n, &panels, out, pool),
             }

@@ -38,6 +38,7 @@
 
 mod act;
 mod decoded_row;
+mod exp;
 mod matrix;
 mod pool;
 mod reference;
@@ -49,6 +50,7 @@ mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use exp::exp_nonpositive;
 pub use matrix::{
     is_supported_weight_type, repack, repacked_bytes, Layout, QMatrix, MAX_ROWS_PER_PASS,
     SUPPORTED_WEIGHT_TYPES,
