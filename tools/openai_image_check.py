@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Images through `nextn serve --mmproj` with the official `openai` client: an image_url data URI
 part is answered and its encode time reported, the next turn resumes after the picture and equals
-a cold run, and damaged, oversized, fetched-URL and context-filling images are 400s naming the
-problem. Prints "all image checks passed" at the end."""
+a cold run, and damaged, oversized, fetched-URL (on a server without --allow-image-urls) and
+context-filling images are 400s naming the problem. Prints "all image checks passed" at the end."""
 
 import argparse
 import base64
@@ -79,7 +79,7 @@ def main():
 
     expect_400(client, [user("x", data_uri(b"not a picture at all"))], ["content[1]", "decode"])
     expect_400(client, [user("x", data_uri(png(20000, 1)))], ["20000x1", "16384"])
-    expect_400(client, [user("x", "https://example.com/cat.png")], ["not fetched", "data URI"])
+    expect_400(client, [user("x", "https://example.com/cat.png")], ["not fetched", "--allow-image-urls", "data URI"])
     expect_400(client, [user("x", data_uri(png(600, 600)))], ["context", "image"])
     expect_400(
         client,

@@ -20,6 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::handler::{blocking, body_error, frontend, with_server_defaults, AppState};
+use crate::image_url::fetch_images;
 use crate::prepare::{prepare_chat, render_chat, tokenize_with_images};
 use crate::reasoning::effort_budget;
 use crate::request::{fresh_seed, parse_chat, parse_json};
@@ -845,12 +846,17 @@ async fn count_inner(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
-    let n = blocking(move || {
+    let app2 = app.clone();
+    let mut req = blocking(move || {
         let o = parse_json(&body)?;
         let mut c = convert(&o, true)?;
-        let req = chat_request(&app, &mut c)?;
+        chat_request(&app2, &mut c)
+    })
+    .await?;
+    // Images count by the rows they take in the prompt, so URLs are fetched to be counted.
+    fetch_images(&app, &fe, &mut req.images).await?;
+    let n = blocking(move || {
         let text = render_chat(&app, &fe, &req)?;
-        // Images count by the rows they take in the prompt.
         Ok(tokenize_with_images(&fe, &text, &req.images)?.tokens.len())
     })
     .await?;
@@ -875,12 +881,18 @@ async fn messages_inner(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
-    let (app2, fe2) = (app.clone(), fe.clone());
-    let (prepared, c, prompt_tokens) = blocking(move || {
+    let app2 = app.clone();
+    let (c, mut req) = blocking(move || {
         let o = parse_json(&body)?;
         log_unknown(&app2, &o);
         let mut c = convert(&o, false)?;
         let req = chat_request(&app2, &mut c)?;
+        Ok((c, req))
+    })
+    .await?;
+    fetch_images(&app, &fe, &mut req.images).await?;
+    let (app2, fe2) = (app.clone(), fe.clone());
+    let (prepared, c, prompt_tokens) = blocking(move || {
         let prepared = prepare_chat(&app2, &fe2, &c.chat, req)?;
         let n = prepared.prompt_len();
         Ok((prepared, c, n))

@@ -2,7 +2,8 @@
 //! (`nextn_engine::scheduler`).
 //!
 //! The model runs on the scheduler's own inference thread; the async runtime only parses
-//! requests, renders chat templates, tokenizes (on blocking threads) and streams events back.
+//! requests, renders chat templates, tokenizes (on blocking threads), fetches image URLs where
+//! `--allow-image-urls` allows them ([`image_url`]) and streams events back.
 //! Each request gets an unbounded channel for its events; dropping the response (the client went
 //! away) closes it, and the scheduler frees the slot at its next step.
 //!
@@ -18,6 +19,7 @@ mod anthropic;
 pub mod conn;
 pub mod error;
 mod handler;
+pub mod image_url;
 mod native;
 mod prepare;
 pub mod prometheus;
@@ -92,6 +94,9 @@ pub struct ServerConfig {
     pub forced_acceptance: Option<Vec<f64>>,
     /// Timeouts and the connection cap.
     pub limits: conn::Limits,
+    /// `--allow-image-urls`: http(s) image URLs are fetched within these limits (`None`: they are
+    /// refused with a 400, and only data URIs are read).
+    pub image_urls: Option<image_url::ImageUrlLimits>,
 }
 
 /// Why the server could not start or did not stop cleanly.
@@ -109,6 +114,8 @@ pub enum ServeError {
     LocalAddr(#[source] std::io::Error),
     #[error("cannot start the inference thread: {0}")]
     InferenceSpawn(#[source] std::io::Error),
+    #[error("cannot set up the HTTP client for image URLs: {0}")]
+    ImageClient(#[source] reqwest::Error),
     /// The model did not load (the loader's message).
     #[error("{0}")]
     Load(String),
@@ -157,6 +164,8 @@ pub(crate) struct App {
     pub connections: Arc<conn::ConnStats>,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: responses::store::Store,
+    /// Fetches image URLs (`--allow-image-urls`); `None`: they are refused.
+    pub image_fetcher: Option<image_url::ImageFetcher>,
 }
 
 /// After the shutdown grace period has cancelled what was still running, connections get this
@@ -182,6 +191,11 @@ async fn serve<L>(cfg: ServerConfig, load: L) -> Result<(), ServeError>
 where
     L: FnOnce() -> Result<Loaded, String> + Send + 'static,
 {
+    let image_fetcher = cfg
+        .image_urls
+        .map(image_url::ImageFetcher::new)
+        .transpose()
+        .map_err(ServeError::ImageClient)?;
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -217,6 +231,7 @@ where
         frontend: OnceLock::new(),
         connections: connections.clone(),
         responses: Default::default(),
+        image_fetcher,
     });
     let router = routes::router(app.clone());
     // The HTTP side sees the frontend as soon as the loader publishes it.
@@ -264,6 +279,13 @@ where
         limits.idle.as_secs_f64(),
         limits.write_stall.as_secs_f64()
     );
+    if let Some(l) = app.cfg.image_urls {
+        eprintln!(
+            "image URLs: fetched (--allow-image-urls), at most {} bytes in {} s each",
+            l.max_bytes,
+            l.timeout.as_secs_f64()
+        );
+    }
     eprintln!("listening on http://{local} (model loading; /health answers 503 until ready)");
 
     let load_result: Arc<std::sync::Mutex<Option<String>>> = Arc::new(std::sync::Mutex::new(None));

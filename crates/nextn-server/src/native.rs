@@ -115,6 +115,9 @@ pub(crate) async fn apply_template(
         let fe = frontend(&app)?;
         let o = body_json(body)?;
         let req = parse_chat(&o)?;
+        // The template renders an image as its placeholder: nothing needs fetching, but a URL a
+        // generating request would refuse is refused here too.
+        crate::image_url::check_allowed(&app, &req.images)?;
         let prompt = render_chat(&app, &fe, &req)?;
         Ok(json!({"prompt": prompt}))
     })())

@@ -93,7 +93,7 @@ pub(crate) fn tokenize_with_images(
     let inputs = images
         .iter()
         .map(|im| {
-            decode_image(&im.bytes, &im.field)
+            decode_image(im.bytes()?, &im.field)
                 .map(|rgb| ImageInput::new(vision, &rgb))
                 .map_err(|e| ApiError::invalid_field(&im.field, e.to_string()))
         })

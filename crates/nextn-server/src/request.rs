@@ -74,28 +74,57 @@ pub struct ChatRequest {
     pub images: Vec<ChatImage>,
 }
 
-/// An image content part as the request sent it: its encoded bytes (PNG, JPEG, WebP, GIF) and
-/// the field it came from. Every API's image part maps onto this.
+/// An image content part as the request sent it: the field it came from and where its encoded
+/// bytes (PNG, JPEG, WebP, GIF) are. Every API's image part maps onto this.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatImage {
-    pub bytes: Vec<u8>,
+    pub source: ImageSource,
     pub field: String,
 }
 
-/// The bytes of an image given as a URL: `data:image/...;base64,...` only (the server fetches no
-/// URLs).
+/// Where an image's bytes are: in the request, or behind an http(s) URL that the handler fetches
+/// (`--allow-image-urls`, see [`crate::image_url`]) before the request is prepared.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ImageSource {
+    Inline(Vec<u8>),
+    Remote(String),
+}
+
+impl ChatImage {
+    pub fn inline(bytes: Vec<u8>, field: impl Into<String>) -> Self {
+        ChatImage {
+            source: ImageSource::Inline(bytes),
+            field: field.into(),
+        }
+    }
+
+    /// The URL still to fetch, if the image is one.
+    pub fn remote_url(&self) -> Option<&str> {
+        match &self.source {
+            ImageSource::Remote(u) => Some(u),
+            ImageSource::Inline(_) => None,
+        }
+    }
+
+    /// The image's bytes; an image still behind its URL has none yet (the handlers fetch every
+    /// URL before preparing, so that is the server's fault).
+    pub fn bytes(&self) -> Result<&[u8], ApiError> {
+        match &self.source {
+            ImageSource::Inline(b) => Ok(b),
+            ImageSource::Remote(_) => Err(ApiError::internal(format!(
+                "{}: the image URL was not fetched before the prompt was prepared",
+                self.field
+            ))),
+        }
+    }
+}
+
+/// An image given as a URL: a `data:image/...;base64,...` URI decoded here, or an `http://` /
+/// `https://` URL kept for the handler to fetch (or refuse, without `--allow-image-urls`).
 pub fn image_from_url(url: &str, field: &str) -> Result<ChatImage, ApiError> {
     use base64::Engine as _;
-    let Some(rest) = url.strip_prefix("data:") else {
-        let what = if url.starts_with("http://") || url.starts_with("https://") {
-            "image URLs are not fetched by this server"
-        } else {
-            "an image URL must be a data URI"
-        };
-        return Err(ApiError::invalid_field(
-            field,
-            format!("{what}: send the image inline as a data URI (data:image/png;base64,...)"),
-        ));
+    let Some(rest) = strip_prefix_ignore_case(url, "data:") else {
+        return remote_image(url, field);
     };
     let Some((media, data)) = rest.split_once(',') else {
         return Err(ApiError::invalid_field(
@@ -114,10 +143,49 @@ pub fn image_from_url(url: &str, field: &str) -> Result<ChatImage, ApiError> {
         .map_err(|e| {
             ApiError::invalid_field(field, format!("the image's base64 data is invalid: {e}"))
         })?;
-    Ok(ChatImage {
-        bytes,
-        field: field.to_string(),
-    })
+    Ok(ChatImage::inline(bytes, field))
+}
+
+/// URL schemes are case-insensitive (RFC 3986), so `DATA:` and `HTTPS://` count too.
+fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+/// An image URL that is not a data URI: an absolute `http://` or `https://` URL with a host, to be
+/// fetched later; any other scheme is refused here.
+fn remote_image(url: &str, field: &str) -> Result<ChatImage, ApiError> {
+    let inline = "send the image inline as a data URI (data:image/png;base64,...)";
+    let parsed = match reqwest::Url::parse(url) {
+        Ok(u) => u,
+        Err(e)
+            if strip_prefix_ignore_case(url, "http://").is_some()
+                || strip_prefix_ignore_case(url, "https://").is_some() =>
+        {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field}: the image URL is not a valid URL ({e})"),
+            ))
+        }
+        Err(_) => {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field}: an image URL must be a data URI or an http(s) URL: {inline}"),
+            ))
+        }
+    };
+    match parsed.scheme() {
+        // Both are special schemes: a URL that parsed has a host.
+        "http" | "https" => Ok(ChatImage {
+            source: ImageSource::Remote(parsed.into()),
+            field: field.to_string(),
+        }),
+        other => Err(ApiError::invalid_field(
+            field,
+            format!("{field}: image URLs with the scheme '{other}:' are not fetched (only http:// and https://): {inline}"),
+        )),
+    }
 }
 
 /// An OpenAI `image_url` part: `{"url": ..., "detail": "auto"}` or the URL as a string.
@@ -285,7 +353,7 @@ fn multimodal_prompt(p: &Map<String, Value>) -> Result<Prompt, ApiError> {
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(b64.trim())
                     .map_err(|e| ApiError::invalid_field(&field, format!("invalid base64: {e}")))?;
-                Ok(ChatImage { bytes, field })
+                Ok(ChatImage::inline(bytes, field))
             })
             .collect::<Result<_, _>>()?,
         Some(_) => {
@@ -1309,6 +1377,59 @@ mod tests {
             r.messages[0].tool_calls.as_ref().unwrap()[0]["function"]["name"],
             "f"
         );
+    }
+
+    /// http(s) image URLs are kept for the handler to fetch (or refuse); other schemes and
+    /// relative URLs are refused while parsing, naming the field.
+    #[test]
+    fn image_urls_are_kept_for_fetching_and_other_schemes_refused() {
+        let field = "messages[0].content[1].image_url.url";
+        let remote = |u: &str| {
+            image_from_url(u, field)
+                .unwrap()
+                .remote_url()
+                .map(String::from)
+        };
+        assert_eq!(
+            remote("http://127.0.0.1:8000/a.png").as_deref(),
+            Some("http://127.0.0.1:8000/a.png")
+        );
+        // Schemes and hosts are case-insensitive.
+        assert_eq!(
+            remote("HTTPS://Example.COM/b.jpg?x=1").as_deref(),
+            Some("https://example.com/b.jpg?x=1")
+        );
+        let inline = image_from_url("DATA:image/png;base64,iVBORw==", field).unwrap();
+        assert_eq!(inline.bytes().unwrap(), &[0x89, b'P', b'N', b'G'][..]);
+        for (url, words) in [
+            ("ftp://example.com/a.png", "'ftp:'"),
+            ("file:///etc/passwd", "'file:'"),
+            ("gopher://example.com/", "only http:// and https://"),
+            ("/images/a.png", "a data URI or an http(s) URL"),
+            ("cat.png", "a data URI or an http(s) URL"),
+            ("http://", "not a valid URL"),
+            ("https://exa mple.com/a.png", "not a valid URL"),
+        ] {
+            let e = image_from_url(url, field).unwrap_err();
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{url}");
+            assert_eq!(e.param.as_deref(), Some(field), "{url}");
+            assert!(e.message.starts_with(field), "{url}: {}", e.message);
+            assert!(e.message.contains(words), "{url}: {}", e.message);
+        }
+        let r = parse_chat(&obj(json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Compare"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/b.jpg"}},
+            {"type": "image_url", "image_url": "data:image/png;base64,iVBORw=="},
+        ]}]})))
+        .unwrap();
+        assert_eq!(r.images.len(), 2);
+        assert_eq!(r.images[0].remote_url(), Some("https://example.com/b.jpg"));
+        assert_eq!(r.images[0].field, field);
+        assert_eq!(r.images[1].field, "messages[0].content[2].image_url.url");
+        // An image still behind its URL has no bytes: preparing it would be the server's bug.
+        let e = r.images[0].bytes().unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(r.images[1].bytes().is_ok());
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::handler::{
     blocking, body_error, frontend, json_response, with_server_defaults, AppState,
 };
+use crate::image_url::fetch_images;
 use crate::prepare::{
     compile, grammar_param, prepare_chat, resolve_bias, tokenize_with_images,
     with_reasoning_budget, Prepared,
@@ -280,16 +281,17 @@ async fn chat_inner(
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
     let app2 = app.clone();
-    let fe2 = fe.clone();
-    let prepared = blocking(move || {
-        let (app, fe) = (app2, fe2);
+    let (o, mut req) = blocking(move || {
         let mut o = parse_json(&body)?;
-        log_unknown(&app, &o);
-        with_server_defaults(&app, &mut o);
+        log_unknown(&app2, &o);
+        with_server_defaults(&app2, &mut o);
         let req = parse_chat(&o)?;
-        prepare_chat(&app, &fe, &o, req)
+        Ok((o, req))
     })
     .await?;
+    fetch_images(&app, &fe, &mut req.images).await?;
+    let (app2, fe2) = (app.clone(), fe.clone());
+    let prepared = blocking(move || prepare_chat(&app2, &fe2, &o, req)).await?;
     submit(&app, &fe, prepared, Endpoint::Chat).await
 }
 

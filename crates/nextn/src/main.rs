@@ -232,6 +232,55 @@ mod tests {
         .is_err());
     }
 
+    /// Image URLs are refused unless `--allow-image-urls`; its limits default to llama-server's
+    /// and need the flag.
+    #[test]
+    fn image_url_flags() {
+        use nextn_server::image_url::ImageUrlLimits;
+        use std::time::Duration;
+        assert_eq!(
+            cmd::serve::image_urls(&serve("serve -m q.gguf")).unwrap(),
+            None
+        );
+        assert_eq!(
+            cmd::serve::image_urls(&serve("serve --allow-image-urls")).unwrap(),
+            Some(ImageUrlLimits {
+                max_bytes: 10 << 20,
+                timeout: Duration::from_secs(10)
+            })
+        );
+        let a =
+            serve("serve --allow-image-urls --image-url-max-bytes 4096 --image-url-timeout 2.5");
+        assert_eq!(
+            cmd::serve::image_urls(&a).unwrap(),
+            Some(ImageUrlLimits {
+                max_bytes: 4096,
+                timeout: Duration::from_millis(2500)
+            })
+        );
+        for line in [
+            "serve --allow-image-urls --image-url-max-bytes 0",
+            "serve --allow-image-urls --image-url-timeout 0",
+            "serve --allow-image-urls --image-url-timeout NaN",
+        ] {
+            assert!(
+                cmd::serve::image_urls(&serve(line)).is_err(),
+                "`{line}` was accepted"
+            );
+        }
+        for line in [
+            "serve --image-url-max-bytes 4096",
+            "serve --image-url-timeout 5",
+        ] {
+            let args = std::iter::once("nextn".to_string())
+                .chain(line.split_whitespace().map(str::to_string));
+            assert!(
+                Cli::try_parse_from(cmd::common::normalize_args(args)).is_err(),
+                "`{line}` was accepted without --allow-image-urls"
+            );
+        }
+    }
+
     /// clap's own consistency checks of every subcommand's arguments (names, conflicts,
     /// requirements), which only debug builds run on their own.
     #[test]

@@ -320,3 +320,35 @@ fn image_blocks_become_image_url_parts_in_order() {
         json!("hi")
     );
 }
+
+/// A `url` image source reaches the chat path as an image to fetch, named by its chat field.
+#[test]
+fn a_url_image_source_is_an_image_to_fetch() {
+    let c = conv(
+        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/b.jpg"}},
+            {"type": "text", "text": "What is it?"},
+        ]}]}),
+    )
+    .unwrap();
+    let req = parse_chat(&c.chat).unwrap();
+    assert_eq!(req.images.len(), 1);
+    assert_eq!(
+        req.images[0].remote_url(),
+        Some("https://example.com/b.jpg")
+    );
+    assert_eq!(req.images[0].field, "messages[0].content[0].image_url.url");
+    // Other schemes are refused while parsing, as in chat completions.
+    let c = conv(
+        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}},
+        ]}]}),
+    )
+    .unwrap();
+    let e = parse_chat(&c.chat).unwrap_err();
+    assert!(
+        e.message.contains("only http:// and https://"),
+        "{}",
+        e.message
+    );
+}

@@ -30,9 +30,10 @@ use crate::error::ApiError;
 use crate::handler::{
     blocking, body_error, frontend, json_response, with_server_defaults, AppState,
 };
+use crate::image_url::fetch_images;
 use crate::prepare::{prepare_chat, Prepared};
 use crate::reasoning::effort_budget;
-use crate::request::{fresh_seed, parse_chat, parse_json};
+use crate::request::{fresh_seed, parse_chat, parse_json, ChatRequest};
 use crate::respond::{failure, sse_response, started, unix_time, Endpoint, Reply};
 use crate::submit::{enqueue, Submitted};
 use crate::App;
@@ -79,9 +80,12 @@ fn in_responses_terms(mut e: ApiError) -> ApiError {
     e
 }
 
-/// The body, its mapping (continuing a stored conversation) and the prepared chat request.
-fn prepare(app: &App, body: &[u8]) -> Result<(ResponsesRequest, Prepared), ApiError> {
-    let fe = frontend(app)?;
+/// The body, its mapping (continuing a stored conversation), the chat body it maps to and that
+/// body parsed (image URLs not yet fetched).
+fn parse(
+    app: &App,
+    body: &[u8],
+) -> Result<(ResponsesRequest, Map<String, Value>, ChatRequest), ApiError> {
     let o = parse_json(body)?;
     log_unknown(app, &o);
     let previous = match input::previous_id(&o)? {
@@ -113,7 +117,22 @@ fn prepare(app: &App, body: &[u8]) -> Result<(ResponsesRequest, Prepared), ApiEr
         }
     }
     let parsed = parse_chat(&chat).map_err(in_responses_terms)?;
-    let prepared = prepare_chat(app, &fe, &chat, parsed).map_err(in_responses_terms)?;
+    Ok((req, chat, parsed))
+}
+
+/// The body, its mapping and the prepared chat request: parsed off the async threads, its image
+/// URLs fetched on them, then prepared off them again.
+async fn prepare(app: &AppState, body: Bytes) -> Result<(ResponsesRequest, Prepared), ApiError> {
+    let fe = frontend(app)?;
+    let app2 = app.clone();
+    let (req, chat, mut parsed) = blocking(move || parse(&app2, &body)).await?;
+    fetch_images(app, &fe, &mut parsed.images)
+        .await
+        .map_err(in_responses_terms)?;
+    let app2 = app.clone();
+    let prepared =
+        blocking(move || prepare_chat(&app2, &fe, &chat, parsed).map_err(in_responses_terms))
+            .await?;
     Ok((req, prepared))
 }
 
@@ -132,8 +151,7 @@ async fn create_inner(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let fe = frontend(&app)?;
-    let app2 = app.clone();
-    let (req, prepared) = blocking(move || prepare(&app2, &body)).await?;
+    let (req, prepared) = prepare(&app, body).await?;
     let cache_prompt = prepared.params.cache_prompt;
     let Submitted {
         rx,
@@ -377,8 +395,7 @@ pub(crate) async fn input_tokens(
 ) -> Response {
     let run = async {
         let body = body.map_err(body_error)?;
-        let app2 = app.clone();
-        let (_, prepared) = blocking(move || prepare(&app2, &body)).await?;
+        let (_, prepared) = prepare(&app, body).await?;
         Ok::<_, ApiError>(json_response(
             StatusCode::OK,
             json!({"object": "response.input_tokens", "input_tokens": prepared.tokens.len()}),

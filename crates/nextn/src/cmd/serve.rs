@@ -66,6 +66,20 @@ pub struct Args {
     /// Largest request body in bytes (413 above)
     #[arg(long = "max-body-size", default_value_t = 16 << 20)]
     pub max_body_size: usize,
+    /// Fetch http:// and https:// image URLs of image parts (chat image_url, Messages url
+    /// sources, Responses input_image) before a request runs; without it only data URIs are read
+    /// and an image URL is a 400. The server fetches whatever host it can reach, its own network
+    /// included: allow this for trusted clients only
+    #[arg(long = "allow-image-urls")]
+    pub allow_image_urls: bool,
+    /// Largest image body fetched from an image URL, in bytes: a larger Content-Length is
+    /// refused before reading, a body without one is cut at this size (with --allow-image-urls)
+    #[arg(long = "image-url-max-bytes", value_name = "N", default_value_t = nextn_server::image_url::DEFAULT_MAX_BYTES, requires = "allow_image_urls")]
+    pub image_url_max_bytes: u64,
+    /// Seconds one image URL's whole fetch may take: connecting, up to 5 redirects, headers and
+    /// body (with --allow-image-urls)
+    #[arg(long = "image-url-timeout", value_name = "SECS", default_value_t = nextn_server::image_url::DEFAULT_TIMEOUT.as_secs_f64(), requires = "allow_image_urls")]
+    pub image_url_timeout: f64,
     /// Seconds a client has to send a whole request head (request line and headers), counted from
     /// the connection's opening or from the first byte of a later request on a kept-alive
     /// connection; slower connections are closed [default: 10]
@@ -295,6 +309,20 @@ fn fit_open_files(max_connections: usize) -> usize {
     max_connections
 }
 
+/// The image-URL limits the flags ask for, with `--allow-image-urls`.
+pub fn image_urls(args: &Args) -> Result<Option<nextn_server::image_url::ImageUrlLimits>> {
+    if !args.allow_image_urls {
+        return Ok(None);
+    }
+    if args.image_url_max_bytes == 0 {
+        bail!("--image-url-max-bytes 0: expected a number of bytes, at least 1");
+    }
+    Ok(Some(nextn_server::image_url::ImageUrlLimits {
+        max_bytes: args.image_url_max_bytes,
+        timeout: timeout("--image-url-timeout", args.image_url_timeout)?,
+    }))
+}
+
 /// The model id `/v1/models` reports: `--alias`, else the file name.
 fn model_id(path: &Path, alias: &Option<String>) -> String {
     alias.clone().unwrap_or_else(|| {
@@ -347,6 +375,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Some(args.force_acceptance.clone())
         },
         limits,
+        image_urls: image_urls(&args)?,
         reasoning_budget: match args.reasoning_budget {
             -1 => None,
             n if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),

@@ -291,3 +291,16 @@ fn input_images_become_image_url_parts() {
         ])
     );
 }
+
+/// An `input_image` with an http(s) `image_url` reaches the chat path as an image to fetch.
+#[test]
+fn an_input_image_url_is_an_image_to_fetch() {
+    let r = parsed(json!({"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is it?"},
+        {"type": "input_image", "image_url": "http://127.0.0.1:9/a.png"},
+    ]}]}));
+    let req = crate::request::parse_chat(&r.chat).unwrap();
+    assert_eq!(req.images.len(), 1);
+    assert_eq!(req.images[0].remote_url(), Some("http://127.0.0.1:9/a.png"));
+    assert_eq!(req.images[0].field, "messages[0].content[1].image_url.url");
+}
