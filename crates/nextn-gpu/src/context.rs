@@ -165,6 +165,7 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     timestamps: bool,
+    dispatch_timestamps: bool,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     errors: Arc<ErrorLog>,
     budget: Arc<MemoryBudget>,
@@ -252,6 +253,15 @@ impl Gpu {
         if timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        // Timestamps between the dispatches of a pass, for `nextn bench --device-profile`; asking
+        // for them costs nothing until a pass writes them.
+        let dispatch_timestamps = timestamps
+            && adapter
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+        if dispatch_timestamps {
+            features |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("nextn"),
             required_features: features,
@@ -274,6 +284,7 @@ impl Gpu {
             queue,
             limits,
             timestamps,
+            dispatch_timestamps,
             pipelines: Mutex::new(HashMap::new()),
             errors,
             budget: Arc::new(MemoryBudget {
@@ -286,6 +297,11 @@ impl Gpu {
     /// Whether passes can be timed on the device (timestamp queries).
     pub fn has_timestamps(&self) -> bool {
         self.timestamps
+    }
+
+    /// Whether each dispatch of a pass can be timed (timestamp queries inside passes).
+    pub fn has_dispatch_timestamps(&self) -> bool {
+        self.dispatch_timestamps
     }
 
     /// Whether matrices uploaded from now on take int8 activations where their type allows

@@ -16,7 +16,7 @@ pub mod validation;
 pub mod weights;
 
 pub use context::{list_devices, DeviceInfo, Gpu, OpenOptions, Reservation};
-pub use pass::{groups_1d, Recorder};
+pub use pass::{groups_1d, PassTime, Recorder, Timing};
 pub use weights::{is_device_type, DeviceExperts, DeviceMatrix};
 
 #[derive(Debug, thiserror::Error)]

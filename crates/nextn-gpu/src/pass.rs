@@ -12,12 +12,36 @@ use crate::GpuError;
 const PARAMS_ALIGN: usize = 256;
 
 struct Dispatch {
+    kernel: &'static str,
     pipeline: Arc<wgpu::ComputePipeline>,
     buffers: Vec<wgpu::Buffer>,
     params_offset: u64,
     params_len: u64,
     groups: [u32; 3],
 }
+
+/// How a submission is timed on the device (when it has timestamp queries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    Off,
+    /// The whole pass.
+    Pass,
+    /// The pass and each dispatch in it (where the device can write timestamps inside a pass;
+    /// elsewhere the pass only).
+    Dispatches,
+}
+
+/// The device time of one submission.
+#[derive(Clone, Debug, Default)]
+pub struct PassTime {
+    pub seconds: f64,
+    /// With [`Timing::Dispatches`]: each dispatch's kernel and seconds, in order (the time from
+    /// the end of the dispatch before it, so the barrier between them is counted too).
+    pub dispatches: Vec<(&'static str, f64)>,
+}
+
+/// The most timestamps one query set holds in wgpu.
+const MAX_QUERIES: usize = 4096;
 
 /// Dispatches waiting to be submitted together.
 pub struct Recorder<'g> {
@@ -83,6 +107,7 @@ impl<'g> Recorder<'g> {
         let len = (params.len() * 4).max(16).div_ceil(16) * 16;
         self.params.resize(offset + len, 0);
         self.dispatches.push(Dispatch {
+            kernel: kernel.name,
             pipeline,
             buffers: buffers.iter().map(|b| (*b).clone()).collect(),
             params_offset: offset as u64,
@@ -95,6 +120,12 @@ impl<'g> Recorder<'g> {
     /// Run everything recorded. With `timed` and a device that has timestamp queries, returns
     /// the seconds the device spent on the pass.
     pub fn submit(self, timed: bool) -> Result<Option<f64>, GpuError> {
+        let timing = if timed { Timing::Pass } else { Timing::Off };
+        Ok(self.submit_timed(timing)?.map(|t| t.seconds))
+    }
+
+    /// Run everything recorded, timed as `timing` asks where the device can.
+    pub fn submit_timed(self, timing: Timing) -> Result<Option<PassTime>, GpuError> {
         if self.dispatches.is_empty() {
             return Ok(None);
         }
@@ -138,15 +169,26 @@ impl<'g> Recorder<'g> {
                 })
             })
             .collect();
-        let timing = if timed && gpu.has_timestamps() {
+        let per_dispatch = timing == Timing::Dispatches
+            && gpu.has_dispatch_timestamps()
+            && self.dispatches.len() < MAX_QUERIES;
+        // Pass timing: a timestamp at the start and one at the end; per dispatch: one before the
+        // first and one after each.
+        let queries = if per_dispatch {
+            self.dispatches.len() + 1
+        } else {
+            2
+        };
+        let query_bytes = queries as u64 * 8;
+        let timing = if timing != Timing::Off && gpu.has_timestamps() {
             let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("pass-time"),
                 ty: wgpu::QueryType::Timestamp,
-                count: 2,
+                count: queries as u32,
             });
             let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("pass-time-resolve"),
-                size: 16,
+                size: query_bytes,
                 usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
@@ -157,7 +199,7 @@ impl<'g> Recorder<'g> {
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("kernels"),
-                timestamp_writes: timing.as_ref().map(|(set, _)| {
+                timestamp_writes: timing.as_ref().filter(|_| !per_dispatch).map(|(set, _)| {
                     wgpu::ComputePassTimestampWrites {
                         query_set: set,
                         beginning_of_pass_write_index: Some(0),
@@ -165,21 +207,28 @@ impl<'g> Recorder<'g> {
                     }
                 }),
             });
-            for (d, bg) in self.dispatches.iter().zip(&groups) {
+            let inside = timing.as_ref().filter(|_| per_dispatch).map(|(set, _)| set);
+            if let Some(set) = inside {
+                pass.write_timestamp(set, 0);
+            }
+            for (i, (d, bg)) in self.dispatches.iter().zip(&groups).enumerate() {
                 pass.set_pipeline(&d.pipeline);
                 pass.set_bind_group(0, bg, &[]);
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                if let Some(set) = inside {
+                    pass.write_timestamp(set, i as u32 + 1);
+                }
             }
         }
         let readback = timing.as_ref().map(|(set, resolve)| {
-            enc.resolve_query_set(set, 0..2, resolve, 0);
+            enc.resolve_query_set(set, 0..queries as u32, resolve, 0);
             let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("pass-time-read"),
-                size: 16,
+                size: query_bytes,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            enc.copy_buffer_to_buffer(resolve, 0, &staging, 0, 16);
+            enc.copy_buffer_to_buffer(resolve, 0, &staging, 0, query_bytes);
             staging
         });
         gpu.queue.submit([enc.finish()]);
@@ -202,9 +251,21 @@ impl<'g> Recorder<'g> {
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&view);
         drop(view);
         staging.unmap();
-        let period = gpu.queue.get_timestamp_period() as f64;
-        Ok(Some(
-            ticks[1].saturating_sub(ticks[0]) as f64 * period * 1e-9,
-        ))
+        let period = gpu.queue.get_timestamp_period() as f64 * 1e-9;
+        let secs = |a: u64, b: u64| b.saturating_sub(a) as f64 * period;
+        let (first, last) = (ticks[0], ticks[ticks.len() - 1]);
+        let dispatches = if per_dispatch {
+            self.dispatches
+                .iter()
+                .zip(ticks.windows(2))
+                .map(|(d, w)| (d.kernel, secs(w[0], w[1])))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Some(PassTime {
+            seconds: secs(first, last),
+            dispatches,
+        }))
     }
 }

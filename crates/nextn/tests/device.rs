@@ -265,3 +265,70 @@ fn a_request_without_room_on_the_device_is_refused_and_the_server_goes_on() {
         .is_empty());
     s.terminate(std::time::Duration::from_secs(20));
 }
+
+/// `bench --device-profile` times every dispatch: the JSON lists the kernels the passes ran, their
+/// dispatch counts add up to the dispatches counted, and their times to the pass times; on the
+/// CPU the flag is refused.
+#[test]
+fn device_profile_accounts_for_every_dispatch() {
+    let Some(dev) = lavapipe() else { return };
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let json = std::env::temp_dir().join(format!("nextn-profile-{}.json", std::process::id()));
+    let o = bin()
+        .args([
+            "bench",
+            "-m",
+            m,
+            "-dev",
+            &dev,
+            "-n",
+            "4",
+            "--spec-draft-n-max",
+            "0",
+        ])
+        .arg("--device-profile")
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run nextn");
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("device time by kernel"), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let _ = std::fs::remove_file(&json);
+    let run = &v["runs"][0]["device"];
+    let kernels = run["kernels"].as_array().expect("kernels");
+    let names: Vec<&str> = kernels
+        .iter()
+        .filter_map(|k| k["kernel"].as_str())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("matvec")), "{names:?}");
+    assert!(names.contains(&"rms_norm"), "{names:?}");
+    let counted: u64 = kernels
+        .iter()
+        .map(|k| k["dispatches"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, run["dispatches"].as_u64().unwrap());
+
+    let o = bin()
+        .args([
+            "bench",
+            "-m",
+            m,
+            "-dev",
+            "none",
+            "-n",
+            "4",
+            "--device-profile",
+        ])
+        .output()
+        .expect("run nextn");
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--device-profile"),
+        "{}",
+        text(&o.stderr)
+    );
+}

@@ -289,7 +289,7 @@ pub(crate) fn scratch(gpu: &Gpu, label: &str, n: usize) -> Result<wgpu::Buffer, 
 /// What the device did since the counters were last reset: passes (target, head and commit
 /// submissions), the dispatches they recorded, and, when timing is on, the device time the
 /// passes took by timestamp queries.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceStats {
     pub passes: u64,
     pub dispatches: u64,
@@ -297,6 +297,17 @@ pub struct DeviceStats {
     pub read_back_bytes: u64,
     pub timed_passes: u64,
     pub gpu_seconds: f64,
+    /// With profiling on: device time by kernel over the passes whose dispatches were timed.
+    pub kernels: std::collections::BTreeMap<&'static str, KernelTime>,
+    /// The device time of the passes whose dispatches were timed (the kernels' times add up to it).
+    pub profiled_seconds: f64,
+}
+
+/// One kernel's share of the profiled passes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelTime {
+    pub dispatches: u64,
+    pub seconds: f64,
 }
 
 /// The counters a model and its head share; timing costs a read-back per pass, so it is on only
@@ -305,6 +316,7 @@ pub struct DeviceStats {
 pub(crate) struct Counters {
     stats: std::sync::Mutex<DeviceStats>,
     timing: std::sync::atomic::AtomicBool,
+    profiling: std::sync::atomic::AtomicBool,
 }
 
 impl Counters {
@@ -318,14 +330,29 @@ impl Counters {
     /// Submit `rec`, counting it.
     pub(crate) fn submit(&self, rec: Recorder) -> Result<(), ModelError> {
         let dispatches = rec.len() as u64;
-        let timed = self.timing.load(std::sync::atomic::Ordering::Relaxed);
-        let t = rec.submit(timed).map_err(gpu_err)?;
+        let order = std::sync::atomic::Ordering::Relaxed;
+        let timing = if self.profiling.load(order) {
+            nextn_gpu::Timing::Dispatches
+        } else if self.timing.load(order) {
+            nextn_gpu::Timing::Pass
+        } else {
+            nextn_gpu::Timing::Off
+        };
+        let t = rec.submit_timed(timing).map_err(gpu_err)?;
         if let Ok(mut s) = self.stats.lock() {
             s.passes += 1;
             s.dispatches += dispatches;
             if let Some(t) = t {
                 s.timed_passes += 1;
-                s.gpu_seconds += t;
+                s.gpu_seconds += t.seconds;
+                if !t.dispatches.is_empty() {
+                    s.profiled_seconds += t.seconds;
+                }
+                for (kernel, secs) in t.dispatches {
+                    let k = s.kernels.entry(kernel).or_default();
+                    k.dispatches += 1;
+                    k.seconds += secs;
+                }
             }
         }
         Ok(())
@@ -380,6 +407,14 @@ impl DeviceModel {
     pub fn set_timing(&self, on: bool) {
         self.counters
             .timing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Time each dispatch of every pass from now on, by kernel (where the device can write
+    /// timestamps inside a pass); implies [`Self::set_timing`]'s pass times.
+    pub fn set_profiling(&self, on: bool) {
+        self.counters
+            .profiling
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 

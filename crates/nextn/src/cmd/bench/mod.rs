@@ -94,6 +94,11 @@ pub struct Args {
     /// Draw acceptance by draft position and decode tokens/s by depth into this PNG
     #[arg(long = "plot", value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+    /// On a device (-dev): time every dispatch of the generation runs' passes and print the
+    /// device time by kernel (where the device can write timestamps inside a pass; the extra
+    /// timestamps cost the runs a little speed)
+    #[arg(long = "device-profile", conflicts_with_all = ["depth", "expert_union"])]
+    pub device_profile: bool,
     /// Instead of the generation runs, time the passes of the loop (decode, verify of up to
     /// --floor-verify-rows rows, draft step) after a prefill of N tokens, for each N given (as
     /// llama-bench's -d)
@@ -214,9 +219,41 @@ fn device_report(
         gpu_ms.map_or("no timestamps".to_string(), |m| format!("{m:.2} ms device time")),
         cpu_seconds.map_or("?".to_string(), |c| format!("{:.2} ms", c * 1e3 / tok)),
     );
+    let mut line = line;
+    let mut kernels: Vec<(&str, nextn_model::device::KernelTime)> =
+        s.kernels.iter().map(|(k, t)| (*k, *t)).collect();
+    kernels.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
+    if !kernels.is_empty() {
+        let profiled = s.profiled_seconds.max(1e-12);
+        let passes = s.timed_passes.max(1) as f64;
+        line.push_str(&format!(
+            "\n  device time by kernel ({:.2} ms per pass; a dispatch's time runs from the end of the one before it):\n  {:<28} {:>10} {:>10} {:>12} {:>7}",
+            profiled * 1e3 / passes,
+            "kernel",
+            "per pass",
+            "us each",
+            "ms per pass",
+            "share"
+        ));
+        for (k, t) in &kernels {
+            line.push_str(&format!(
+                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}%",
+                k,
+                t.dispatches as f64 / passes,
+                t.seconds * 1e6 / t.dispatches.max(1) as f64,
+                t.seconds * 1e3 / passes,
+                100.0 * t.seconds / profiled
+            ));
+        }
+    }
+    let kernel_json: Vec<Value> = kernels
+        .iter()
+        .map(|(k, t)| json!({"kernel": k, "dispatches": t.dispatches, "seconds": t.seconds}))
+        .collect();
     let json = json!({
         "device": info.name,
         "software": info.software,
+        "kernels": kernel_json,
         "passes": s.passes,
         "dispatches": s.dispatches,
         "dispatches_per_token": s.dispatches as f64 / tok,
@@ -672,6 +709,16 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut policies = Policy::parse_list(&args.n_max)?;
     let loaded = common::load(&args.model, policies.iter().any(|&p| p != Policy::Plain))?;
     let head = NextnHead::load(&loaded.model).ok();
+    if args.device_profile {
+        match loaded.model.device.as_deref() {
+            None => bail!("--device-profile times kernels on a device: the model runs on the CPU here (choose one with -dev)"),
+            Some(d) if !d.gpu().has_dispatch_timestamps() => eprintln!(
+                "--device-profile: {} cannot write timestamps inside a pass; only pass times are reported",
+                d.gpu().info.name
+            ),
+            Some(_) => {}
+        }
+    }
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
     let forced = forced_acceptance(&args, &mut policies)?;
     let want_spec = policies.iter().any(|&p| p != Policy::Plain);
@@ -1003,6 +1050,7 @@ fn measure_kind(
     let device = b.loaded.model.device.as_deref();
     if let Some(d) = device {
         d.set_timing(true);
+        d.set_profiling(b.args.device_profile);
         d.take_stats();
     }
     let cpu_before = process_cpu_seconds();
