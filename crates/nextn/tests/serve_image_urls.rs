@@ -14,25 +14,9 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{json, Value};
-use serve_common::Server;
 
 /// `--image-url-max-bytes` for the tests: above the ramp picture (about 20 KB).
 const CAP: usize = 32768;
-
-fn ramp() -> Vec<u8> {
-    let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
-    std::fs::read(p).expect("picture")
-}
-
-fn mmproj(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("nextn-image-urls-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("mmproj.gguf");
-    // The bundled model is 256 wide.
-    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &path)
-        .expect("write mmproj");
-    (dir, path)
-}
 
 /// A loopback HTTP/1.1 server, one thread per connection, that records each request's path and
 /// User-Agent.
@@ -47,7 +31,7 @@ impl Origin {
         let port = listener.local_addr().expect("addr").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
-        let png = Arc::new(ramp());
+        let png = Arc::new(serve_common::ramp_png());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
@@ -189,22 +173,18 @@ fn assert_refused(r: &serve_common::Response, field: &str, words: &[&str]) {
 #[test]
 fn image_urls_are_fetched_within_their_limits() {
     let origin = Origin::start();
-    let (dir, path) = mmproj("on");
     let cap = CAP.to_string();
-    let s = Server::start(&[
+    let s = serve_common::start_with_mmproj(&[
         "-np",
         "1",
         "-c",
         "1024",
-        "--mmproj",
-        path.to_str().expect("utf-8"),
         "--allow-image-urls",
         "--image-url-timeout",
         "1",
         "--image-url-max-bytes",
         &cap,
     ]);
-    std::fs::remove_dir_all(&dir).ok();
     assert!(
         s.log_text().contains("image URLs: fetched"),
         "{}",
@@ -212,7 +192,10 @@ fn image_urls_are_fetched_within_their_limits() {
     );
 
     // The fetched picture is the same prompt, and the same answer, as the picture inline.
-    let inline = format!("data:image/png;base64,{}", STANDARD.encode(ramp()));
+    let inline = format!(
+        "data:image/png;base64,{}",
+        STANDARD.encode(serve_common::ramp_png())
+    );
     let by_value = s.post("/v1/chat/completions", &chat_with(&inline));
     assert_eq!(by_value.status, 200, "{}", by_value.text());
     let by_url = s.post("/v1/chat/completions", &chat_with(&origin.url("/ramp.png")));
@@ -328,7 +311,7 @@ fn image_urls_are_fetched_within_their_limits() {
         assert_eq!(r.status, 200, "{}", r.text());
         r.json()["input_tokens"].as_u64().unwrap()
     };
-    let b64 = STANDARD.encode(ramp());
+    let b64 = STANDARD.encode(serve_common::ramp_png());
     assert_eq!(
         count(&message(
             json!({"type": "url", "url": origin.url("/ramp.png")})
@@ -366,16 +349,7 @@ fn image_urls_are_fetched_within_their_limits() {
 #[test]
 fn without_the_flag_image_urls_are_refused_naming_it() {
     let origin = Origin::start();
-    let (dir, path) = mmproj("off");
-    let s = Server::start(&[
-        "-np",
-        "1",
-        "-c",
-        "512",
-        "--mmproj",
-        path.to_str().expect("utf-8"),
-    ]);
-    std::fs::remove_dir_all(&dir).ok();
+    let s = serve_common::start_with_mmproj(&["-np", "1", "-c", "512"]);
     let r = s.post("/v1/chat/completions", &chat_with(&origin.url("/ramp.png")));
     assert_refused(&r, FIELD, &["--allow-image-urls", "data URI"]);
     let r = s.post("/apply-template", &chat_with(&origin.url("/ramp.png")));

@@ -10,18 +10,6 @@ use base64::Engine;
 use serde_json::json;
 use serve_common::Server;
 
-fn mmproj() -> (std::path::PathBuf, std::path::PathBuf) {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("nextn-serve-images-{}-{k}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("mmproj.gguf");
-    // The bundled model is 256 wide.
-    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &path)
-        .expect("write mmproj");
-    (dir, path)
-}
-
 #[test]
 fn images_through_the_official_openai_client() {
     if let Some(why) = serve_common::missing_python_modules(&["openai"]) {
@@ -29,20 +17,9 @@ fn images_through_the_official_openai_client() {
         eprintln!("skipped: {why}");
         return;
     }
-    let (dir, path) = mmproj();
-    let s = Server::start(&[
-        "--spec-type",
-        "nextn",
-        "-np",
-        "1",
-        "-c",
-        "1024",
-        "--mmproj",
-        path.to_str().expect("utf-8 path"),
-    ]);
+    let s = serve_common::start_with_mmproj(&["--spec-type", "nextn", "-np", "1", "-c", "1024"]);
     let url = format!("http://127.0.0.1:{}/v1", s.port);
     let out = serve_common::run_python_tool("openai_image_check.py", &["--url", &url]);
-    std::fs::remove_dir_all(&dir).ok();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -74,16 +51,7 @@ fn a_server_without_mmproj_refuses_images() {
 
 #[test]
 fn completion_takes_llama_server_multimodal_data() {
-    let (dir, path) = mmproj();
-    let s = Server::start(&[
-        "-np",
-        "1",
-        "-c",
-        "512",
-        "--mmproj",
-        path.to_str().expect("utf-8"),
-    ]);
-    std::fs::remove_dir_all(&dir).ok();
+    let s = serve_common::start_with_mmproj(&["-np", "1", "-c", "512"]);
     let png = ramp_png();
     let r = s.post(
         "/completion",
@@ -107,8 +75,7 @@ fn completion_takes_llama_server_multimodal_data() {
 
 /// The ramp picture of nextn-vision's test data, base64.
 fn ramp_png() -> String {
-    let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
-    STANDARD.encode(std::fs::read(p).expect("picture"))
+    STANDARD.encode(serve_common::ramp_png())
 }
 
 /// Anthropic `image` blocks and Responses `input_image` parts go through the same image path as
@@ -116,16 +83,7 @@ fn ramp_png() -> String {
 /// resumes after it, and `/props` says the server has vision.
 #[test]
 fn messages_and_responses_take_images() {
-    let (dir, path) = mmproj();
-    let s = Server::start(&[
-        "-np",
-        "1",
-        "-c",
-        "1024",
-        "--mmproj",
-        path.to_str().expect("utf-8"),
-    ]);
-    std::fs::remove_dir_all(&dir).ok();
+    let s = serve_common::start_with_mmproj(&["-np", "1", "-c", "1024"]);
     assert_eq!(s.get("/props").json()["modalities"]["vision"], true);
     let png = ramp_png();
     let message = |with_image: bool| {

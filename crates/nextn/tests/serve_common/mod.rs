@@ -609,3 +609,26 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
 }
+
+/// A server on the bundled model with a random-weight vision tower of its width (256), written
+/// for it and removed once the server has loaded it; `args` come after `--mmproj FILE`.
+pub fn start_with_mmproj(args: &[&str]) -> Server {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("nextn-mmproj-{}-{k}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("mmproj.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &path)
+        .expect("write mmproj");
+    let mut all = vec!["--mmproj", path.to_str().expect("utf-8 path")];
+    all.extend_from_slice(args);
+    let s = Server::start(&all);
+    std::fs::remove_dir_all(&dir).ok();
+    s
+}
+
+/// The ramp picture of nextn-vision's test data (PNG, 100x75).
+pub fn ramp_png() -> Vec<u8> {
+    let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    std::fs::read(p).expect("picture")
+}
