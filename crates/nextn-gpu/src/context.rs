@@ -1,5 +1,7 @@
 //! The device: adapters as llama.cpp names them (`Vulkan0`, `Metal0`, ...), one opened device with
-//! its queue, buffers, blocking read-back, and the pipelines of the WGSL kernels, built once each.
+//! its queue, buffers, blocking read-back, the pipelines of the WGSL kernels (built once each, at
+//! load for a model, kept in an on-disk cache), the bind groups made once and reused, and the
+//! buffers every submission shares, so that a steady state of passes allocates nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +160,125 @@ struct ErrorLog {
     messages: Mutex<Vec<String>>,
 }
 
+/// What the runtime has created and done since the device was opened ([`Gpu::counters`]). A
+/// steady state of passes creates no buffers, bind groups or pipelines; its dispatches,
+/// submissions and blocking read-backs are what a pass costs the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Device buffers created: weights, caches, scratch, staging.
+    pub buffers_created: u64,
+    pub bind_groups_created: u64,
+    pub pipelines_created: u64,
+    pub dispatches: u64,
+    /// Command submissions to the queue.
+    pub submissions: u64,
+    /// Times the host waited for the device (a read-back, a timed pass, an explicit wait).
+    pub read_backs: u64,
+}
+
+impl Counters {
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &Counters) -> Counters {
+        Counters {
+            buffers_created: self.buffers_created.saturating_sub(before.buffers_created),
+            bind_groups_created: self
+                .bind_groups_created
+                .saturating_sub(before.bind_groups_created),
+            pipelines_created: self
+                .pipelines_created
+                .saturating_sub(before.pipelines_created),
+            dispatches: self.dispatches.saturating_sub(before.dispatches),
+            submissions: self.submissions.saturating_sub(before.submissions),
+            read_backs: self.read_backs.saturating_sub(before.read_backs),
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct CounterCells {
+    pub(crate) buffers: AtomicU64,
+    pub(crate) bind_groups: AtomicU64,
+    pub(crate) pipelines: AtomicU64,
+    pub(crate) dispatches: AtomicU64,
+    pub(crate) submissions: AtomicU64,
+    pub(crate) read_backs: AtomicU64,
+}
+
+impl CounterCells {
+    pub(crate) fn add(cell: &AtomicU64, n: u64) {
+        cell.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The storage bindings of group 0 that one or more kernels share: bindings `1..=n`, each
+/// read-only or read-write. Bind groups are made against it and reused by every kernel with the
+/// same bindings.
+pub(crate) struct StorageLayout {
+    pub(crate) id: usize,
+    pub(crate) layout: wgpu::BindGroupLayout,
+    pub(crate) read_only: Vec<bool>,
+}
+
+/// A kernel's pipeline and the layout of its storage bindings.
+pub(crate) struct Pipeline {
+    pub(crate) compute: wgpu::ComputePipeline,
+    pub(crate) storage: Arc<StorageLayout>,
+}
+
+/// The most storage buffers one kernel binds.
+pub const MAX_BINDINGS: usize = 12;
+
+/// The bytes of the parameter window every dispatch binds (its struct fits in it) and the
+/// alignment of a dispatch's parameters in the uniform buffer.
+pub(crate) const PARAMS_WINDOW: u64 = 256;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct BindKey {
+    layout: usize,
+    buffers: [Option<wgpu::Buffer>; MAX_BINDINGS],
+}
+
+/// Bind groups by (layout, buffers), made once and reused. An entry no submission has used for
+/// [`BIND_GROUP_IDLE`] submissions goes, so that the buffers of sequences that ended are not
+/// kept alive by it (their owners also destroy them when dropped).
+#[derive(Default)]
+struct BindCache {
+    map: HashMap<BindKey, (wgpu::BindGroup, u64)>,
+    epoch: u64,
+}
+
+/// Submissions after which an unused bind group is dropped.
+const BIND_GROUP_IDLE: u64 = 512;
+
+impl BindCache {
+    fn tick(&mut self) {
+        self.epoch += 1;
+        if self.epoch.is_multiple_of(BIND_GROUP_IDLE / 2) {
+            let epoch = self.epoch;
+            self.map
+                .retain(|_, (_, used)| *used + BIND_GROUP_IDLE >= epoch);
+        }
+    }
+}
+
+/// Buffers every submission uses, kept from one to the next: the parameters of its dispatches
+/// (a uniform buffer bound at a dynamic offset per dispatch), the data it uploads (copied from
+/// there in order with its other commands), what it reads back (a mappable staging buffer),
+/// and the timestamp queries of timed passes. Each grows when a submission needs more and is
+/// otherwise reused, so a steady state creates none.
+#[derive(Default)]
+pub(crate) struct Arena {
+    params: Option<(wgpu::Buffer, wgpu::BindGroup)>,
+    uploads: Option<wgpu::Buffer>,
+    staging: Option<wgpu::Buffer>,
+    queries: Option<(wgpu::QuerySet, wgpu::Buffer, u32)>,
+}
+
+/// Device memory sizes grow to the next power of two of what is asked, at least `min`.
+fn grown(bytes: u64, min: u64) -> u64 {
+    bytes.max(min).next_power_of_two()
+}
+
 /// An opened device and its queue.
 pub struct Gpu {
     pub info: DeviceInfo,
@@ -166,7 +287,20 @@ pub struct Gpu {
     pub(crate) limits: wgpu::Limits,
     timestamps: bool,
     dispatch_timestamps: bool,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pub(crate) counters: CounterCells,
+    pipelines: Mutex<HashMap<&'static str, Arc<Pipeline>>>,
+    layouts: Mutex<Vec<Arc<StorageLayout>>>,
+    params_layout: wgpu::BindGroupLayout,
+    bind_groups: Mutex<BindCache>,
+    /// Held from writing a submission's parameters and uploads until it is submitted (and read
+    /// back), so that two recorders never share the buffers in flight.
+    pub(crate) arena: Mutex<Arena>,
+    /// Work recorded and not yet submitted ([`crate::Recorder::defer`]): it goes first in the
+    /// next submission, and before any read, write or copy of the host's.
+    pub(crate) pending: Mutex<crate::pass::Recorded>,
+    /// Scratch buffers of the kernels' host functions by name, grown when too small.
+    scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
+    pipeline_cache: Option<(wgpu::PipelineCache, std::path::PathBuf)>,
     errors: Arc<ErrorLog>,
     budget: Arc<MemoryBudget>,
 }
@@ -181,6 +315,10 @@ pub struct OpenOptions {
     /// Device memory the weights and caches may take together, in bytes; `None`: the adapter's
     /// device-local heap ([`DeviceInfo::memory_bytes`]), or no limit where none is reported.
     pub memory_budget: Option<u64>,
+    /// A directory for the driver's compiled pipelines (where the backend keeps a pipeline
+    /// cache: Vulkan): read when the device opens, written by [`Gpu::save_pipeline_cache`], so
+    /// that a later start compiles nothing. The file is named after the adapter.
+    pub pipeline_cache_dir: Option<std::path::PathBuf>,
 }
 
 /// Device memory that weights and caches have reserved, against a budget: a cache or a matrix
@@ -208,6 +346,77 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
     }
+}
+
+/// Whether a kernel's storage bindings are read-only, in binding order (group 0, bindings
+/// `1..=n`), as its WGSL source declares them; its parameters must be the uniform at group 1,
+/// binding 0.
+pub(crate) fn storage_bindings(kernel: &Kernel) -> Result<Vec<bool>, GpuError> {
+    let bad = |why: String| GpuError::Kernel {
+        kernel: kernel.name,
+        why,
+    };
+    let src = kernel.source;
+    let number = |s: &str, at: usize| -> Option<(u32, usize)> {
+        let rest = &s[at..];
+        let end = rest.find(')')?;
+        Some((rest[..end].trim().parse().ok()?, at + end + 1))
+    };
+    let mut read_only: Vec<(u32, bool)> = Vec::new();
+    let mut uniform = false;
+    let mut at = 0;
+    while let Some(i) = src[at..].find("@group(") {
+        let (group, after) =
+            number(src, at + i + 7).ok_or_else(|| bad("an unreadable @group".into()))?;
+        let b = src[after..]
+            .find("@binding(")
+            .ok_or_else(|| bad("@group without @binding".into()))?;
+        let (binding, after) =
+            number(src, after + b + 9).ok_or_else(|| bad("an unreadable @binding".into()))?;
+        let v = src[after..]
+            .find("var<")
+            .ok_or_else(|| bad(format!("binding {binding} is not a buffer")))?;
+        let open = after + v + 4;
+        let close = src[open..]
+            .find('>')
+            .ok_or_else(|| bad(format!("binding {binding}: no '>'")))?;
+        let kind: String = src[open..open + close]
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        match (group, kind.as_str()) {
+            (1, "uniform") if binding == 0 => uniform = true,
+            (0, "storage") | (0, "storage,read") => read_only.push((binding, true)),
+            (0, "storage,read_write") => read_only.push((binding, false)),
+            _ => {
+                return Err(bad(format!(
+                    "@group({group}) @binding({binding}) var<{kind}>: kernels take their \
+                     parameters as the uniform at group 1, binding 0, and storage buffers at \
+                     group 0"
+                )))
+            }
+        }
+        at = open + close;
+    }
+    if !uniform {
+        return Err(bad("no parameters at @group(1) @binding(0)".into()));
+    }
+    read_only.sort_by_key(|b| b.0);
+    for (i, (binding, _)) in read_only.iter().enumerate() {
+        if *binding as usize != i + 1 {
+            return Err(bad(format!(
+                "storage bindings must be 1, 2, ... in order; binding {binding} is number {}",
+                i + 1
+            )));
+        }
+    }
+    if read_only.len() > MAX_BINDINGS {
+        return Err(bad(format!(
+            "{} storage bindings, over {MAX_BINDINGS}",
+            read_only.len()
+        )));
+    }
+    Ok(read_only.into_iter().map(|(_, r)| r).collect())
 }
 
 impl Gpu {
@@ -262,6 +471,17 @@ impl Gpu {
         if dispatch_timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
+        let cache_file = opts
+            .pipeline_cache_dir
+            .as_ref()
+            .filter(|_| adapter.features().contains(wgpu::Features::PIPELINE_CACHE))
+            .and_then(|dir| {
+                let key = wgpu::util::pipeline_cache_key(&adapter.get_info())?;
+                Some(dir.join(format!("{key}.bin")))
+            });
+        if cache_file.is_some() {
+            features |= wgpu::Features::PIPELINE_CACHE;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("nextn"),
             required_features: features,
@@ -278,6 +498,34 @@ impl Gpu {
                 m.push(e.to_string());
             }
         }));
+        let pipeline_cache = cache_file.map(|path| {
+            // A missing or unreadable file starts an empty cache.
+            let data = std::fs::read(&path).ok();
+            // SAFETY: the data is what `PipelineCache::get_data` wrote for an adapter with the
+            // same cache key (the file is named after it); wgpu checks its header, and with
+            // `fallback` a cache the driver refuses becomes an empty one.
+            let cache = unsafe {
+                device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                    label: Some("nextn pipelines"),
+                    data: data.as_deref(),
+                    fallback: true,
+                })
+            };
+            (cache, path)
+        });
+        let params_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("params"),
+            entries: &[wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: true,
+                    min_binding_size: std::num::NonZeroU64::new(PARAMS_WINDOW),
+                },
+                count: None,
+            }],
+        });
         Ok(Gpu {
             info,
             device,
@@ -285,7 +533,15 @@ impl Gpu {
             limits,
             timestamps,
             dispatch_timestamps,
+            counters: CounterCells::default(),
             pipelines: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(Vec::new()),
+            params_layout,
+            bind_groups: Mutex::new(BindCache::default()),
+            arena: Mutex::new(Arena::default()),
+            pending: Mutex::new(crate::pass::Recorded::default()),
+            scratch: Mutex::new(HashMap::new()),
+            pipeline_cache,
             errors,
             budget: Arc::new(MemoryBudget {
                 limit: opts.memory_budget.or(info_memory),
@@ -324,6 +580,20 @@ impl Gpu {
     /// The most workgroups one dispatch may have along x.
     pub fn max_groups_x(&self) -> u32 {
         self.limits.max_compute_workgroups_per_dimension
+    }
+
+    /// What the runtime has created and done so far.
+    pub fn counters(&self) -> Counters {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counters {
+            buffers_created: get(&c.buffers),
+            bind_groups_created: get(&c.bind_groups),
+            pipelines_created: get(&c.pipelines),
+            dispatches: get(&c.dispatches),
+            submissions: get(&c.submissions),
+            read_backs: get(&c.read_backs),
+        }
     }
 
     /// Errors the device has reported since the last call (empty when all is well).
@@ -374,7 +644,22 @@ impl Gpu {
     /// by copies. A device that cannot allocate it is an error naming `label` and the size, and
     /// leaves no invalid buffer behind to fail later kernels.
     pub fn buffer(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
-        let size = bytes.max(4).div_ceil(4) * 4;
+        self.raw_buffer(
+            label,
+            bytes.max(4).div_ceil(4) * 4,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        )
+    }
+
+    /// A buffer of `size` bytes with `usage`, with the checks of [`Gpu::buffer`], counted.
+    pub(crate) fn raw_buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer, GpuError> {
         if size > self.limits.max_buffer_size {
             return Err(GpuError::BufferTooLarge {
                 what: label.to_string(),
@@ -387,11 +672,10 @@ impl Gpu {
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
+            usage,
             mapped_at_creation: false,
         });
+        CounterCells::add(&self.counters.buffers, 1);
         let out_of_memory = pollster::block_on(oom.pop());
         let invalid = pollster::block_on(validation.pop());
         if let Some(e) = out_of_memory {
@@ -411,18 +695,36 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// The scratch buffer `name` of at least `bytes`, kept from call to call (grown to the next
+    /// power of two when too small). Work recorded one after another may share it: each use
+    /// sees what the one before it left, as with any buffer.
+    pub fn scratch(&self, name: &'static str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
+        let mut map = self
+            .scratch
+            .lock()
+            .map_err(|_| GpuError::Device("scratch buffers poisoned".into()))?;
+        if let Some(b) = map.get(name).filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let b = self.buffer(name, grown(bytes, 256))?;
+        map.insert(name, b.clone());
+        Ok(b)
+    }
+
     /// A storage buffer holding `data` (padded with zeros to a multiple of 4 bytes).
     pub fn upload(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer, GpuError> {
         let buf = self.buffer(label, data.len() as u64)?;
-        self.write(&buf, 0, data);
+        self.write(&buf, 0, data)?;
         Ok(buf)
     }
 
-    /// Write `data` at byte `offset` of `buf` (ordered before the next submission).
-    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+    /// Write `data` at byte `offset` of `buf`, after every command recorded or submitted before
+    /// (work deferred by [`crate::Recorder::defer`] is submitted first).
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<(), GpuError> {
         if data.is_empty() {
-            return;
+            return Ok(());
         }
+        self.flush()?;
         if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, data);
         } else {
@@ -430,17 +732,29 @@ impl Gpu {
             padded.resize(data.len().div_ceil(4) * 4, 0);
             self.queue.write_buffer(buf, offset, &padded);
         }
+        Ok(())
     }
 
-    pub fn write_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, data: &[f32]) {
-        self.write(buf, offset_elems * 4, bytemuck::cast_slice(data));
+    pub fn write_f32(
+        &self,
+        buf: &wgpu::Buffer,
+        offset_elems: u64,
+        data: &[f32],
+    ) -> Result<(), GpuError> {
+        self.write(buf, offset_elems * 4, bytemuck::cast_slice(data))
     }
 
-    pub fn write_u32(&self, buf: &wgpu::Buffer, offset_elems: u64, data: &[u32]) {
-        self.write(buf, offset_elems * 4, bytemuck::cast_slice(data));
+    pub fn write_u32(
+        &self,
+        buf: &wgpu::Buffer,
+        offset_elems: u64,
+        data: &[u32],
+    ) -> Result<(), GpuError> {
+        self.write(buf, offset_elems * 4, bytemuck::cast_slice(data))
     }
 
-    /// Copy `bytes` from `src` at `src_offset` to `dst` at `dst_offset` on the device.
+    /// Copy `bytes` from `src` at `src_offset` to `dst` at `dst_offset` on the device, after
+    /// everything recorded before.
     pub fn copy(
         &self,
         src: &wgpu::Buffer,
@@ -448,54 +762,36 @@ impl Gpu {
         dst: &wgpu::Buffer,
         dst_offset: u64,
         bytes: u64,
-    ) {
+    ) -> Result<(), GpuError> {
         if bytes == 0 {
-            return;
+            return Ok(());
         }
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("copy"),
-            });
-        enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
-        self.queue.submit([enc.finish()]);
+        let mut rec = crate::Recorder::new(self);
+        rec.copy(src, src_offset, dst, dst_offset, bytes);
+        rec.submit(false)?;
+        Ok(())
     }
 
-    /// Read `bytes` of `buf` from byte `offset` (both multiples of 4), waiting for all work
-    /// submitted before.
+    /// Submit the work deferred so far, if any.
+    pub fn flush(&self) -> Result<(), GpuError> {
+        let empty = self.pending.lock().map(|p| p.is_empty()).unwrap_or(true);
+        if empty {
+            return Ok(());
+        }
+        crate::Recorder::new(self).submit(false)?;
+        Ok(())
+    }
+
+    /// Read `bytes` of `buf` from byte `offset` (both multiples of 4), after everything recorded
+    /// before.
     pub fn read(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>, GpuError> {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read-back"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("read-back"),
-            });
-        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, bytes);
-        self.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| GpuError::ReadBack("the map callback never ran".into()))?
-            .map_err(|e| GpuError::ReadBack(e.to_string()))?;
-        let out = staging
-            .slice(..)
-            .get_mapped_range()
-            .map_err(|e| GpuError::ReadBack(e.to_string()))?
-            .to_vec();
-        staging.unmap();
-        self.check()?;
-        Ok(out)
+        let mut rec = crate::Recorder::new(self);
+        let slot = rec.read_back(buf, offset, bytes);
+        let mut back = rec.submit_read(crate::Timing::Off)?;
+        Ok(back.take(slot))
     }
 
     pub fn read_f32(
@@ -520,6 +816,12 @@ impl Gpu {
 
     /// Block until every submitted command has run.
     pub fn wait(&self) -> Result<(), GpuError> {
+        self.flush()?;
+        CounterCells::add(&self.counters.read_backs, 1);
+        self.poll_wait()
+    }
+
+    pub(crate) fn poll_wait(&self) -> Result<(), GpuError> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Device(e.to_string()))?;
@@ -536,51 +838,321 @@ impl Gpu {
         }
     }
 
-    /// The pipeline of `kernel` with `constants` (WGSL `override`s), built on first use.
-    pub(crate) fn pipeline(
-        &self,
-        kernel: &Kernel,
-        constants: &[(&str, f64)],
-    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
-        let mut key = format!("{}:{}", kernel.name, kernel.entry);
-        for (k, v) in constants {
-            key.push_str(&format!(":{k}={v}"));
-        }
-        let mut cache = self
-            .pipelines
+    /// The layout of storage bindings `read_only`, made once.
+    fn storage_layout(&self, read_only: &[bool]) -> Result<Arc<StorageLayout>, GpuError> {
+        let mut layouts = self
+            .layouts
             .lock()
-            .map_err(|_| GpuError::Device("pipeline cache poisoned".into()))?;
-        if let Some(p) = cache.get(&key) {
-            return Ok(p.clone());
+            .map_err(|_| GpuError::Device("layout cache poisoned".into()))?;
+        if let Some(l) = layouts.iter().find(|l| l.read_only == read_only) {
+            return Ok(l.clone());
         }
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = read_only
+            .iter()
+            .enumerate()
+            .map(|(i, &read_only)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("storage"),
+                entries: &entries,
+            });
+        let l = Arc::new(StorageLayout {
+            id: layouts.len(),
+            layout,
+            read_only: read_only.to_vec(),
+        });
+        layouts.push(l.clone());
+        Ok(l)
+    }
+
+    /// Build `kernel`'s pipeline (not cached here).
+    fn build_pipeline(&self, kernel: &Kernel) -> Result<Pipeline, GpuError> {
+        let storage = self.storage_layout(&storage_bindings(kernel)?)?;
+        let layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(kernel.name),
+                bind_group_layouts: &[Some(&storage.layout), Some(&self.params_layout)],
+                immediate_size: 0,
+            });
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.name),
                 source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
             });
-        let pipeline = self
+        let compute = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(kernel.name),
-                layout: None,
+                layout: Some(&layout),
                 module: &module,
                 entry_point: Some(kernel.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants,
+                    constants: &[],
                     zero_initialize_workgroup_memory: false,
                 },
-                cache: None,
+                cache: self.pipeline_cache.as_ref().map(|(c, _)| c),
             });
-        let errs = self.take_errors();
-        if !errs.is_empty() {
+        CounterCells::add(&self.counters.pipelines, 1);
+        if let Some(e) = pollster::block_on(validation.pop()) {
             return Err(GpuError::Kernel {
                 kernel: kernel.name,
-                why: errs.join("; "),
+                why: e.to_string(),
             });
         }
-        let p = Arc::new(pipeline);
-        cache.insert(key, p.clone());
-        Ok(p)
+        Ok(Pipeline { compute, storage })
+    }
+
+    /// The pipeline of `kernel`, built on first use (a model builds all of its own at load,
+    /// [`Gpu::prepare`]).
+    pub(crate) fn pipeline(&self, kernel: &'static Kernel) -> Result<Arc<Pipeline>, GpuError> {
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .map_err(|_| GpuError::Device("pipeline cache poisoned".into()))?
+            .get(kernel.name)
+        {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.build_pipeline(kernel)?);
+        let mut cache = self
+            .pipelines
+            .lock()
+            .map_err(|_| GpuError::Device("pipeline cache poisoned".into()))?;
+        Ok(cache.entry(kernel.name).or_insert(p).clone())
+    }
+
+    /// Build the pipelines of `kernels` that are not built yet, several at a time, and keep the
+    /// driver's compiled code in the pipeline cache file when there is one. Returns how many
+    /// were built.
+    pub fn prepare(&self, kernels: &[&'static Kernel]) -> Result<usize, GpuError> {
+        let mut todo: Vec<&'static Kernel> = {
+            let have = self
+                .pipelines
+                .lock()
+                .map_err(|_| GpuError::Device("pipeline cache poisoned".into()))?;
+            kernels
+                .iter()
+                .copied()
+                .filter(|k| !have.contains_key(k.name))
+                .collect()
+        };
+        todo.sort_by_key(|k| k.name);
+        todo.dedup_by_key(|k| k.name);
+        if todo.is_empty() {
+            return Ok(0);
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 8)
+            .min(todo.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: Mutex<Option<GpuError>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(k) = todo.get(i) else { break };
+                    if let Err(e) = self.pipeline(k) {
+                        if let Ok(mut f) = failed.lock() {
+                            f.get_or_insert(e);
+                        }
+                        break;
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
+            return Err(e);
+        }
+        self.save_pipeline_cache();
+        Ok(todo.len())
+    }
+
+    /// Write the pipeline cache file (when there is one): what the driver compiled so far. A
+    /// failure to write it costs only compile time at the next start, so it is not an error.
+    pub fn save_pipeline_cache(&self) {
+        let Some((cache, path)) = &self.pipeline_cache else {
+            return;
+        };
+        let Some(data) = cache.get_data() else {
+            return;
+        };
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &data)?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            log::warn!("pipeline cache {} not written: {e}", path.display());
+        }
+    }
+
+    /// The bind group of `buffers` for `layout`, made on first use.
+    pub(crate) fn bind_group(
+        &self,
+        kernel: &'static str,
+        layout: &StorageLayout,
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<wgpu::BindGroup, GpuError> {
+        if buffers.len() != layout.read_only.len() {
+            return Err(GpuError::Kernel {
+                kernel,
+                why: format!(
+                    "{} buffers given for {} storage bindings",
+                    buffers.len(),
+                    layout.read_only.len()
+                ),
+            });
+        }
+        let mut key = BindKey {
+            layout: layout.id,
+            buffers: Default::default(),
+        };
+        for (slot, b) in key.buffers.iter_mut().zip(buffers) {
+            *slot = Some((*b).clone());
+        }
+        let mut cache = self
+            .bind_groups
+            .lock()
+            .map_err(|_| GpuError::Device("bind group cache poisoned".into()))?;
+        let epoch = cache.epoch;
+        if let Some((group, used)) = cache.map.get_mut(&key) {
+            *used = epoch;
+            return Ok(group.clone());
+        }
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout.layout,
+            entries: &entries,
+        });
+        CounterCells::add(&self.counters.bind_groups, 1);
+        cache.map.insert(key, (group.clone(), epoch));
+        Ok(group)
+    }
+
+    /// One more submission for the bind group cache's idea of time.
+    pub(crate) fn tick(&self) {
+        if let Ok(mut c) = self.bind_groups.lock() {
+            c.tick();
+        }
+    }
+}
+
+impl Arena {
+    /// The parameters buffer and its bind group, holding at least `bytes`, and `data` written
+    /// at its start (ordered before the next submission).
+    pub(crate) fn params(&mut self, gpu: &Gpu, data: &[u8]) -> Result<wgpu::BindGroup, GpuError> {
+        let need = data.len() as u64 + PARAMS_WINDOW;
+        if self.params.as_ref().is_none_or(|(b, _)| b.size() < need) {
+            let size = grown(need, 64 << 10);
+            let buffer = gpu.raw_buffer(
+                "params",
+                size,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            )?;
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("params"),
+                layout: &gpu.params_layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &buffer,
+                        offset: 0,
+                        size: std::num::NonZeroU64::new(PARAMS_WINDOW),
+                    }),
+                }],
+            });
+            CounterCells::add(&gpu.counters.bind_groups, 1);
+            self.params = Some((buffer, group));
+        }
+        let Some((buffer, group)) = &self.params else {
+            return Err(GpuError::Device("no parameter buffer".into()));
+        };
+        if !data.is_empty() {
+            gpu.queue.write_buffer(buffer, 0, data);
+        }
+        Ok(group.clone())
+    }
+
+    /// The upload buffer holding `data` at its start (ordered before the next submission).
+    pub(crate) fn uploads(&mut self, gpu: &Gpu, data: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let need = data.len() as u64;
+        if self.uploads.as_ref().is_none_or(|b| b.size() < need) {
+            self.uploads = Some(gpu.raw_buffer(
+                "uploads",
+                grown(need, 64 << 10),
+                wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            )?);
+        }
+        let Some(buffer) = &self.uploads else {
+            return Err(GpuError::Device("no upload buffer".into()));
+        };
+        gpu.queue.write_buffer(buffer, 0, data);
+        Ok(buffer.clone())
+    }
+
+    /// The mappable staging buffer, at least `bytes` long.
+    pub(crate) fn staging(&mut self, gpu: &Gpu, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
+        if self.staging.as_ref().is_none_or(|b| b.size() < bytes) {
+            self.staging = Some(gpu.raw_buffer(
+                "read-back",
+                grown(bytes, 64 << 10),
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )?);
+        }
+        self.staging
+            .clone()
+            .ok_or_else(|| GpuError::Device("no staging buffer".into()))
+    }
+
+    /// A timestamp query set of at least `count` queries and the buffer it resolves into.
+    pub(crate) fn queries(
+        &mut self,
+        gpu: &Gpu,
+        count: u32,
+    ) -> Result<(wgpu::QuerySet, wgpu::Buffer), GpuError> {
+        if self.queries.as_ref().is_none_or(|q| q.2 < count) {
+            let n = (count as u64).next_power_of_two().max(64) as u32;
+            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("pass-time"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n,
+            });
+            let resolve = gpu.raw_buffer(
+                "pass-time-resolve",
+                n as u64 * 8,
+                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            )?;
+            self.queries = Some((set, resolve, n));
+        }
+        let Some((set, resolve, _)) = &self.queries else {
+            return Err(GpuError::Device("no query set".into()));
+        };
+        Ok((set.clone(), resolve.clone()))
     }
 }

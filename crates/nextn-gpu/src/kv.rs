@@ -227,26 +227,20 @@ impl DeviceKv {
         if n == 0 {
             return Ok((Vec::new(), Vec::new()));
         }
-        // Every head's run of positions is copied into one buffer so that the read-back waits
-        // on the device once.
-        let runs: Vec<Run> = [&self.k, &self.v]
+        // Every head's run of positions is read back in one submission, with one wait.
+        let k_runs = self.runs(self.k.elem, start, n);
+        let v_runs = self.runs(self.v.elem, start, n);
+        let mut rec = crate::Recorder::new(gpu);
+        let slots: Vec<crate::ReadSlot> = k_runs
             .iter()
-            .flat_map(|side| self.runs(side.elem, start, n))
+            .map(|r| (&self.k.buf, r))
+            .chain(v_runs.iter().map(|r| (&self.v.buf, r)))
+            .map(|(buf, r)| rec.read_back(buf, r.offset, r.bytes))
             .collect();
-        let total: u64 = runs.iter().map(|r| r.bytes).sum();
-        let gather = gpu.buffer("kv read-back", total)?;
-        let mut at = 0u64;
-        let n_k_runs = self.runs(self.k.elem, start, n).len();
-        for (i, r) in runs.iter().enumerate() {
-            let src = if i < n_k_runs {
-                &self.k.buf
-            } else {
-                &self.v.buf
-            };
-            gpu.copy(src, r.offset, &gather, at, r.bytes);
-            at += r.bytes;
-        }
-        let bytes = gpu.read(&gather, 0, total)?;
+        let mut back = rec.submit_read(crate::Timing::Off)?;
+        let bytes: Vec<u8> = slots.into_iter().flat_map(|s| back.take(s)).collect();
+        let runs: Vec<&Run> = k_runs.iter().chain(&v_runs).collect();
+        let n_k_runs = k_runs.len();
         let k_total: u64 = runs[..n_k_runs].iter().map(|r| r.bytes).sum();
         let (k_dev, v_dev) = bytes.split_at(k_total as usize);
         Ok((
@@ -289,7 +283,7 @@ impl DeviceKv {
             let dev = self.rows_to_device(side.elem, bytes, n);
             let mut at = 0usize;
             for r in self.runs(side.elem, self.len, n) {
-                gpu.write(&side.buf, r.offset, &dev[at..at + r.bytes as usize]);
+                gpu.write(&side.buf, r.offset, &dev[at..at + r.bytes as usize])?;
                 at += r.bytes as usize;
             }
         }
@@ -391,6 +385,15 @@ impl DeviceKv {
                 dev
             }
         }
+    }
+}
+
+impl Drop for DeviceKv {
+    /// The device memory goes at once (bind groups made for these buffers may outlive them for
+    /// a while). Work deferred with it must have been submitted ([`Gpu::flush`]).
+    fn drop(&mut self) {
+        self.k.buf.destroy();
+        self.v.buf.destroy();
     }
 }
 

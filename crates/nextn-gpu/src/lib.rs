@@ -15,8 +15,8 @@ pub mod pass;
 pub mod validation;
 pub mod weights;
 
-pub use context::{list_devices, DeviceInfo, Gpu, OpenOptions, Reservation};
-pub use pass::{groups_1d, PassTime, Recorder, Timing};
+pub use context::{list_devices, Counters, DeviceInfo, Gpu, OpenOptions, Reservation};
+pub use pass::{groups_1d, PassTime, ReadBack, ReadSlot, Recorder, Timing};
 pub use weights::{is_device_type, DeviceExperts, DeviceMatrix};
 
 #[derive(Debug, thiserror::Error)]

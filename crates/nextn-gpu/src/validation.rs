@@ -62,6 +62,7 @@ pub fn test_device() -> Option<crate::Gpu> {
         name,
         validation: true,
         memory_budget: None,
+        pipeline_cache_dir: None,
     }) {
         Ok(g) => {
             if let Ok(want) = std::env::var(WIDTH_CHECK_ENV) {

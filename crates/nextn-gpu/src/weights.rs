@@ -300,6 +300,25 @@ impl Packed {
         Ok(())
     }
 
+    /// The kernels products with these rows run: the mat-vec modules of every batch size and
+    /// the prefill tile, and with `experts` the expert-indexed one; the activations' quantization
+    /// on the int8 path.
+    fn kernels(&self, experts: bool) -> Vec<&'static crate::kernels::Kernel> {
+        let family = match self.int8_path() {
+            Some((f, _)) => f,
+            None => self.format.family,
+        };
+        let mut v: Vec<&'static crate::kernels::Kernel> = family.rows.iter().collect();
+        v.push(&family.tile);
+        if experts {
+            v.push(&family.experts);
+        }
+        if self.int8_path().is_some() {
+            v.push(&kernels::QUANTIZE_Q8);
+        }
+        v
+    }
+
     pub(crate) fn units_per_row(&self) -> usize {
         self.bpr * self.format.units
     }
@@ -410,9 +429,9 @@ fn pack(
                     &mut aux2[r * aux2_row..(r + 1) * aux2_row],
                 );
             }
-            gpu.write(&buffer, (done * main_row) as u64, &main);
-            gpu.write(&buffer, (aux_at + done * aux_row) as u64, &aux);
-            gpu.write(&buffer, (aux2_at + done * aux2_row) as u64, &aux2);
+            gpu.write(&buffer, (done * main_row) as u64, &main)?;
+            gpu.write(&buffer, (aux_at + done * aux_row) as u64, &aux)?;
+            gpu.write(&buffer, (aux2_at + done * aux2_row) as u64, &aux2)?;
             unflushed += main.len() + aux.len() + aux2.len();
             if unflushed >= FLUSH_BYTES {
                 // Hand the staged copies to the device now, so that the staging memory of a
@@ -554,6 +573,10 @@ impl DeviceMatrix {
     pub(crate) fn packed(&self) -> &Packed {
         &self.packed
     }
+    /// The kernels this matrix's products run, to build at load ([`Gpu::prepare`]).
+    pub fn kernels(&self) -> Vec<&'static crate::kernels::Kernel> {
+        self.packed.kernels(false)
+    }
 }
 
 /// A MoE expert stack on the device: `n_expert` matrices of `rows x cols`, stored one after
@@ -647,5 +670,9 @@ impl DeviceExperts {
     }
     pub(crate) fn packed(&self) -> &Packed {
         &self.packed
+    }
+    /// The kernels this stack's products run, to build at load ([`Gpu::prepare`]).
+    pub fn kernels(&self) -> Vec<&'static crate::kernels::Kernel> {
+        self.packed.kernels(true)
     }
 }

@@ -13,6 +13,7 @@ fn device_with_budget(bytes: u64) -> Option<Gpu> {
                 .filter(|s| !s.is_empty()),
             validation: true,
             memory_budget: Some(bytes),
+            pipeline_cache_dir: None,
         })
         .unwrap(),
     )

@@ -113,6 +113,7 @@ impl NextnHead {
                 cfg,
                 shared,
                 d.counters.clone(),
+                d.pass.clone(),
             )?);
         }
         Ok(head)

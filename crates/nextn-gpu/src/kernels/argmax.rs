@@ -31,7 +31,6 @@ pub fn argmax_rows(
     let groups = crate::groups_1d(rec.gpu(), rows);
     rec.dispatch(
         &ARGMAX_ROWS,
-        &[],
         &[rows, width, stride, x_off],
         &[x, out],
         groups,

@@ -120,7 +120,6 @@ pub fn rms_norm_heads_inplace(
     let groups = crate::groups_1d(rec.gpu(), n * heads);
     rec.dispatch(
         &HEAD_NORM,
-        &[],
         &[
             n,
             heads,
@@ -173,7 +172,6 @@ pub fn rope_neox_inplace(
     let groups = crate::groups_1d(rec.gpu(), threads.div_ceil(64) as u32);
     rec.dispatch(
         &ROPE_NEOX,
-        &[],
         &[
             n,
             heads,
@@ -239,7 +237,6 @@ pub fn kv_store(
     let scales = kv.q8_scales_word() as u32;
     rec.dispatch(
         &KV_STORE,
-        &[],
         &[
             n,
             heads,
@@ -403,7 +400,6 @@ pub fn attention(
         let first = crate::groups_1d(gpu, units * head_blocks * n_chunks);
         rec.dispatch(
             &ATTENTION_CHUNK,
-            &[],
             &[
                 unit0,
                 units,
@@ -430,7 +426,6 @@ pub fn attention(
         let second = crate::groups_1d(gpu, units * group * (hd / 32));
         rec.dispatch(
             &ATTENTION_MERGE,
-            &[],
             &[
                 unit0,
                 units,

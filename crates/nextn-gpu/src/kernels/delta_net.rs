@@ -230,7 +230,6 @@ pub fn conv_silu(
     let groups = crate::groups_1d(rec.gpu(), n * heads);
     rec.dispatch(
         &CONV_SILU,
-        &[],
         &[
             n,
             conv_dim,
@@ -267,7 +266,6 @@ pub fn conv_window_advance(
     let groups = groups_for(rec, conv_dim, 64);
     rec.dispatch(
         &WINDOW_ADVANCE,
-        &[],
         &[conv_dim, shape.kernel, keep, raw.offset, raw.stride],
         &[window, raw.buffer],
         groups,
@@ -303,7 +301,6 @@ pub fn gates(
     let groups = groups_for(rec, n * hv, 64);
     rec.dispatch(
         &GATES,
-        &[],
         &[n, hv, b.offset, b.stride, alpha.offset, alpha.stride],
         &[b.buffer, alpha.buffer, dt_bias, a, beta_out, decay_out],
         groups,
@@ -364,7 +361,6 @@ pub fn recurrence(
     buffers.extend([conv, beta, decay, out]);
     rec.dispatch(
         kernel,
-        &[],
         &[
             n,
             shape.k_heads,
@@ -405,7 +401,6 @@ pub fn gated_norm(
     let groups = crate::groups_1d(rec.gpu(), n * shape.v_heads);
     rec.dispatch(
         &GATED_NORM,
-        &[],
         &[
             n,
             shape.v_heads,

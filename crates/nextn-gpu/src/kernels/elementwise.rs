@@ -62,7 +62,6 @@ pub fn add_rows(rec: &mut Recorder, a: Rows, b: Rows, n: u32, width: u32) -> Res
     let g = elems(rec, n as u64 * width as u64)?;
     rec.dispatch(
         &ADD_ROWS,
-        &[],
         &[n, width, a.off, b.off, a.stride, b.stride],
         &[a.buf, b.buf],
         g,
@@ -80,7 +79,6 @@ pub fn copy_rows(
     let g = elems(rec, n as u64 * width as u64)?;
     rec.dispatch(
         &COPY_ROWS,
-        &[],
         &[n, width, src.off, dst.off, src.stride, dst.stride],
         &[src.buf, dst.buf],
         g,
@@ -97,7 +95,7 @@ pub fn gather_rows(
     width: u32,
 ) -> Result<(), GpuError> {
     let g = elems(rec, n as u64 * width as u64)?;
-    rec.dispatch(&GATHER_ROWS, &[], &[n, width], &[src, idx, dst], g)
+    rec.dispatch(&GATHER_ROWS, &[n, width], &[src, idx, dst], g)
 }
 
 /// `out[r][c] = SiLU(g[r][c]) · u[r][c]`, `out` contiguous rows of `width`.
@@ -112,7 +110,6 @@ pub fn swiglu(
     let groups = elems(rec, n as u64 * width as u64)?;
     rec.dispatch(
         &SWIGLU,
-        &[],
         &[n, width, g.off, g.stride, u.off, u.stride],
         &[g.buf, u.buf, out],
         groups,
@@ -128,7 +125,7 @@ pub fn scale(
     s: f32,
 ) -> Result<(), GpuError> {
     let g = elems(rec, n as u64)?;
-    rec.dispatch(&SCALE, &[], &[n, off, s.to_bits()], &[x], g)
+    rec.dispatch(&SCALE, &[n, off, s.to_bits()], &[x], g)
 }
 
 /// The most experts a MoE layer may have on the device (the routing kernel's workgroup array).
@@ -152,13 +149,7 @@ pub fn moe_route(
         });
     }
     let g = crate::groups_1d(rec.gpu(), n);
-    rec.dispatch(
-        &MOE_ROUTE,
-        &[],
-        &[n, n_expert, k],
-        &[logits, ids, weights],
-        g,
-    )
+    rec.dispatch(&MOE_ROUTE, &[n, n_expert, k], &[logits, ids, weights], g)
 }
 
 /// `out[r] = Σ_s weights[r·k+s] · y[r·k+s]` in slot order, plus `sigmoid(shared_gate[r]) ·
@@ -181,7 +172,6 @@ pub fn moe_combine(
     };
     rec.dispatch(
         &MOE_COMBINE,
-        &[],
         &[n, k, width, has],
         &[y, weights, s_out, s_gate, out],
         g,

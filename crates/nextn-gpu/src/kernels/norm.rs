@@ -32,7 +32,6 @@ pub fn rms_norm(
     let groups = crate::groups_1d(rec.gpu(), rows);
     rec.dispatch(
         &RMS_NORM,
-        &[],
         &[rows, width, stride, x_off, y_off, w_off, eps.to_bits()],
         &[x, w, y],
         groups,

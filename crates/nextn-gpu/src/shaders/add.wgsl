@@ -1,6 +1,6 @@
 // a[a_off + r*a_stride + c] += b[b_off + r*b_stride + c] for n rows of width values.
 struct Params { n: u32, width: u32, a_off: u32, b_off: u32, a_stride: u32, b_stride: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 

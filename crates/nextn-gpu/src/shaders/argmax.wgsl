@@ -11,7 +11,7 @@ struct Params {
     x_off: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 // Per row: the index (0xffffffff when every value is NaN), then the value's bits.
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;

@@ -33,7 +33,7 @@ struct Params {
     scale: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> vc: array<vec4<u32>>;

@@ -1,6 +1,6 @@
 // dst[dst_off + r*dst_stride + c] = src[src_off + r*src_stride + c] for n rows of width values.
 struct Params { n: u32, width: u32, src_off: u32, dst_off: u32, src_stride: u32, dst_stride: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 

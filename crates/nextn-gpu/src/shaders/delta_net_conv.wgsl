@@ -19,7 +19,7 @@ struct Params {
     eps: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> raw: array<f32>;
 @group(0) @binding(2) var<storage, read> window: array<f32>;
 @group(0) @binding(3) var<storage, read> conv_w: array<f32>;

@@ -9,7 +9,7 @@ struct Params {
     alpha_stride: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read> alpha: array<f32>;
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;

@@ -11,7 +11,7 @@ struct Params {
     scale: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> state_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> state_out: array<f32>;
 @group(0) @binding(3) var<storage, read> conv: array<f32>;

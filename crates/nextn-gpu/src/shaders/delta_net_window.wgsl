@@ -10,7 +10,7 @@ struct Params {
     raw_stride: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> window: array<f32>;
 @group(0) @binding(2) var<storage, read> raw: array<f32>;
 

@@ -1,6 +1,6 @@
 // dst row i = src row idx[i] (width values each, rows contiguous).
 struct Params { n: u32, width: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read> idx: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;

@@ -21,7 +21,7 @@ struct Params {
     v_scales: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> k_src: array<f32>;
 @group(0) @binding(2) var<storage, read> v_src: array<f32>;
 @group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;

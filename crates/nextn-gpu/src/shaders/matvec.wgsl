@@ -41,7 +41,7 @@ struct Params {
     pair0: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 // The activations, bound twice: as vec4 for aligned rows, as f32 for the others (a vec4
 // view cannot reach the last values of a buffer whose size is not a multiple of 16 bytes).

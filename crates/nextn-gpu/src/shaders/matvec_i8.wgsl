@@ -35,7 +35,7 @@ struct Params {
     pair0: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;

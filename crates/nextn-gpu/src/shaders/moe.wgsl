@@ -5,7 +5,7 @@
 // combine: out = sum_s w_s * y_s (in slot order) + sigmoid(gate) * shared.
 
 struct Params { n: u32, n_expert: u32, k: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;

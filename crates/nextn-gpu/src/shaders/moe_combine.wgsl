@@ -1,6 +1,6 @@
 // out[r][c] = sum_s w[r*k+s] * y[(r*k+s)][c]  (+ sigmoid(gate[r]) * shared[r][c])
 struct Params { n: u32, k: u32, width: u32, has_shared: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> y: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read> shared_out: array<f32>;

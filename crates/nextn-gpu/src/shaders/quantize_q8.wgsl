@@ -18,7 +18,7 @@ struct Params {
     nb: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> q: array<u32>;
 

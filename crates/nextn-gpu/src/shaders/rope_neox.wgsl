@@ -19,7 +19,7 @@ struct Params {
     freq_scale: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 
 // (lo, hi) words of a * b.

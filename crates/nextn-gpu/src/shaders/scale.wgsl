@@ -1,6 +1,6 @@
 // x[off + i] *= s over n values (a tensor's stored scale).
 struct Params { n: u32, off: u32, s: f32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 
 @compute @workgroup_size(256)

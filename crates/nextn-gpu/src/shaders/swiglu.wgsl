@@ -1,7 +1,7 @@
 // SwiGLU: out[r*width + c] = SiLU(g[g_off + r*g_stride + c]) * u[u_off + r*u_stride + c]. The
 // gate and up values may sit in one buffer (a fused gate|up product), bound twice read-only.
 struct Params { n: u32, width: u32, g_off: u32, g_stride: u32, u_off: u32, u_stride: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
+@group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> g: array<f32>;
 @group(0) @binding(2) var<storage, read> u: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;

@@ -138,6 +138,13 @@ impl DeviceKvCache {
     }
 }
 
+impl Drop for DeviceKvCache {
+    /// Deferred work that still uses the cache runs before its memory goes.
+    fn drop(&mut self) {
+        let _ = self.gpu.flush();
+    }
+}
+
 /// Device bytes of one verify row's kept inputs: raw projections, conv outputs, β, decay and the
 /// replay's discarded outputs.
 fn verify_row_bytes(conv_dim: usize, v_heads: usize, inner: usize) -> usize {
@@ -257,17 +264,15 @@ impl DeviceDeltaNetCache {
             + verify_row_bytes(self.conv_dim, self.v_heads, self.inner) * self.capacity
     }
 
-    /// The committed state, read back.
+    /// The committed state, read back (in one submission, with one wait).
     pub fn snapshot(&self) -> Result<RecurrentState, ModelError> {
+        let mut rec = nextn_gpu::Recorder::new(&self.gpu);
+        let conv = rec.read_back(&self.window, 0, (self.conv_len * 4) as u64);
+        let ssm = rec.read_back(&self.state, 0, (self.ssm_len * 4) as u64);
+        let mut back = rec.submit_read(nextn_gpu::Timing::Off).map_err(gpu_err)?;
         Ok(RecurrentState {
-            conv: self
-                .gpu
-                .read_f32(&self.window, 0, self.conv_len)
-                .map_err(gpu_err)?,
-            ssm: self
-                .gpu
-                .read_f32(&self.state, 0, self.ssm_len)
-                .map_err(gpu_err)?,
+            conv: back.f32s(conv),
+            ssm: back.f32s(ssm),
         })
     }
 
@@ -279,8 +284,12 @@ impl DeviceDeltaNetCache {
                 found: s.conv.len() + s.ssm.len(),
             });
         }
-        self.gpu.write_f32(&self.window, 0, &s.conv);
-        self.gpu.write_f32(&self.state, 0, &s.ssm);
+        self.gpu
+            .write_f32(&self.window, 0, &s.conv)
+            .map_err(gpu_err)?;
+        self.gpu
+            .write_f32(&self.state, 0, &s.ssm)
+            .map_err(gpu_err)?;
         self.pending = 0;
         Ok(())
     }
@@ -294,17 +303,38 @@ impl DeviceDeltaNetCache {
             self.v_heads,
             self.inner,
         )?;
-        self.gpu
-            .copy(&self.state, 0, &other.state, 0, (self.ssm_len * 4) as u64);
-        self.gpu.copy(
+        let mut rec = nextn_gpu::Recorder::new(&self.gpu);
+        rec.copy(&self.state, 0, &other.state, 0, (self.ssm_len * 4) as u64);
+        rec.copy(
             &self.window,
             0,
             &other.window,
             0,
             (self.conv_len * 4) as u64,
         );
+        rec.submit(false).map_err(gpu_err)?;
         other.pending = 0;
         Ok(other)
+    }
+}
+
+impl Drop for DeviceDeltaNetCache {
+    /// The device memory goes at once (bind groups made for these buffers may outlive them for
+    /// a while), after any deferred work that still uses it.
+    fn drop(&mut self) {
+        let _ = self.gpu.flush();
+        for b in [
+            &self.state,
+            &self.spare,
+            &self.window,
+            &self.raw,
+            &self.conv,
+            &self.beta,
+            &self.decay,
+            &self.replay_out,
+        ] {
+            b.destroy();
+        }
     }
 }
 

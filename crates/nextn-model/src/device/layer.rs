@@ -24,8 +24,9 @@ use crate::ffn::{DenseFfn, Ffn, MoeFfn};
 use crate::model::{DecoderLayer, Mixer};
 use crate::ModelError;
 
-/// The activations of one pass of `n` rows, sized for the widest layer of the model and shared
-/// by every layer in turn (each layer's kernels run after the previous layer's).
+/// The activations of a pass, sized for the widest layer of the model and for the most rows a
+/// pass has had, shared by every layer in turn (each layer's kernels run after the previous
+/// layer's) and by the trunk and the head, kept from pass to pass.
 pub(crate) struct PassBuffers {
     pub x: wgpu::Buffer,
     pub a: wgpu::Buffer,
@@ -59,6 +60,9 @@ pub(crate) struct PassBuffers {
     conv_dim: usize,
     v_heads: usize,
     inner: usize,
+    /// Rows the buffers have room for.
+    rows: usize,
+    cfg: Qwen35Config,
     gpu: Arc<Gpu>,
 }
 
@@ -85,6 +89,7 @@ impl PassBuffers {
         }
         if self.segments[i].rows < rows {
             let g = &self.gpu;
+            let rows = rows.next_power_of_two();
             self.segments[i] = SegmentBuffers {
                 conv: scratch(g, "seg-conv", rows * self.conv_dim)?,
                 beta: scratch(g, "seg-beta", rows * self.v_heads)?,
@@ -93,6 +98,20 @@ impl PassBuffers {
                 rows,
             };
         }
+        Ok(())
+    }
+
+    /// Room for passes of `n` rows: the buffers are made for the next power of two and kept, so
+    /// passes of a size seen before allocate nothing.
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<(), ModelError> {
+        if n <= self.rows {
+            return Ok(());
+        }
+        let segments = std::mem::take(&mut self.segments);
+        let attention = std::mem::take(&mut self.attention);
+        *self = PassBuffers::new(&self.gpu, &self.cfg, n.next_power_of_two())?;
+        self.segments = segments;
+        self.attention = attention;
         Ok(())
     }
 
@@ -143,6 +162,8 @@ impl PassBuffers {
             conv_dim,
             v_heads: hv,
             inner,
+            rows: n,
+            cfg: cfg.clone(),
             gpu: gpu.clone(),
         })
     }
@@ -268,6 +289,12 @@ impl DeviceDense {
         self.gate.device_bytes() + self.up.device_bytes() + self.down.device_bytes()
     }
 
+    fn kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
+        for w in [&self.gate, &self.up, &self.down] {
+            w.kernels(out);
+        }
+    }
+
     /// `out = down · (SiLU(gate · x) ⊙ (up · x))` over `n` rows of `x` (`e` wide).
     fn forward(
         &self,
@@ -345,6 +372,35 @@ impl DeviceLayer {
 
     pub(crate) fn device_bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// The kernels this layer's products run (the rest are every model's).
+    pub(crate) fn kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
+        match &self.mixer {
+            DeviceMixer::Attention(m) => {
+                for w in [&m.wq, &m.wk, &m.wv, &m.wo] {
+                    w.kernels(out);
+                }
+            }
+            DeviceMixer::DeltaNet(m) => {
+                for w in [&m.w_qkv, &m.w_gate, &m.w_beta, &m.w_alpha, &m.w_out] {
+                    w.kernels(out);
+                }
+            }
+        }
+        match &self.ffn {
+            DeviceFfn::Dense(f) => f.kernels(out),
+            DeviceFfn::Moe(m) => {
+                m.router.kernels(out);
+                for s in [&m.gate, &m.up, &m.down] {
+                    out.extend(s.kernels());
+                }
+                if let Some((g, f)) = &m.shared {
+                    g.kernels(out);
+                    f.kernels(out);
+                }
+            }
+        }
     }
 
     pub(crate) fn new_cache(

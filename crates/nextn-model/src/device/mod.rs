@@ -12,13 +12,13 @@ mod cache;
 mod layer;
 mod nextn;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nextn_gpu::kernels::elementwise::gather_rows;
 use nextn_gpu::kernels::matvec::matvec;
 use nextn_gpu::kernels::norm::rms_norm;
 use nextn_gpu::weights::DeviceMatrix;
-use nextn_gpu::{Gpu, GpuError, Recorder};
+use nextn_gpu::{Gpu, GpuError, ReadBack, ReadSlot, Recorder};
 
 pub use cache::{DeviceDeltaNetCache, DeviceKvCache};
 pub(crate) use layer::DeviceLayer;
@@ -71,6 +71,11 @@ impl Mat {
 
     pub(crate) fn rows(&self) -> usize {
         self.m.rows()
+    }
+
+    /// The kernels this matrix's products run.
+    pub(crate) fn kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
+        out.extend(self.m.kernels());
     }
 
     pub(crate) fn device_bytes(&self) -> u64 {
@@ -145,17 +150,19 @@ pub(crate) fn logit_rows(
 /// The top-1 of the logits rows of the parts read back as [`Readback::Top1`], reduced on the
 /// device in the pass that computed them.
 pub(crate) struct Top1Rows {
-    /// Per part: where its rows start in `buf` (in rows) and how many, or none.
+    /// Per part: where its rows start in the reduced rows and how many, or none.
     parts: Vec<Option<(usize, usize)>>,
-    buf: Option<wgpu::Buffer>,
+    /// Where the reduced rows come back.
+    slot: Option<ReadSlot>,
 }
 
 impl Top1Rows {
     /// Record the reduction of the parts' rows, which `ranges` (as [`logit_rows`] gives them)
-    /// place in `logits`, `width` floats a row.
+    /// place in `logits`, `width` floats a row, into `out` (grown as needed), and its read-back.
     pub(crate) fn record(
         rec: &mut Recorder,
         logits: &wgpu::Buffer,
+        out: &mut Option<wgpu::Buffer>,
         width: usize,
         ranges: &[(usize, usize)],
         readbacks: &[Readback],
@@ -170,12 +177,9 @@ impl Top1Rows {
         let first = parts.iter().flatten().map(|r| r.0).min();
         let end = parts.iter().flatten().map(|r| r.0 + r.1).max();
         let (Some(first), Some(end)) = (first, end) else {
-            return Ok(Top1Rows { parts, buf: None });
+            return Ok(Top1Rows { parts, slot: None });
         };
-        let buf = rec
-            .gpu()
-            .buffer("top1", ((end - first) * 8) as u64)
-            .map_err(gpu_err)?;
+        let buf = grow(rec.gpu(), out, "top1", (end - first) * 2)?;
         nextn_gpu::kernels::argmax::argmax_rows(
             rec,
             logits,
@@ -186,69 +190,117 @@ impl Top1Rows {
             &buf,
         )
         .map_err(gpu_err)?;
+        let slot = rec.read_back(&buf, 0, ((end - first) * 8) as u64);
         let parts = parts
             .into_iter()
             .map(|p| p.map(|(s, c)| (s - first, c)))
             .collect();
         Ok(Top1Rows {
             parts,
-            buf: Some(buf),
+            slot: Some(slot),
         })
     }
 
     /// Each part's top-1 rows (empty for a part read back whole), after the pass ran.
-    pub(crate) fn read(self, gpu: &Gpu) -> Result<Vec<Vec<RowTop1>>, ModelError> {
-        let words = match &self.buf {
-            Some(b) => gpu
-                .read_u32(b, 0, (b.size() / 4) as usize)
-                .map_err(gpu_err)?,
-            None => Vec::new(),
-        };
-        Ok(self
-            .parts
+    pub(crate) fn read(self, back: &mut ReadBack) -> Vec<Vec<RowTop1>> {
+        let words = self.slot.map(|s| back.u32s(s)).unwrap_or_default();
+        self.parts
             .iter()
             .map(|p| {
                 let Some((start, count)) = *p else {
                     return Vec::new();
                 };
                 (start..start + count)
-                    .map(|r| RowTop1 {
-                        id: Some(words[2 * r])
-                            .filter(|&i| i != nextn_gpu::kernels::argmax::NO_INDEX),
-                        logit: f32::from_bits(words[2 * r + 1]),
+                    .filter_map(|r| words.get(2 * r..2 * r + 2))
+                    .map(|w| RowTop1 {
+                        id: Some(w[0]).filter(|&i| i != nextn_gpu::kernels::argmax::NO_INDEX),
+                        logit: f32::from_bits(w[1]),
                     })
                     .collect()
             })
-            .collect())
+            .collect()
     }
 }
 
-/// The logits rows of the parts read back whole, per part (empty for a top-1 part), `width`
-/// floats a row; a trimmed LM head's rows (`trimmed`) are scattered to the full vocabulary.
+/// The read-backs of the logits rows of the parts read back whole (none for a top-1 part).
 pub(crate) fn read_rows_back(
-    gpu: &Gpu,
+    rec: &mut Recorder,
     logits: &wgpu::Buffer,
     width: usize,
     ranges: &[(usize, usize)],
     readbacks: &[Readback],
-    trimmed: Option<&crate::draft_vocab::DraftLmHead>,
-) -> Result<Vec<Vec<f32>>, ModelError> {
+) -> Vec<Option<ReadSlot>> {
     ranges
         .iter()
         .zip(readbacks)
         .map(|(&(start, count), &rb)| {
-            if rb == Readback::Top1 || count == 0 {
-                return Ok(Vec::new());
-            }
-            let rows = gpu
-                .read_f32(logits, (start * width) as u64, count * width)
-                .map_err(gpu_err)?;
-            Ok(match trimmed {
-                Some(d) => d.scatter(&rows, count),
-                None => rows,
+            (rb == Readback::Logits && count > 0).then(|| {
+                rec.read_back(
+                    logits,
+                    (start * width * 4) as u64,
+                    (count * width * 4) as u64,
+                )
             })
         })
         .collect()
+}
+
+/// The rows [`read_rows_back`] asked for, per part (empty for a top-1 part); a trimmed LM
+/// head's rows (`trimmed`) are scattered to the full vocabulary.
+pub(crate) fn rows_read_back(
+    back: &mut ReadBack,
+    slots: Vec<Option<ReadSlot>>,
+    ranges: &[(usize, usize)],
+    trimmed: Option<&crate::draft_vocab::DraftLmHead>,
+) -> Vec<Vec<f32>> {
+    slots
+        .into_iter()
+        .zip(ranges)
+        .map(|(slot, &(_, count))| {
+            let Some(slot) = slot else {
+                return Vec::new();
+            };
+            let rows = back.f32s(slot);
+            match trimmed {
+                Some(d) => d.scatter(&rows, count),
+                None => rows,
+            }
+        })
+        .collect()
+}
+
+/// The buffer in `slot`, grown (to the next power of two) when it holds fewer than `floats`
+/// values: what a pass keeps from one pass to the next.
+pub(crate) fn grow(
+    gpu: &Gpu,
+    slot: &mut Option<wgpu::Buffer>,
+    label: &str,
+    floats: usize,
+) -> Result<wgpu::Buffer, ModelError> {
+    let bytes = (floats.max(1) * 4) as u64;
+    if let Some(b) = slot.as_ref().filter(|b| b.size() >= bytes) {
+        return Ok(b.clone());
+    }
+    let b = gpu
+        .buffer(label, bytes.next_power_of_two())
+        .map_err(gpu_err)?;
+    *slot = Some(b.clone());
+    Ok(b)
+}
+
+/// The buffers of a pass's input and output, kept by the trunk (and the head) from pass to
+/// pass.
+#[derive(Default)]
+pub(crate) struct PassIo {
+    pub(crate) h: Option<wgpu::Buffer>,
+    pub(crate) hidden: Option<wgpu::Buffer>,
+    pub(crate) picked: Option<wgpu::Buffer>,
+    pub(crate) rows: Option<wgpu::Buffer>,
+    pub(crate) logits: Option<wgpu::Buffer>,
+    pub(crate) top1: Option<wgpu::Buffer>,
+    /// The head's input before its norms, and after.
+    pub(crate) raw: Option<wgpu::Buffer>,
+    pub(crate) cat: Option<wgpu::Buffer>,
 }
 
 /// Bytes a pass reads back: `hidden` floats, the whole logits rows (`width` floats each, the
@@ -286,13 +338,18 @@ pub(crate) fn scratch(gpu: &Gpu, label: &str, n: usize) -> Result<wgpu::Buffer, 
     gpu.buffer(label, (n.max(1) * 4) as u64).map_err(gpu_err)
 }
 
-/// What the device did since the counters were last reset: passes (target, head and commit
-/// submissions), the dispatches they recorded, and, when timing is on, the device time the
-/// passes took by timestamp queries.
+/// What the device did since the counters were last reset: forward passes (trunk and head), what
+/// the runtime created and did for them (dispatches, submissions, blocking read-backs, and any
+/// buffers, bind groups or pipelines it had to make), the bytes read back and, when timing is
+/// on, the device time the timed passes took by timestamp queries.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceStats {
+    /// Forward passes, trunk and head.
     pub passes: u64,
-    pub dispatches: u64,
+    /// The trunk's forward passes: one per step of the generation loop.
+    pub target_passes: u64,
+    /// The runtime's counters over the same span (commits and reads of caches included).
+    pub runtime: nextn_gpu::Counters,
     /// Bytes the forward passes read back: hidden rows, logits rows and top-1 rows.
     pub read_back_bytes: u64,
     pub timed_passes: u64,
@@ -303,6 +360,37 @@ pub struct DeviceStats {
     pub profiled_seconds: f64,
 }
 
+/// Where the device's counters stand at one moment ([`DeviceModel::progress`]): the difference
+/// of two is what happened between them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceProgress {
+    pub passes: u64,
+    pub target_passes: u64,
+    pub runtime: nextn_gpu::Counters,
+}
+
+impl DeviceProgress {
+    pub fn since(&self, before: &DeviceProgress) -> DeviceProgress {
+        DeviceProgress {
+            passes: self.passes.saturating_sub(before.passes),
+            target_passes: self.target_passes.saturating_sub(before.target_passes),
+            runtime: self.runtime.since(&before.runtime),
+        }
+    }
+
+    pub fn add(&mut self, other: &DeviceProgress) {
+        let (a, b) = (&mut self.runtime, &other.runtime);
+        self.passes += other.passes;
+        self.target_passes += other.target_passes;
+        a.buffers_created += b.buffers_created;
+        a.bind_groups_created += b.bind_groups_created;
+        a.pipelines_created += b.pipelines_created;
+        a.dispatches += b.dispatches;
+        a.submissions += b.submissions;
+        a.read_backs += b.read_backs;
+    }
+}
+
 /// One kernel's share of the profiled passes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KernelTime {
@@ -310,11 +398,13 @@ pub struct KernelTime {
     pub seconds: f64,
 }
 
-/// The counters a model and its head share; timing costs a read-back per pass, so it is on only
+/// The counters a model and its head share; timing needs the pass's read-back, so it is on only
 /// when asked for (`nextn bench`).
 #[derive(Default)]
 pub(crate) struct Counters {
     stats: std::sync::Mutex<DeviceStats>,
+    /// The runtime's counters when the stats were last taken.
+    since: std::sync::Mutex<nextn_gpu::Counters>,
     timing: std::sync::atomic::AtomicBool,
     profiling: std::sync::atomic::AtomicBool,
 }
@@ -327,9 +417,9 @@ impl Counters {
         }
     }
 
-    /// Submit `rec`, counting it.
-    pub(crate) fn submit(&self, rec: Recorder) -> Result<(), ModelError> {
-        let dispatches = rec.len() as u64;
+    /// Submit the forward pass in `rec` (after any deferred work) and wait for what it reads
+    /// back, counting it (`target`: a trunk pass) and timing it when timing is on.
+    pub(crate) fn submit_read(&self, rec: Recorder, target: bool) -> Result<ReadBack, ModelError> {
         let order = std::sync::atomic::Ordering::Relaxed;
         let timing = if self.profiling.load(order) {
             nextn_gpu::Timing::Dispatches
@@ -338,24 +428,53 @@ impl Counters {
         } else {
             nextn_gpu::Timing::Off
         };
-        let t = rec.submit_timed(timing).map_err(gpu_err)?;
+        let back = rec.submit_read(timing).map_err(gpu_err)?;
         if let Ok(mut s) = self.stats.lock() {
             s.passes += 1;
-            s.dispatches += dispatches;
-            if let Some(t) = t {
+            s.target_passes += u64::from(target);
+            if let Some(t) = &back.time {
                 s.timed_passes += 1;
                 s.gpu_seconds += t.seconds;
                 if !t.dispatches.is_empty() {
                     s.profiled_seconds += t.seconds;
                 }
-                for (kernel, secs) in t.dispatches {
+                for &(kernel, secs) in &t.dispatches {
                     let k = s.kernels.entry(kernel).or_default();
                     k.dispatches += 1;
                     k.seconds += secs;
                 }
             }
         }
-        Ok(())
+        Ok(back)
+    }
+
+    /// Where the counters stand, without starting them anew.
+    pub(crate) fn progress(&self, gpu: &Gpu) -> DeviceProgress {
+        let (passes, target_passes) = self
+            .stats
+            .lock()
+            .map(|s| (s.passes, s.target_passes))
+            .unwrap_or_default();
+        DeviceProgress {
+            passes,
+            target_passes,
+            runtime: gpu.counters(),
+        }
+    }
+
+    /// The stats since the last call, which starts them anew.
+    pub(crate) fn take(&self, gpu: &Gpu) -> DeviceStats {
+        let now = gpu.counters();
+        let mut s = self
+            .stats
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        if let Ok(mut since) = self.since.lock() {
+            s.runtime = now.since(&since);
+            *since = now;
+        }
+        s
     }
 }
 
@@ -367,10 +486,20 @@ pub struct DeviceModel {
     output_norm: wgpu::Buffer,
     lm_head: Arc<Mat>,
     bytes: u64,
+    /// The activations every pass shares with the head's passes.
+    pub(crate) pass: Arc<Mutex<layer::PassBuffers>>,
+    io: Mutex<PassIo>,
+}
+
+/// A lock that a panic elsewhere poisoned is a device error, not a panic here.
+pub(crate) fn locked<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, ModelError> {
+    m.lock()
+        .map_err(|_| ModelError::Device("a device lock was poisoned".into()))
 }
 
 impl DeviceModel {
-    /// Upload every trunk weight of `model` (the embedding table stays in host memory).
+    /// Upload every trunk weight of `model` (the embedding table stays in host memory) and
+    /// build every pipeline its passes use.
     pub fn upload(model: &Model, gpu: Arc<Gpu>) -> Result<DeviceModel, ModelError> {
         let cfg = &model.config;
         let mut bytes = 0;
@@ -384,6 +513,14 @@ impl DeviceModel {
         bytes += lm_head.device_bytes();
         let output_norm = vector(&gpu, "output_norm", &model.output_norm)?;
         gpu.check().map_err(gpu_err)?;
+        let mut kernels = Vec::new();
+        for l in &layers {
+            l.kernels(&mut kernels);
+        }
+        lm_head.kernels(&mut kernels);
+        kernels.extend(fixed_kernels());
+        gpu.prepare(&kernels).map_err(gpu_err)?;
+        let pass = layer::PassBuffers::new(&gpu, cfg, 1)?;
         Ok(DeviceModel {
             gpu,
             counters: Arc::new(Counters::default()),
@@ -391,6 +528,8 @@ impl DeviceModel {
             output_norm,
             lm_head,
             bytes,
+            pass: Arc::new(Mutex::new(pass)),
+            io: Mutex::new(PassIo::default()),
         })
     }
 
@@ -418,13 +557,14 @@ impl DeviceModel {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The counters since the last call, which resets them.
+    /// Where the counters stand now (they go on counting).
+    pub fn progress(&self) -> DeviceProgress {
+        self.counters.progress(&self.gpu)
+    }
+
+    /// The counters since the last call, which starts them anew.
     pub fn take_stats(&self) -> DeviceStats {
-        self.counters
-            .stats
-            .lock()
-            .map(|mut s| std::mem::take(&mut *s))
-            .unwrap_or_default()
+        self.counters.take(&self.gpu)
     }
 
     pub(crate) fn lm_head(&self) -> Arc<Mat> {
@@ -446,7 +586,8 @@ impl DeviceModel {
             .collect()
     }
 
-    /// [`Model::forward_batch`] on the device.
+    /// [`Model::forward_batch`] on the device: one submission (after whatever was deferred
+    /// before it) and one wait for what it reads back.
     pub(crate) fn forward_batch(
         &self,
         model: &Model,
@@ -470,11 +611,12 @@ impl DeviceModel {
                 .collect());
         }
         let h_host = model.embed(&tokens)?;
-        let h = gpu
-            .upload("h", bytemuck::cast_slice(&h_host))
-            .map_err(gpu_err)?;
-        let mut pass = layer::PassBuffers::new(&self.gpu, cfg, n)?;
+        let mut io = locked(&self.io)?;
+        let mut pass = locked(&self.pass)?;
+        pass.reserve(n)?;
+        let h = grow(gpu, &mut io.h, "h", n * e)?;
         let mut rec = Recorder::new(gpu);
+        rec.upload(&h, 0, bytemuck::cast_slice(&h_host));
         for (il, layer) in self.layers.iter().enumerate() {
             let mut segments = Vec::new();
             for (it, &s) in items.iter_mut().zip(&starts) {
@@ -491,7 +633,7 @@ impl DeviceModel {
             }
             layer.forward(&mut rec, &h, n, &mut segments, &mut pass)?;
         }
-        let hidden = scratch(gpu, "hidden", n * e)?;
+        let hidden = grow(gpu, &mut io.hidden, "hidden", n * e)?;
         rms_norm(
             &mut rec,
             &h,
@@ -514,22 +656,31 @@ impl DeviceModel {
                 .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
         );
         let n_picked = picked.len();
-        let logits_buf = scratch(gpu, "logits", n_picked * n_vocab)?;
+        let logits_buf = grow(gpu, &mut io.logits, "logits", n_picked * n_vocab)?;
         if n_picked > 0 {
-            let idx = gpu
-                .upload("picked", bytemuck::cast_slice(&picked))
-                .map_err(gpu_err)?;
-            let rows = scratch(gpu, "picked-rows", n_picked * e)?;
+            let idx = grow(gpu, &mut io.picked, "picked", n_picked)?;
+            rec.upload(&idx, 0, bytemuck::cast_slice(&picked));
+            let rows = grow(gpu, &mut io.rows, "picked-rows", n_picked * e)?;
             gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, u(e)?).map_err(gpu_err)?;
             self.lm_head
                 .forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, n_vocab)?;
         }
         let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
-        let top1 = Top1Rows::record(&mut rec, &logits_buf, n_vocab, &ranges, &readbacks)?;
-        self.counters.submit(rec)?;
-        let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
-        let rows_back = read_rows_back(gpu, &logits_buf, n_vocab, &ranges, &readbacks, None)?;
-        let top1 = top1.read(gpu)?;
+        let top1 = Top1Rows::record(
+            &mut rec,
+            &logits_buf,
+            &mut io.top1,
+            n_vocab,
+            &ranges,
+            &readbacks,
+        )?;
+        let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
+        let row_slots = read_rows_back(&mut rec, &logits_buf, n_vocab, &ranges, &readbacks);
+        drop(pass);
+        let mut back = self.counters.submit_read(rec, true)?;
+        let hidden_host = back.f32s(hidden_slot);
+        let rows_back = rows_read_back(&mut back, row_slots, &ranges, None);
+        let top1 = top1.read(&mut back);
         self.counters
             .read_back(read_bytes(n * e, &ranges, &readbacks, n_vocab));
         let mut outs = Vec::with_capacity(items.len());
@@ -550,16 +701,30 @@ impl DeviceModel {
         Ok(outs)
     }
 
-    /// [`Model::commit`] on the device: keep `keep` of the pending rows.
+    /// [`Model::commit`] on the device: keep `keep` of the pending rows. What it has to run on
+    /// the device (a replay of kept rows) is deferred to the next submission.
     pub(crate) fn commit(&self, state: &mut SequenceState, keep: usize) -> Result<(), ModelError> {
         let pending = state.pending_rows;
         let mut rec = Recorder::new(&self.gpu);
         for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
             layer.commit(&mut rec, cache, keep, pending)?;
         }
-        self.counters.submit(rec)?;
-        Ok(())
+        rec.defer().map_err(gpu_err)
     }
+}
+
+/// The kernels every model runs whatever its weights (norms, attention, the delta net, the
+/// small ones between products).
+pub(crate) fn fixed_kernels() -> Vec<&'static nextn_gpu::kernels::Kernel> {
+    use nextn_gpu::kernels as k;
+    let mut v: Vec<&'static k::Kernel> = Vec::new();
+    v.extend(k::elementwise::KERNELS);
+    v.extend(k::norm::KERNELS);
+    v.extend(k::argmax::KERNELS);
+    v.extend(k::delta_net::KERNELS);
+    v.extend(k::attention::KERNELS);
+    v.push(&k::matvec::QUANTIZE_Q8);
+    v
 }
 
 /// What `-dev` / `-ngl` choose: a device to open, or the CPU. `NEXTN_GPU_INT8=0` keeps the
@@ -586,10 +751,27 @@ pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
         name: name.map(str::to_string),
         validation: std::env::var("NEXTN_GPU_VALIDATION").as_deref() == Ok("1"),
         memory_budget,
+        pipeline_cache_dir: pipeline_cache_dir(),
     })
     .map_err(gpu_err)?;
     if std::env::var("NEXTN_GPU_INT8").as_deref() == Ok("0") {
         gpu.disable_int8_dot();
     }
     Ok(Arc::new(gpu))
+}
+
+/// Where compiled pipelines are kept between runs: `NEXTN_PIPELINE_CACHE` (a directory; `0` or
+/// empty turns the cache off), else `$XDG_CACHE_HOME/nextn/pipelines`, else
+/// `~/.cache/nextn/pipelines`.
+fn pipeline_cache_dir() -> Option<std::path::PathBuf> {
+    match std::env::var_os("NEXTN_PIPELINE_CACHE") {
+        Some(v) if v.is_empty() || v == "0" => return None,
+        Some(v) => return Some(v.into()),
+        None => {}
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+    Some(base.join("nextn").join("pipelines"))
 }

@@ -3,14 +3,17 @@
 //! LM head (the trimmed one when a draft vocabulary is set). The LM head is the trunk's own
 //! device matrix when the file ties them, so the 248k-row matrix is on the device once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nextn_gpu::kernels::elementwise::gather_rows;
 use nextn_gpu::kernels::norm::rms_norm;
 use nextn_gpu::{Gpu, Recorder};
 
 use super::layer::{DeviceLayer, PassBuffers};
-use super::{gpu_err, logit_rows, read_rows_back, scratch, u, vector, Mat, Top1Rows};
+use super::{
+    gpu_err, grow, locked, logit_rows, read_rows_back, rows_read_back, u, vector, Mat, PassIo,
+    Top1Rows,
+};
 use crate::batch::{ForwardOutput, HeadBatchItem, Readback, Segment};
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
@@ -31,6 +34,9 @@ pub(crate) struct DeviceHead {
     /// The trimmed LM head of a draft vocabulary.
     draft: Option<Mat>,
     config: Qwen35Config,
+    /// The activations, shared with the trunk's passes.
+    pass: Arc<Mutex<PassBuffers>>,
+    io: Mutex<PassIo>,
 }
 
 impl DeviceHead {
@@ -41,6 +47,7 @@ impl DeviceHead {
         cfg: &Qwen35Config,
         trunk_lm_head: Option<Arc<Mat>>,
         counters: Arc<super::Counters>,
+        pass: Arc<Mutex<PassBuffers>>,
     ) -> Result<DeviceHead, ModelError> {
         let lm_head_shared = trunk_lm_head.is_some();
         let lm_head = match trunk_lm_head {
@@ -59,8 +66,15 @@ impl DeviceHead {
             config: cfg.clone(),
             gpu,
             counters,
+            pass,
+            io: Mutex::new(PassIo::default()),
         };
         d.gpu.check().map_err(gpu_err)?;
+        let mut kernels = Vec::new();
+        d.eh_proj.kernels(&mut kernels);
+        d.layer.kernels(&mut kernels);
+        d.lm_head.kernels(&mut kernels);
+        d.gpu.prepare(&kernels).map_err(gpu_err)?;
         Ok(d)
     }
 
@@ -87,7 +101,7 @@ impl DeviceHead {
                         "the draft vocabulary's rows are shorter than its ids".into(),
                     )
                 })?;
-                Some(Mat::from_parts(
+                let m = Mat::from_parts(
                     &self.gpu,
                     "nextn.draft_lm_head",
                     ty,
@@ -95,7 +109,11 @@ impl DeviceHead {
                     cols,
                     bytes,
                     scale,
-                )?)
+                )?;
+                let mut kernels = Vec::new();
+                m.kernels(&mut kernels);
+                self.gpu.prepare(&kernels).map_err(gpu_err)?;
+                Some(m)
             }
         };
         Ok(())
@@ -151,13 +169,14 @@ impl DeviceHead {
             }
             at += it.tokens.len();
         }
-        let raw = gpu
-            .upload("nextn-in", bytemuck::cast_slice(&cat_raw))
-            .map_err(gpu_err)?;
-        let cat = scratch(gpu, "nextn-cat", n * 2 * e)?;
-        let h = scratch(gpu, "nextn-h", n * e)?;
-        let mut pass = PassBuffers::new(&self.gpu, &self.config, n)?;
+        let mut io = locked(&self.io)?;
+        let mut pass = locked(&self.pass)?;
+        pass.reserve(n)?;
+        let raw = grow(gpu, &mut io.raw, "nextn-in", n * 2 * e)?;
+        let cat = grow(gpu, &mut io.cat, "nextn-cat", n * 2 * e)?;
+        let h = grow(gpu, &mut io.h, "nextn-h", n * e)?;
         let mut rec = Recorder::new(gpu);
+        rec.upload(&raw, 0, bytemuck::cast_slice(&cat_raw));
         let (nu, eu, e2) = (u(n)?, u(e)?, u(2 * e)?);
         rms_norm(&mut rec, &raw, 0, &self.enorm, 0, &cat, 0, nu, eu, e2, eps).map_err(gpu_err)?;
         rms_norm(
@@ -191,7 +210,7 @@ impl DeviceHead {
         self.layer
             .forward(&mut rec, &h, n, &mut segments, &mut pass)?;
         drop(segments);
-        let hidden = scratch(gpu, "nextn-hidden", n * e)?;
+        let hidden = grow(gpu, &mut io.hidden, "nextn-hidden", n * e)?;
         rms_norm(
             &mut rec,
             &h,
@@ -215,25 +234,34 @@ impl DeviceHead {
         let n_picked = picked.len();
         let lm = self.draft.as_ref().unwrap_or(&self.lm_head);
         let width = lm.rows();
-        let logits_buf = scratch(gpu, "nextn-logits", n_picked * width)?;
+        let logits_buf = grow(gpu, &mut io.logits, "nextn-logits", n_picked * width)?;
         if n_picked > 0 {
-            let idx = gpu
-                .upload("nextn-picked", bytemuck::cast_slice(&picked))
-                .map_err(gpu_err)?;
-            let rows = scratch(gpu, "nextn-picked-rows", n_picked * e)?;
+            let idx = grow(gpu, &mut io.picked, "nextn-picked", n_picked)?;
+            rec.upload(&idx, 0, bytemuck::cast_slice(&picked));
+            let rows = grow(gpu, &mut io.rows, "nextn-picked-rows", n_picked * e)?;
             gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, eu).map_err(gpu_err)?;
             lm.forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, width)?;
         }
         let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
-        let top1 = Top1Rows::record(&mut rec, &logits_buf, width, &ranges, &readbacks)?;
-        self.counters.submit(rec)?;
-        let hidden_host = gpu.read_f32(&hidden, 0, n * e).map_err(gpu_err)?;
+        let top1 = Top1Rows::record(
+            &mut rec,
+            &logits_buf,
+            &mut io.top1,
+            width,
+            &ranges,
+            &readbacks,
+        )?;
+        let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
+        let row_slots = read_rows_back(&mut rec, &logits_buf, width, &ranges, &readbacks);
+        drop(pass);
+        let mut back = self.counters.submit_read(rec, false)?;
+        let hidden_host = back.f32s(hidden_slot);
         // A trimmed LM head's rows and top-1 are in its own ids; the sampler sees the full
         // vocabulary. Its ids ascend, so the lowest trimmed index among equal logits is the
         // lowest token id too.
         let trimmed = self.draft.as_ref().and(head.draft_vocab());
-        let logits = read_rows_back(gpu, &logits_buf, width, &ranges, &readbacks, trimmed)?;
-        let mut top1 = top1.read(gpu)?;
+        let logits = rows_read_back(&mut back, row_slots, &ranges, trimmed);
+        let mut top1 = top1.read(&mut back);
         self.counters
             .read_back(super::read_bytes(n * e, &ranges, &readbacks, width));
         if let Some(d) = trimmed {

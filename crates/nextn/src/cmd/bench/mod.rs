@@ -11,7 +11,7 @@ mod union;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -20,6 +20,7 @@ use nextn_engine::sampler::{argmax, SamplerConfig};
 use nextn_engine::scheduler::{DraftPolicy, Event, EventSink, Request, Scheduler, SchedulerConfig};
 use nextn_engine::speculative::forced::ForcedAcceptance;
 use nextn_engine::speculative::{DraftSampling, SpecConfig, SpecStats};
+use nextn_model::device::{DeviceModel, DeviceProgress};
 use nextn_model::{LayerCache, LogitRows, NextnHead};
 use serde_json::{json, Value};
 
@@ -195,29 +196,46 @@ fn process_cpu_seconds() -> Option<f64> {
     None
 }
 
-/// What a run cost on the device: per pass (target, head and commit submissions) the device time
-/// by timestamp queries, the dispatches, and per token (prompt and generated) the dispatches and
-/// the host's CPU time. On a software device (lavapipe) the "device" time is CPU time too: labelled so.
+/// What a run cost on the device: per pass (target and head forward passes) the device time by
+/// timestamp queries, the dispatches, and per token (prompt and generated) the dispatches and
+/// the host's CPU time; and in the steady state of its requests (`steady`, from the
+/// [`STEADY_AFTER_TEXTS`]-th piece of text of each request to its end) what a pass creates
+/// (buffers, bind groups, pipelines: none once a request's shapes have been seen) and what a step
+/// of the generation loop costs the host: dispatches, submissions and waits for the device. On a
+/// software device (lavapipe) the "device" time is CPU time too: labelled so.
 fn device_report(
-    device: &nextn_model::device::DeviceModel,
+    device: &DeviceModel,
     tokens: usize,
     cpu_seconds: Option<f64>,
+    steady: &DeviceProgress,
 ) -> (String, Value) {
     let s = device.take_stats();
     let info = &device.gpu().info;
     let per_pass = |x: f64| x / s.passes.max(1) as f64;
     let tok = tokens.max(1) as f64;
     let gpu_ms = (s.timed_passes > 0).then(|| s.gpu_seconds * 1e3 / s.timed_passes as f64);
+    let r = &steady.runtime;
+    let passes = steady.passes.max(1) as f64;
+    let steps = steady.target_passes.max(1) as f64;
     let line = format!(
-        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per pass, host CPU {} per token",
+        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per pass, host CPU {} per token\n  \
+         steady state ({} steps, {} passes): per step {:.0} dispatches, {:.2} submissions, {:.2} waits for the device; per pass {:.2} buffers, {:.2} bind groups and {:.2} pipelines created",
         info.name,
         if info.software { " (software: its times are CPU times)" } else { "" },
         s.passes,
-        per_pass(s.dispatches as f64),
-        s.dispatches as f64 / tok,
+        per_pass(s.runtime.dispatches as f64),
+        s.runtime.dispatches as f64 / tok,
         s.read_back_bytes as f64 / tok / 1024.0,
         gpu_ms.map_or("no timestamps".to_string(), |m| format!("{m:.2} ms device time")),
         cpu_seconds.map_or("?".to_string(), |c| format!("{:.2} ms", c * 1e3 / tok)),
+        steady.target_passes,
+        steady.passes,
+        r.dispatches as f64 / steps,
+        r.submissions as f64 / steps,
+        r.read_backs as f64 / steps,
+        r.buffers_created as f64 / passes,
+        r.bind_groups_created as f64 / passes,
+        r.pipelines_created as f64 / passes,
     );
     let mut line = line;
     let mut kernels: Vec<(&str, nextn_model::device::KernelTime)> =
@@ -250,16 +268,26 @@ fn device_report(
         .iter()
         .map(|(k, t)| json!({"kernel": k, "dispatches": t.dispatches, "seconds": t.seconds}))
         .collect();
+    let per = |x: u64, n: u64| (n > 0).then(|| x as f64 / n as f64);
     let json = json!({
         "device": info.name,
         "software": info.software,
         "kernels": kernel_json,
         "passes": s.passes,
-        "dispatches": s.dispatches,
-        "dispatches_per_token": s.dispatches as f64 / tok,
+        "target_passes": s.target_passes,
+        "dispatches": s.runtime.dispatches,
+        "dispatches_per_token": s.runtime.dispatches as f64 / tok,
         "read_back_bytes_per_token": s.read_back_bytes as f64 / tok,
         "device_ms_per_pass": gpu_ms,
         "host_cpu_ms_per_token": cpu_seconds.map(|c| c * 1e3 / tok),
+        "steady_steps": steady.target_passes,
+        "steady_passes": steady.passes,
+        "dispatches_per_step": per(r.dispatches, steady.target_passes),
+        "submissions_per_step": per(r.submissions, steady.target_passes),
+        "read_backs_per_step": per(r.read_backs, steady.target_passes),
+        "buffers_created_per_pass": per(r.buffers_created, steady.passes),
+        "bind_groups_created_per_pass": per(r.bind_groups_created, steady.passes),
+        "pipelines_created_per_pass": per(r.pipelines_created, steady.passes),
     });
     (line, json)
 }
@@ -397,13 +425,53 @@ impl Policy {
     }
 }
 
-/// Collects a request's end (and nothing of its text) for the bench.
-struct Collect(mpsc::Sender<Event>);
+/// Pieces of text a request streams before its device counters count as steady state: its
+/// first passes make the buffers and bind groups of its shapes.
+const STEADY_AFTER_TEXTS: usize = 8;
+
+/// The device's counters over the steady state of every request of a run: from its
+/// [`STEADY_AFTER_TEXTS`]-th piece of text to its end.
+#[derive(Clone, Default)]
+struct Steady(Arc<Mutex<DeviceProgress>>);
+
+/// Collects a request's end (and nothing of its text) for the bench, and on the device its
+/// steady-state counters.
+struct Collect {
+    tx: mpsc::Sender<Event>,
+    device: Option<(Arc<DeviceModel>, Steady)>,
+    texts: usize,
+    mark: Option<DeviceProgress>,
+}
+
+impl Collect {
+    fn new(tx: mpsc::Sender<Event>, device: Option<(Arc<DeviceModel>, Steady)>) -> Self {
+        Collect {
+            tx,
+            device,
+            texts: 0,
+            mark: None,
+        }
+    }
+}
 
 impl EventSink for Collect {
     fn send(&mut self, event: Event) -> bool {
         match event {
-            Event::Done(_) | Event::Failed { .. } => self.0.send(event).is_ok(),
+            Event::Text(_) => {
+                self.texts += 1;
+                if self.texts == STEADY_AFTER_TEXTS {
+                    self.mark = self.device.as_ref().map(|(d, _)| d.progress());
+                }
+                true
+            }
+            Event::Done(_) | Event::Failed { .. } => {
+                if let (Some((d, steady)), Some(mark)) = (&self.device, self.mark.take()) {
+                    if let Ok(mut s) = steady.0.lock() {
+                        s.add(&d.progress().since(&mark));
+                    }
+                }
+                self.tx.send(event).is_ok()
+            }
             _ => true,
         }
     }
@@ -420,6 +488,7 @@ fn run_depth(
     kind: RunKind,
     outputs: Option<&mut Vec<Vec<u32>>>,
     plain_outputs: &[Vec<u32>],
+    steady: Option<&Steady>,
 ) -> Result<RunTotals> {
     let loaded = setup.loaded;
     let head = head.filter(|_| kind.policy != Policy::Plain);
@@ -481,7 +550,10 @@ fn run_depth(
             forced_acceptance,
             images: Vec::new(),
             prompt_progress: false,
-            sink: Box::new(Collect(tx.clone())),
+            sink: Box::new(Collect::new(
+                tx.clone(),
+                loaded.model.device.clone().zip(steady.cloned()),
+            )),
         });
     }
     scheduler.run();
@@ -543,7 +615,7 @@ fn check_file(
         mode: DraftSampling::Coupled,
         mask_drafts: true,
     };
-    let t = run_depth(setup, Some(head), kind, None, &[])?;
+    let t = run_depth(setup, Some(head), kind, None, &[], None)?;
     Ok(FileCheck {
         draft_top1: agree as f64 / rows.max(1) as f64,
         kl: kl / rows.max(1) as f64,
@@ -1053,6 +1125,7 @@ fn measure_kind(
         d.set_profiling(b.args.device_profile);
         d.take_stats();
     }
+    let steady = Steady::default();
     let cpu_before = process_cpu_seconds();
     for rep in 0..b.args.repetitions {
         *run_no += 1;
@@ -1063,6 +1136,7 @@ fn measure_kind(
             kind,
             (rep == 0).then_some(&mut outputs),
             plain_outputs,
+            Some(&steady),
         )?;
         let d = r.predicted_n as f64 * 1e3 / r.predicted_ms.max(1e-9);
         let p = r.prompt_n as f64 * 1e3 / r.prompt_ms.max(1e-9);
@@ -1086,7 +1160,8 @@ fn measure_kind(
         let cpu = process_cpu_seconds()
             .zip(cpu_before)
             .map(|(after, before)| after - before);
-        device_report(d, t.prompt_n + t.predicted_n, cpu)
+        let steady = steady.0.lock().map(|s| *s).unwrap_or_default();
+        device_report(d, t.prompt_n + t.predicted_n, cpu, &steady)
     });
     if let Some((line, _)) = &device_cost {
         eprintln!("{line}");
@@ -1310,7 +1385,7 @@ fn draft_vocab_report(
         max_n,
     )?;
     let accept = draft_vocab::acceptance(trimmed, &m.full_runs, m.plain_tps, |h, kind| {
-        let t = run_depth(setup, Some(h), kind, None, &m.plain_outputs)?;
+        let t = run_depth(setup, Some(h), kind, None, &m.plain_outputs, None)?;
         Ok((
             t.stats,
             t.predicted_n as f64 * 1e3 / t.predicted_ms.max(1e-9),
