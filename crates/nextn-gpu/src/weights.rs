@@ -281,6 +281,9 @@ pub(crate) struct Packed {
     bytes: u64,
     /// Products quantize the activations to int8 (the type has such kernels).
     int8: bool,
+    /// A gate|up pair: `rows` gate rows then as many up rows, in one chunk, multiplied together
+    /// with SwiGLU ([`crate::kernels::matvec::product`]).
+    pub(crate) pair: bool,
 }
 
 impl Packed {
@@ -308,8 +311,11 @@ impl Packed {
             Some((f, _)) => f,
             None => self.format.family,
         };
-        let mut v: Vec<&'static crate::kernels::Kernel> = family.rows.iter().collect();
-        v.push(&family.tile);
+        let mut v: Vec<&'static crate::kernels::Kernel> = if self.pair {
+            family.pair_rows.iter().chain([&family.pair_tile]).collect()
+        } else {
+            family.rows.iter().chain([&family.tile]).collect()
+        };
         if experts {
             v.push(&family.experts);
         }
@@ -462,6 +468,7 @@ fn pack(
         chunks,
         bytes,
         int8: gpu.int8_dot() && format.int8.is_some(),
+        pair: false,
     })
 }
 
@@ -538,12 +545,69 @@ impl DeviceMatrix {
         })
     }
 
+    /// Matrices of one type and width stacked row after row into one (`parts`: each one's rows
+    /// and bytes as ggml stores them): one product computes all of them, each output row the
+    /// bits of the same row's product in its own matrix.
+    pub fn upload_stacked(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        cols: usize,
+        parts: &[(usize, &[u8])],
+    ) -> Result<DeviceMatrix, GpuError> {
+        let rows = parts.iter().map(|p| p.0).sum();
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.1.len()).sum());
+        for (_, bytes) in parts {
+            data.extend_from_slice(bytes);
+        }
+        Self::upload(gpu, name, ty, rows, cols, &data)
+    }
+
+    /// A gate and an up matrix of `rows x cols` each, multiplied together: a product gives
+    /// `SiLU(gate · x) * (up · x)`, `rows` values a row. Both must fit one buffer
+    /// ([`GpuError::BufferTooLarge`] otherwise: then multiply them apart).
+    pub fn upload_pair(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        gate: &[u8],
+        up: &[u8],
+    ) -> Result<DeviceMatrix, GpuError> {
+        let limit = gpu.max_binding_bytes();
+        let reservation =
+            gpu.reserve(&format!("weight '{name}'"), (gate.len() + up.len()) as u64)?;
+        let mut data = Vec::with_capacity(gate.len() + up.len());
+        data.extend_from_slice(gate);
+        data.extend_from_slice(up);
+        let mut packed = pack(gpu, name, ty, 1, 2 * rows, cols, &data, limit, 2 * rows)?;
+        packed.rows = rows;
+        packed.pair = true;
+        Ok(DeviceMatrix {
+            packed,
+            _reservation: reservation,
+        })
+    }
+
+    /// The blocks its products quantize activations into (the int8 path), or `None` (f32
+    /// activations).
+    pub fn act_blocks(&self) -> Option<ActBlocks> {
+        self.packed.int8_path().map(|(_, a)| a)
+    }
+
+    /// Whether this is a gate|up pair ([`DeviceMatrix::upload_pair`]).
+    pub fn is_pair(&self) -> bool {
+        self.packed.pair
+    }
+
     pub fn name(&self) -> &str {
         &self.packed.name
     }
     pub fn ty(&self) -> GgmlType {
         self.packed.ty
     }
+    /// Output values a row: the matrix's rows (one matrix's, for a pair).
     pub fn rows(&self) -> usize {
         self.packed.rows
     }

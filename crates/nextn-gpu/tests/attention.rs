@@ -1,9 +1,7 @@
 //! The gated full-attention kernels and the device KV cache against scalar definitions
 //! written from the spec (§4.4-§4.5), and the cache's rows against the CPU cache's encoding.
 
-use nextn_gpu::kernels::attention::{
-    attention, kv_store, rms_norm_heads_inplace, rope_neox_inplace, AttentionScratch, CHUNK,
-};
+use nextn_gpu::kernels::attention::{attention, prep, steps, AttentionScratch, PrepRows, CHUNK};
 use nextn_gpu::kv::{DeviceKv, KvElem};
 use nextn_gpu::validation::{assert_clean, test_device};
 use nextn_gpu::{Gpu, GpuError, Recorder};
@@ -24,6 +22,44 @@ impl Rng {
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.next() * scale).collect()
     }
+}
+
+/// `n` rows from `x_off` (`x_stride` apart) whose keys sit at `k_col` and values at `v_col`,
+/// through the prep kernel's store alone, at positions `start..`.
+#[allow(clippy::too_many_arguments)]
+fn store(
+    gpu: &Gpu,
+    kv: &mut DeviceKv,
+    x: &wgpu::Buffer,
+    x_off: usize,
+    x_stride: usize,
+    k_col: usize,
+    v_col: usize,
+    n: usize,
+    start: usize,
+) {
+    let rows = PrepRows {
+        x_off: x_off as u32,
+        x_stride: x_stride as u32,
+        n: n as u32,
+        n_head: 0,
+        n_kv: kv.n_kv_heads() as u32,
+        head_dim: kv.head_dim() as u32,
+        q_head_stride: 0,
+        k_col: k_col as u32,
+        v_col: v_col as u32,
+        qn_off: 0,
+        kn_off: 0,
+        n_rot: 0,
+        start_pos: start as u32,
+        freq_base: 1e4,
+        freq_scale: 1.0,
+        eps: 1e-6,
+    };
+    let norms = gpu.buffer("no norms", 16).unwrap();
+    let mut rec = Recorder::new(gpu);
+    prep(&mut rec, x, &norms, Some(kv), &rows, steps::STORE).unwrap();
+    rec.submit(false).unwrap();
 }
 
 fn upload(gpu: &Gpu, x: &[f32]) -> wgpu::Buffer {
@@ -108,7 +144,7 @@ fn awkward_rows(rng: &mut Rng, n: usize, width: usize) -> Vec<f32> {
 
 const ELEMS: [KvElem; 3] = [KvElem::F32, KvElem::F16, KvElem::Q8_0];
 
-/// kv_store converts exactly as the CPU cache: read_rows gives the CPU's bytes for rows that
+/// The store converts exactly as the CPU cache: read_rows gives the CPU's bytes for rows that
 /// came in through append_rows and through the kernel, a truncated cache is overwritten, and
 /// the rows go back into another cache unchanged.
 #[test]
@@ -128,31 +164,18 @@ fn kv_store_and_rows_match_the_cpu_cache() {
             kv.append_rows(&gpu, &cpu_rows(ke, &hk, hd), &cpu_rows(ve, &hv, hd), hist)
                 .unwrap();
             assert_eq!(kv.len(), hist);
-            // New rows sit in a wider buffer at an offset, as in a joint projection.
-            let stride = width + 3;
-            let mut src_k = vec![0.0f32; 11 + n * stride];
-            let mut src_v = vec![0.0f32; 2 + n * stride];
+            // New rows sit in a wider buffer at an offset, as in a joint projection: keys from
+            // column 3, values from column 5 + width of rows `stride` apart from element 11.
+            let (off, stride, k_col, v_col) = (11, 2 * width + 9, 3, 5 + width);
+            let mut src = vec![0.0f32; off + n * stride];
             let nk = awkward_rows(&mut rng, n, width);
             let nv = awkward_rows(&mut rng, n, width);
             for i in 0..n {
-                src_k[11 + i * stride..][..width].copy_from_slice(&nk[i * width..][..width]);
-                src_v[2 + i * stride..][..width].copy_from_slice(&nv[i * width..][..width]);
+                src[off + i * stride + k_col..][..width].copy_from_slice(&nk[i * width..][..width]);
+                src[off + i * stride + v_col..][..width].copy_from_slice(&nv[i * width..][..width]);
             }
-            let (kb, vb) = (upload(&gpu, &src_k), upload(&gpu, &src_v));
-            let mut rec = Recorder::new(&gpu);
-            kv_store(
-                &mut rec,
-                &mut kv,
-                &kb,
-                11,
-                &vb,
-                2,
-                stride as u32,
-                n as u32,
-                hist as u32,
-            )
-            .unwrap();
-            rec.submit(false).unwrap();
+            let xb = upload(&gpu, &src);
+            store(&gpu, &mut kv, &xb, off, stride, k_col, v_col, n, hist);
             assert_eq!(kv.len(), hist + n);
             let (k_bytes, v_bytes) = kv.read_rows(&gpu, 0, hist + n).unwrap();
             let all_k: Vec<f32> = hk.iter().chain(&nk).copied().collect();
@@ -179,9 +202,7 @@ fn kv_store_and_rows_match_the_cpu_cache() {
             // Rollback is the length only; a store after it overwrites.
             kv.truncate(6);
             assert_eq!(kv.len(), 6);
-            let mut rec = Recorder::new(&gpu);
-            kv_store(&mut rec, &mut kv, &vb, 2, &kb, 11, stride as u32, 2, 6).unwrap();
-            rec.submit(false).unwrap();
+            store(&gpu, &mut kv, &xb, off, stride, v_col, k_col, 2, 6);
             assert_eq!(kv.len(), 8);
             let (k3, v3) = kv.read_rows(&gpu, 6, 8).unwrap();
             assert!(k3 == cpu_rows(ke, &nv[..2 * width], hd));
@@ -232,21 +253,26 @@ fn head_norm_matches_the_definition() {
         let x = rng.vec(off + n * row_stride, 2.5);
         let w = rng.vec(hd + 3, 1.5);
         let (xb, wb) = (upload(&gpu, &x), upload(&gpu, &w));
+        let rows = PrepRows {
+            x_off: off as u32,
+            x_stride: row_stride as u32,
+            n: n as u32,
+            n_head: heads as u32,
+            n_kv: 0,
+            head_dim: hd as u32,
+            q_head_stride: head_stride as u32,
+            k_col: 0,
+            v_col: 0,
+            qn_off: 3,
+            kn_off: 0,
+            n_rot: 0,
+            start_pos: 0,
+            freq_base: 1e4,
+            freq_scale: 1.0,
+            eps: 1e-6,
+        };
         let mut rec = Recorder::new(&gpu);
-        rms_norm_heads_inplace(
-            &mut rec,
-            &xb,
-            off as u32,
-            row_stride as u32,
-            n as u32,
-            heads as u32,
-            head_stride as u32,
-            hd as u32,
-            &wb,
-            3,
-            1e-6,
-        )
-        .unwrap();
+        prep(&mut rec, &xb, &wb, None, &rows, steps::NORM).unwrap();
         rec.submit(false).unwrap();
         let y = gpu.read_f32(&xb, 0, x.len()).unwrap();
         let mut want = x.clone();
@@ -305,21 +331,27 @@ fn rope_matches_the_definition() {
         let (off, row_stride) = (5usize, heads * head_stride + 1);
         let x = rng.vec(off + n * row_stride, 2.0);
         let xb = upload(&gpu, &x);
+        let rows = PrepRows {
+            x_off: off as u32,
+            x_stride: row_stride as u32,
+            n: n as u32,
+            n_head: heads as u32,
+            n_kv: 0,
+            head_dim: n_rot as u32,
+            q_head_stride: head_stride as u32,
+            k_col: 0,
+            v_col: 0,
+            qn_off: 0,
+            kn_off: 0,
+            n_rot: n_rot as u32,
+            start_pos: start as u32,
+            freq_base: base,
+            freq_scale: fscale,
+            eps: 1e-6,
+        };
+        let norms = gpu.buffer("no norms", 16).unwrap();
         let mut rec = Recorder::new(&gpu);
-        rope_neox_inplace(
-            &mut rec,
-            &xb,
-            off as u32,
-            row_stride as u32,
-            n as u32,
-            heads as u32,
-            head_stride as u32,
-            n_rot as u32,
-            start as u32,
-            base,
-            fscale,
-        )
-        .unwrap();
+        prep(&mut rec, &xb, &norms, None, &rows, steps::ROPE).unwrap();
         rec.submit(false).unwrap();
         let y = gpu.read_f32(&xb, 0, x.len()).unwrap();
         let mut rotated = vec![false; x.len()];
@@ -396,21 +428,28 @@ fn setup(gpu: &Gpu, c: &Case, rng: &mut Rng) -> Setup {
         host,
     )
     .unwrap();
-    let (kb, vb) = (upload(gpu, &k), upload(gpu, &v));
-    let mut rec = Recorder::new(gpu);
-    kv_store(
-        &mut rec,
+    // Keys and values side by side in one row, as the prep kernel takes them.
+    let kvrows: Vec<f32> = (0..len)
+        .flat_map(|p| {
+            k[p * width..(p + 1) * width]
+                .iter()
+                .chain(&v[p * width..(p + 1) * width])
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let xb = upload(gpu, &kvrows);
+    store(
+        gpu,
         &mut kv,
-        &kb,
-        (host * width) as u32,
-        &vb,
-        (host * width) as u32,
-        width as u32,
-        (len - host) as u32,
-        host as u32,
-    )
-    .unwrap();
-    rec.submit(false).unwrap();
+        &xb,
+        host * 2 * width,
+        2 * width,
+        0,
+        width,
+        len - host,
+        host,
+    );
     let (k_bytes, v_bytes) = kv.read_rows(gpu, 0, len).unwrap();
     let q_row = 2 * c.n_head * c.hd + 9;
     let q = rng.vec(Q_OFF + c.n * q_row, 3.0);

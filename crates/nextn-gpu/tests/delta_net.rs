@@ -1,11 +1,13 @@
 //! The delta-net kernels against scalar references written from the spec (§4.6, in f64), and
 //! the properties the rollback rests on: a batch of rows gives the bits of the same rows decoded
-//! one by one, and a verify batch committed in part (buffer swap for all rows, an in-place replay
-//! of the kept rows otherwise) leaves exactly the state and window of decoding the kept rows.
+//! one by one, and a verify batch committed in part (buffer swaps for all rows, an in-place replay
+//! of the kept rows from their raw projections otherwise) leaves exactly the state and window of
+//! decoding the kept rows.
 
 use nextn_gpu::kernels::delta_net::{
-    conv_silu, conv_window_advance, gated_norm, gates, recurrence, DeltaNetShape, Rows, StateIo,
+    gated_norm, step, DeltaNetShape, RawRows, Rows, StepIo, StepWeights,
 };
+use nextn_gpu::kernels::matvec::QuantOut;
 use nextn_gpu::validation::{assert_clean, test_device};
 use nextn_gpu::{Gpu, Recorder};
 
@@ -22,8 +24,8 @@ fn shape(k_heads: u32, v_heads: u32, key_head: u32, value_head: u32, kernel: u32
 }
 
 /// The models' shapes (Hk 16, dk = dv = 128, Kc 4; Hv 16, 32 (35B), 48 (27B)), a small one, and
-/// a ragged one: dk not a multiple of the recurrence's 4 parts, dv not a multiple of its 32-column
-/// tiles and over the 128 invocations of the norm kernels, Kc 3.
+/// a ragged one: dk not a multiple of the recurrence's 8 parts, dv not a multiple of its 16-column
+/// tiles and over the 128 invocations of the norm's halves, Kc 3.
 fn shapes() -> Vec<DeltaNetShape> {
     vec![
         shape(2, 4, 32, 32, 4),
@@ -240,183 +242,184 @@ fn gated_norm_ref(
     y
 }
 
-/// Conv rows as the recurrence sees them: q and k heads of unit length, v after a SiLU.
-fn conv_rows(s: &DeltaNetShape, rng: &mut Rng, n: usize) -> Vec<f32> {
-    let cd = s.conv_dim() as usize;
-    let (dk, key_dim) = (s.key_head as usize, s.key_dim() as usize);
-    let mut c = rng.vec(n * cd, 2.0);
-    for t in 0..n {
-        for h in 0..2 * s.k_heads as usize {
-            let head = &mut c[t * cd + h * dk..t * cd + (h + 1) * dk];
-            let norm = head.iter().map(|v| v * v).sum::<f32>().sqrt();
-            head.iter_mut().for_each(|v| *v /= norm);
-        }
-        for v in &mut c[t * cd + 2 * key_dim..(t + 1) * cd] {
-            *v = *v / (1.0 + (-*v).exp());
-        }
-    }
-    c
+/// One sequence's layer inputs and weights on the device: raw rows laid out as a stacked
+/// projection leaves them ([q|k|v], then β and α further along the row, the rows strided and
+/// offset), the small weights in one buffer as a layer keeps them.
+struct Layer {
+    s: DeltaNetShape,
+    raw_host: Vec<f32>,
+    raw: wgpu::Buffer,
+    raw_off: u32,
+    raw_stride: u32,
+    beta_col: u32,
+    alpha_col: u32,
+    vecs_host: Vec<f32>,
+    vecs: wgpu::Buffer,
 }
 
-#[test]
-fn conv_silu_and_window_match_the_definition() {
-    let Some(gpu) = test_device() else { return };
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut shapes = shapes();
-    shapes.push(shape(2, 2, 16, 16, 1));
-    let mut worst = 0.0f64;
-    for s in &shapes {
-        let cd = s.conv_dim() as usize;
-        for n in [1usize, 5] {
-            // Raw rows strided and offset as in a wider projection output.
-            let (raw_off, raw_stride) = (7usize, cd + 5);
-            let raw = rng.vec(raw_off + n * raw_stride, 4.0);
-            let window = rng.vec(s.window_len() as usize, 4.0);
-            let conv_w = rng.vec(cd * s.kernel as usize, 1.0);
-            let (raw_b, win_b, w_b) = (
-                upload(&gpu, "raw", &raw),
-                upload(&gpu, "window", &window),
-                upload(&gpu, "conv_w", &conv_w),
-            );
-            let out_b = zeros(&gpu, "conv", n * cd);
-            let rows = Rows {
-                buffer: &raw_b,
-                offset: raw_off as u32,
-                stride: raw_stride as u32,
-            };
-            let mut rec = Recorder::new(&gpu);
-            conv_silu(&mut rec, s, rows, n as u32, &win_b, &w_b, EPS, &out_b).unwrap();
-            rec.submit(false).unwrap();
-            let want = conv_ref(s, &window, &raw, raw_off, raw_stride, &conv_w, n);
-            let got = read(&gpu, &out_b, n * cd);
-            worst = worst.max(assert_close(
-                &got,
-                &want,
-                1e-6,
-                1e-5,
-                &format!("conv {s:?} n {n}"),
-            ));
-            // The conv leaves its window alone.
-            assert_eq!(bits(&read(&gpu, &win_b, window.len())), bits(&window));
-
-            for keep in 0..=n {
-                let win_b = upload(&gpu, "window", &window);
-                let mut rec = Recorder::new(&gpu);
-                conv_window_advance(&mut rec, s, &win_b, rows, keep as u32).unwrap();
-                rec.submit(false).unwrap();
-                let want = window_ref(s, &window, &raw, raw_off, raw_stride, keep);
-                assert_eq!(
-                    bits(&read(&gpu, &win_b, window.len())),
-                    bits(&want),
-                    "window {s:?} keep {keep}"
-                );
+impl Layer {
+    fn new(gpu: &Gpu, s: DeltaNetShape, n: usize, rng: &mut Rng) -> Layer {
+        let (cd, hv) = (s.conv_dim() as usize, s.v_heads as usize);
+        // [q|k|v] | 5 other values | β | α | 2 more.
+        let (raw_off, raw_stride) = (3u32, (cd + 5 + 2 * hv + 2) as u32);
+        let mut raw_host = rng.vec(raw_off as usize + n * raw_stride as usize, 4.0);
+        // β and α wide enough to reach both sides of softplus's threshold.
+        for t in 0..n {
+            for m in 0..2 * hv {
+                raw_host[raw_off as usize + t * raw_stride as usize + cd + 5 + m] *= 4.0;
             }
         }
+        if n > 0 && hv > 1 {
+            raw_host[raw_off as usize + cd + 5 + hv] = 30.0;
+            raw_host[raw_off as usize + cd + 5 + hv + 1] = -30.0;
+        }
+        let conv_w = rng.vec(cd * s.kernel as usize, 1.0);
+        let dt_bias = rng.vec(hv, 2.0);
+        let a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v * 2.0).exp()).collect();
+        let vecs_host: Vec<f32> = conv_w.iter().chain(&dt_bias).chain(&a).copied().collect();
+        Layer {
+            s,
+            raw: upload(gpu, "raw", &raw_host),
+            raw_host,
+            raw_off,
+            raw_stride,
+            beta_col: (cd + 5) as u32,
+            alpha_col: (cd + 5 + hv) as u32,
+            vecs: upload(gpu, "vecs", &vecs_host),
+            vecs_host,
+        }
     }
-    eprintln!("conv + SiLU + L2: largest error {worst:e}");
-    assert_clean(&gpu);
-}
 
-#[test]
-fn gates_match_the_definition() {
-    let Some(gpu) = test_device() else { return };
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let mut worst = (0.0f64, 0.0f64);
-    for hv in [4usize, 6, 32, 48] {
-        let s = shape(1, hv as u32, 16, 16, 4);
-        let n = 9;
-        // b and alpha side by side in one projection output, as a fused projection leaves them.
-        let stride = 2 * hv + 1;
-        let mut ba = rng.vec(n * stride, 16.0);
-        // Reach both sides of softplus's threshold and far into its tail.
-        ba[hv] = 30.0;
-        ba[hv + 1] = -30.0;
-        let dt_bias = rng.vec(hv, 4.0);
-        let a: Vec<f32> = rng.vec(hv, 1.0).iter().map(|v| -(v * 4.0).exp()).collect();
-        let (ba_b, dt_b, a_b) = (
-            upload(&gpu, "ba", &ba),
-            upload(&gpu, "dt_bias", &dt_bias),
-            upload(&gpu, "a", &a),
+    fn raw_rows(&self, first: u32) -> RawRows<'_> {
+        RawRows {
+            rows: Rows {
+                buffer: &self.raw,
+                offset: self.raw_off + first * self.raw_stride,
+                stride: self.raw_stride,
+            },
+            beta_col: self.beta_col,
+            alpha_col: self.alpha_col,
+        }
+    }
+
+    fn weights(&self) -> StepWeights<'_> {
+        let (cd, kc, hv) = (self.s.conv_dim(), self.s.kernel, self.s.v_heads);
+        StepWeights {
+            buffer: &self.vecs,
+            conv: 0,
+            dt_bias: cd * kc,
+            a: cd * kc + hv,
+        }
+    }
+
+    /// The reference over rows `first..first + n` from `window` and `state`: (state after, o).
+    fn reference(
+        &self,
+        first: usize,
+        n: usize,
+        window: &[f32],
+        state: &[f32],
+    ) -> (Vec<f64>, Vec<f64>) {
+        let s = &self.s;
+        let (cd, kc, hv) = (s.conv_dim() as usize, s.kernel as usize, s.v_heads as usize);
+        let off = self.raw_off as usize + first * self.raw_stride as usize;
+        let stride = self.raw_stride as usize;
+        let conv = conv_ref(
+            s,
+            window,
+            &self.raw_host,
+            off,
+            stride,
+            &self.vecs_host[..cd * kc],
+            n,
         );
-        let (beta_b, decay_b) = (zeros(&gpu, "beta", n * hv), zeros(&gpu, "decay", n * hv));
-        let mut rec = Recorder::new(&gpu);
-        gates(
-            &mut rec,
-            &s,
-            Rows {
-                buffer: &ba_b,
-                offset: 0,
-                stride: stride as u32,
-            },
-            Rows {
-                buffer: &ba_b,
-                offset: hv as u32,
-                stride: stride as u32,
-            },
-            &dt_b,
-            &a_b,
-            n as u32,
-            &beta_b,
-            &decay_b,
-        )
-        .unwrap();
-        rec.submit(false).unwrap();
-        let (beta, decay) = gates_ref(hv, &ba, 0, hv, stride, &dt_bias, &a, n);
-        let got_beta = read(&gpu, &beta_b, n * hv);
-        let got_decay = read(&gpu, &decay_b, n * hv);
-        worst.0 = worst
-            .0
-            .max(assert_close(&got_beta, &beta, 1e-7, 2e-6, "beta"));
-        worst.1 = worst
-            .1
-            .max(assert_close(&got_decay, &decay, 1e-7, 2e-5, "decay"));
+        let conv: Vec<f32> = conv.iter().map(|&v| v as f32).collect();
+        let dt_bias = &self.vecs_host[cd * kc..cd * kc + hv];
+        let a = &self.vecs_host[cd * kc + hv..];
+        let (beta, decay) = gates_ref(
+            hv,
+            &self.raw_host,
+            off + self.beta_col as usize,
+            off + self.alpha_col as usize,
+            stride,
+            dt_bias,
+            a,
+            n,
+        );
+        let beta: Vec<f32> = beta.iter().map(|&v| v as f32).collect();
+        let decay: Vec<f32> = decay.iter().map(|&v| v as f32).collect();
+        recurrence_ref(s, state, &conv, &beta, &decay, n)
     }
-    eprintln!(
-        "gates: largest error beta {:e}, decay {:e}",
-        worst.0, worst.1
-    );
-    assert_clean(&gpu);
 }
 
+/// The conv, norms, gates and recurrence in one kernel against their definitions, in place and
+/// into a spare state, with the window after the rows and the raw rows a replay needs.
 #[test]
-fn recurrence_matches_the_definition() {
+fn step_matches_the_definition() {
     let Some(gpu) = test_device() else { return };
     let mut rng = Rng(0x0123_4567_89AB_CDEF);
     let mut worst = (0.0f64, 0.0f64);
-    for s in &shapes() {
-        let (hv, vd) = (s.v_heads as usize, s.value_dim() as usize);
-        let sl = s.state_len() as usize;
+    let mut shapes = shapes();
+    shapes.push(shape(2, 2, 16, 16, 1));
+    for s in &shapes {
+        let (cd, hv, vd, sl) = (
+            s.conv_dim() as usize,
+            s.v_heads as usize,
+            s.value_dim() as usize,
+            s.state_len() as usize,
+        );
         for n in [1usize, 6] {
-            let conv = conv_rows(s, &mut rng, n);
-            let beta: Vec<f32> = rng.vec(n * hv, 1.0).iter().map(|v| v + 0.5).collect();
-            let decay: Vec<f32> = rng.vec(n * hv, 0.5).iter().map(|v| v + 0.75).collect();
+            let layer = Layer::new(&gpu, *s, n, &mut rng);
+            let window = rng.vec(s.window_len() as usize, 4.0);
             let state = rng.vec(sl, 1.0);
-            let (conv_b, beta_b, decay_b) = (
-                upload(&gpu, "conv", &conv),
-                upload(&gpu, "beta", &beta),
-                upload(&gpu, "decay", &decay),
+            let (want_state, want_o) = layer.reference(0, n, &window, &state);
+            let want_window = window_ref(
+                s,
+                &window,
+                &layer.raw_host,
+                layer.raw_off as usize,
+                layer.raw_stride as usize,
+                n,
             );
-            let (want_state, want_o) = recurrence_ref(s, &state, &conv, &beta, &decay, n);
-            for in_place in [false, true] {
-                let state_in = upload(&gpu, "state", &state);
-                let state_out = zeros(&gpu, "state-out", sl);
-                let out_b = zeros(&gpu, "o", n * vd);
-                let io = if in_place {
-                    StateIo::InPlace(&state_in)
-                } else {
-                    StateIo::Separate {
-                        input: &state_in,
-                        output: &state_out,
-                    }
+            for verify in [false, true] {
+                let (state_b, spare, win_b, win_next) = (
+                    upload(&gpu, "state", &state),
+                    zeros(&gpu, "spare", sl),
+                    upload(&gpu, "window", &window),
+                    zeros(&gpu, "window-next", window.len().max(1)),
+                );
+                let keep = zeros(&gpu, "keep", n * (cd + 2 * hv));
+                // o rows strided and offset as in a pass's buffer.
+                let (o_off, o_stride) = (5usize, vd + 3);
+                let o = zeros(&gpu, "o", o_off + n * o_stride);
+                let io = StepIo {
+                    state: &state_b,
+                    spare: &spare,
+                    window: &win_b,
+                    window_out: (s.kernel > 1).then_some(&win_next),
+                    keep: verify.then_some(&keep),
+                    verify,
                 };
                 let mut rec = Recorder::new(&gpu);
-                recurrence(
-                    &mut rec, s, io, &conv_b, &beta_b, &decay_b, n as u32, &out_b,
+                let out = Rows {
+                    buffer: &o,
+                    offset: o_off as u32,
+                    stride: o_stride as u32,
+                };
+                step(
+                    &mut rec,
+                    s,
+                    &layer.raw_rows(0),
+                    &layer.weights(),
+                    &io,
+                    n as u32,
+                    EPS,
+                    out,
                 )
                 .unwrap();
                 rec.submit(false).unwrap();
-                let what = format!("{s:?} n {n} in place {in_place}");
-                let got_state = read(&gpu, if in_place { &state_in } else { &state_out }, sl);
+                let what = format!("{s:?} n {n} verify {verify}");
+                let got_state = read(&gpu, if verify { &spare } else { &state_b }, sl);
                 worst.0 = worst.0.max(assert_close(
                     &got_state,
                     &want_state,
@@ -424,7 +427,10 @@ fn recurrence_matches_the_definition() {
                     1e-5,
                     &format!("state {what}"),
                 ));
-                let got_o = read(&gpu, &out_b, n * vd);
+                let all_o = read(&gpu, &o, o_off + n * o_stride);
+                let got_o: Vec<f32> = (0..n)
+                    .flat_map(|t| all_o[o_off + t * o_stride..][..vd].to_vec())
+                    .collect();
                 worst.1 = worst.1.max(assert_close(
                     &got_o,
                     &want_o,
@@ -432,36 +438,46 @@ fn recurrence_matches_the_definition() {
                     1e-5,
                     &format!("o {what}"),
                 ));
-                if !in_place {
+                if s.kernel > 1 {
                     assert_eq!(
-                        bits(&read(&gpu, &state_in, sl)),
-                        bits(&state),
-                        "the input state changed, {what}"
+                        bits(&read(&gpu, &win_next, window.len())),
+                        bits(&want_window),
+                        "window after the rows, {what}"
                     );
+                }
+                assert_eq!(
+                    bits(&read(&gpu, &win_b, window.len().max(1))[..window.len()]),
+                    bits(&window),
+                    "the window changed, {what}"
+                );
+                if verify {
+                    assert_eq!(
+                        bits(&read(&gpu, &state_b, sl)),
+                        bits(&state),
+                        "the committed state changed, {what}"
+                    );
+                    // The kept rows: [q|k|v | β | α] of every row as the projection gave them.
+                    let kept = read(&gpu, &keep, n * (cd + 2 * hv));
+                    for t in 0..n {
+                        let r = &layer.raw_host
+                            [layer.raw_off as usize + t * layer.raw_stride as usize..];
+                        let want: Vec<f32> = r[..cd]
+                            .iter()
+                            .chain(&r[layer.beta_col as usize..][..hv])
+                            .chain(&r[layer.alpha_col as usize..][..hv])
+                            .copied()
+                            .collect();
+                        assert_eq!(
+                            bits(&kept[t * (cd + 2 * hv)..(t + 1) * (cd + 2 * hv)]),
+                            bits(&want),
+                            "kept raw row {t}, {what}"
+                        );
+                    }
                 }
             }
         }
-        // No rows: the output state is the input state.
-        let state = rng.vec(sl, 1.0);
-        let (state_in, state_out) = (upload(&gpu, "state", &state), zeros(&gpu, "state-out", sl));
-        let (c, b, o) = (
-            zeros(&gpu, "c", 1),
-            zeros(&gpu, "b", 1),
-            zeros(&gpu, "o", 1),
-        );
-        let mut rec = Recorder::new(&gpu);
-        let io = StateIo::Separate {
-            input: &state_in,
-            output: &state_out,
-        };
-        recurrence(&mut rec, s, io, &c, &b, &b, 0, &o).unwrap();
-        rec.submit(false).unwrap();
-        assert_eq!(bits(&read(&gpu, &state_out, sl)), bits(&state));
     }
-    eprintln!(
-        "recurrence: largest error state {:e}, o {:e}",
-        worst.0, worst.1
-    );
+    eprintln!("step: largest error state {:e}, o {:e}", worst.0, worst.1);
     assert_clean(&gpu);
 }
 
@@ -491,7 +507,7 @@ fn gated_norm_matches_the_definition() {
         gated_norm(
             &mut rec,
             s,
-            &o_b,
+            Rows::packed(&o_b, vd as u32),
             Rows {
                 buffer: &z_b,
                 offset: z_off as u32,
@@ -500,7 +516,8 @@ fn gated_norm_matches_the_definition() {
             &w_b,
             n as u32,
             EPS,
-            &y_b,
+            Rows::packed(&y_b, vd as u32),
+            &QuantOut::default(),
         )
         .unwrap();
         rec.submit(false).unwrap();
@@ -517,137 +534,6 @@ fn gated_norm_matches_the_definition() {
     assert_clean(&gpu);
 }
 
-/// One sequence's layer inputs and weights on the device.
-struct Layer {
-    s: DeltaNetShape,
-    raw: wgpu::Buffer,
-    raw_off: u32,
-    raw_stride: u32,
-    z: wgpu::Buffer,
-    ba: wgpu::Buffer,
-    conv_w: wgpu::Buffer,
-    dt_bias: wgpu::Buffer,
-    a: wgpu::Buffer,
-    norm_w: wgpu::Buffer,
-}
-
-/// What a pass over some rows produced.
-struct RowOutputs {
-    conv: wgpu::Buffer,
-    beta: wgpu::Buffer,
-    decay: wgpu::Buffer,
-    o: wgpu::Buffer,
-    y: wgpu::Buffer,
-}
-
-impl Layer {
-    fn new(gpu: &Gpu, s: DeltaNetShape, n: usize, rng: &mut Rng) -> Layer {
-        let (cd, vd, hv) = (
-            s.conv_dim() as usize,
-            s.value_dim() as usize,
-            s.v_heads as usize,
-        );
-        let (raw_off, raw_stride) = (3u32, cd as u32 + 2);
-        Layer {
-            s,
-            raw: upload(
-                gpu,
-                "raw",
-                &rng.vec(raw_off as usize + n * raw_stride as usize, 4.0),
-            ),
-            raw_off,
-            raw_stride,
-            z: upload(gpu, "z", &rng.vec(n * vd, 8.0)),
-            ba: upload(gpu, "ba", &rng.vec(n * 2 * hv, 8.0)),
-            conv_w: upload(gpu, "conv_w", &rng.vec(cd * s.kernel as usize, 1.0)),
-            dt_bias: upload(gpu, "dt_bias", &rng.vec(hv, 2.0)),
-            a: upload(
-                gpu,
-                "a",
-                &rng.vec(hv, 1.0)
-                    .iter()
-                    .map(|v| -(v * 2.0).exp())
-                    .collect::<Vec<_>>(),
-            ),
-            norm_w: upload(
-                gpu,
-                "norm",
-                &rng.vec(s.value_head as usize, 1.0)
-                    .iter()
-                    .map(|v| v + 1.0)
-                    .collect::<Vec<_>>(),
-            ),
-        }
-    }
-
-    fn raw_rows(&self, first: u32) -> Rows<'_> {
-        Rows {
-            buffer: &self.raw,
-            offset: self.raw_off + first * self.raw_stride,
-            stride: self.raw_stride,
-        }
-    }
-
-    /// Rows `first..first + n` through conv, gates, recurrence and gated norm, from `window` and
-    /// the state in `state`; the window is left as it was.
-    fn forward(
-        &self,
-        gpu: &Gpu,
-        rec: &mut Recorder,
-        first: u32,
-        n: u32,
-        window: &wgpu::Buffer,
-        state: StateIo,
-    ) -> RowOutputs {
-        let s = &self.s;
-        let (cd, hv, vd) = (s.conv_dim(), s.v_heads, s.value_dim());
-        let len = |w: u32| (n * w) as usize;
-        let r = RowOutputs {
-            conv: zeros(gpu, "conv", len(cd)),
-            beta: zeros(gpu, "beta", len(hv)),
-            decay: zeros(gpu, "decay", len(hv)),
-            o: zeros(gpu, "o", len(vd)),
-            y: zeros(gpu, "y", len(vd)),
-        };
-        conv_silu(
-            rec,
-            s,
-            self.raw_rows(first),
-            n,
-            window,
-            &self.conv_w,
-            EPS,
-            &r.conv,
-        )
-        .unwrap();
-        let ba = |off: u32| Rows {
-            buffer: &self.ba,
-            offset: first * 2 * hv + off,
-            stride: 2 * hv,
-        };
-        gates(
-            rec,
-            s,
-            ba(0),
-            ba(hv),
-            &self.dt_bias,
-            &self.a,
-            n,
-            &r.beta,
-            &r.decay,
-        )
-        .unwrap();
-        recurrence(rec, s, state, &r.conv, &r.beta, &r.decay, n, &r.o).unwrap();
-        let z = Rows {
-            buffer: &self.z,
-            offset: first * vd,
-            stride: vd,
-        };
-        gated_norm(rec, s, &r.o, z, &self.norm_w, n, EPS, &r.y).unwrap();
-        r
-    }
-}
-
 #[test]
 fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
     let Some(gpu) = test_device() else { return };
@@ -658,37 +544,52 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
         shape(16, 32, 128, 128, 4),
     ] {
         let n = 6u32;
+        let nu = n as usize;
         let (cd, hv, vd, sl) = (
             s.conv_dim() as usize,
             s.v_heads as usize,
             s.value_dim() as usize,
             s.state_len() as usize,
         );
-        let layer = Layer::new(&gpu, s, n as usize, &mut rng);
-        let window0 = rng.vec(s.window_len() as usize, 4.0);
+        let wl = s.window_len() as usize;
+        let layer = Layer::new(&gpu, s, nu, &mut rng);
+        let window0 = rng.vec(wl, 4.0);
         let state0 = rng.vec(sl, 1.0);
+        let unused = zeros(&gpu, "unused", 1);
 
-        // Decode: one row per pass, the state in place; what each row gave and the state and
-        // window after every row.
-        let (window, state) = (
-            upload(&gpu, "window", &window0),
-            upload(&gpu, "state", &state0),
-        );
-        let mut decoded: Vec<[Vec<f32>; 5]> = Vec::new();
+        // Decode: one row per pass, the state in place, the window into the spare and swapped;
+        // what each row gave and the state and window after every row.
+        let mut window = upload(&gpu, "window", &window0);
+        let mut window_next = zeros(&gpu, "window-next", wl);
+        let state = upload(&gpu, "state", &state0);
+        let mut decoded: Vec<Vec<f32>> = Vec::new();
         let mut after = vec![(window0.clone(), state0.clone())];
         for t in 0..n {
+            let o = zeros(&gpu, "o", vd);
+            let io = StepIo {
+                state: &state,
+                spare: &unused,
+                window: &window,
+                window_out: Some(&window_next),
+                keep: None,
+                verify: false,
+            };
             let mut rec = Recorder::new(&gpu);
-            let r = layer.forward(&gpu, &mut rec, t, 1, &window, StateIo::InPlace(&state));
-            conv_window_advance(&mut rec, &s, &window, layer.raw_rows(t), 1).unwrap();
+            step(
+                &mut rec,
+                &s,
+                &layer.raw_rows(t),
+                &layer.weights(),
+                &io,
+                1,
+                EPS,
+                Rows::packed(&o, vd as u32),
+            )
+            .unwrap();
             rec.submit(false).unwrap();
-            decoded.push([
-                read(&gpu, &r.conv, cd),
-                read(&gpu, &r.beta, hv),
-                read(&gpu, &r.decay, hv),
-                read(&gpu, &r.o, vd),
-                read(&gpu, &r.y, vd),
-            ]);
-            after.push((read(&gpu, &window, window0.len()), read(&gpu, &state, sl)));
+            std::mem::swap(&mut window, &mut window_next);
+            decoded.push(read(&gpu, &o, vd));
+            after.push((read(&gpu, &window, wl), read(&gpu, &state, sl)));
         }
 
         // Verify: all rows in one pass from the committed state into a spare one.
@@ -696,84 +597,96 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
             upload(&gpu, "window", &window0),
             upload(&gpu, "state", &state0),
         );
-        let spare = zeros(&gpu, "spare", sl);
+        let (spare, spare_window) = (zeros(&gpu, "spare", sl), zeros(&gpu, "window-next", wl));
+        let keep = zeros(&gpu, "keep", nu * (cd + 2 * hv));
+        let o = zeros(&gpu, "o", nu * vd);
+        let io = StepIo {
+            state: &committed,
+            spare: &spare,
+            window: &committed_window,
+            window_out: Some(&spare_window),
+            keep: Some(&keep),
+            verify: true,
+        };
         let mut rec = Recorder::new(&gpu);
-        let verify = layer.forward(
-            &gpu,
+        step(
             &mut rec,
-            0,
+            &s,
+            &layer.raw_rows(0),
+            &layer.weights(),
+            &io,
             n,
-            &committed_window,
-            StateIo::Separate {
-                input: &committed,
-                output: &spare,
-            },
-        );
+            EPS,
+            Rows::packed(&o, vd as u32),
+        )
+        .unwrap();
         rec.submit(false).unwrap();
-        let batch = [
-            (read(&gpu, &verify.conv, n as usize * cd), cd, "conv"),
-            (read(&gpu, &verify.beta, n as usize * hv), hv, "beta"),
-            (read(&gpu, &verify.decay, n as usize * hv), hv, "decay"),
-            (read(&gpu, &verify.o, n as usize * vd), vd, "o"),
-            (read(&gpu, &verify.y, n as usize * vd), vd, "y"),
-        ];
-        for (t, row) in decoded.iter().enumerate() {
-            for ((all, width, what), one) in batch.iter().zip(row) {
-                assert_eq!(
-                    bits(&all[t * width..(t + 1) * width]),
-                    bits(one),
-                    "{s:?}: {what} of row {t} in a batch and alone"
-                );
-            }
+        let batch = read(&gpu, &o, nu * vd);
+        for (t, one) in decoded.iter().enumerate() {
+            assert_eq!(
+                bits(&batch[t * vd..(t + 1) * vd]),
+                bits(one),
+                "{s:?}: o of row {t} in a batch and alone"
+            );
         }
         assert_eq!(
             bits(&read(&gpu, &spare, sl)),
-            bits(&after[n as usize].1),
+            bits(&after[nu].1),
             "{s:?}: state after the batch and after its rows one by one"
         );
-        assert_eq!(bits(&read(&gpu, &committed, sl)), bits(&state0));
         assert_eq!(
-            bits(&read(&gpu, &committed_window, window0.len())),
-            bits(&window0)
+            bits(&read(&gpu, &spare_window, wl)),
+            bits(&after[nu].0),
+            "{s:?}: window after the batch and after its rows one by one"
         );
+        assert_eq!(bits(&read(&gpu, &committed, sl)), bits(&state0));
+        assert_eq!(bits(&read(&gpu, &committed_window, wl)), bits(&window0));
 
-        // Commit each prefix of the verify rows from a fresh copy of the committed state.
-        let scratch = zeros(&gpu, "o-replay", n as usize * vd);
-        for keep in 0..=n {
+        // Commit each prefix of the verify rows: all of them are the spare state and window;
+        // fewer are a replay of the kept raw rows on a fresh copy of the committed state.
+        let replay_out = zeros(&gpu, "o-replay", nu * vd);
+        for k in 1..n {
             let (window, committed) = (
                 upload(&gpu, "window", &window0),
                 upload(&gpu, "state", &state0),
             );
-            let mut rec = Recorder::new(&gpu);
-            let state = if keep == n {
-                &spare
-            } else {
-                let io = StateIo::InPlace(&committed);
-                recurrence(
-                    &mut rec,
-                    &s,
-                    io,
-                    &verify.conv,
-                    &verify.beta,
-                    &verify.decay,
-                    keep,
-                    &scratch,
-                )
-                .unwrap();
-                &committed
+            let window_next = zeros(&gpu, "window-next", wl);
+            let raw = RawRows {
+                rows: Rows::packed(&keep, (cd + 2 * hv) as u32),
+                beta_col: cd as u32,
+                alpha_col: (cd + hv) as u32,
             };
-            conv_window_advance(&mut rec, &s, &window, layer.raw_rows(0), keep).unwrap();
+            let io = StepIo {
+                state: &committed,
+                spare: &unused,
+                window: &window,
+                window_out: Some(&window_next),
+                keep: None,
+                verify: false,
+            };
+            let mut rec = Recorder::new(&gpu);
+            step(
+                &mut rec,
+                &s,
+                &raw,
+                &layer.weights(),
+                &io,
+                k,
+                EPS,
+                Rows::packed(&replay_out, vd as u32),
+            )
+            .unwrap();
             rec.submit(false).unwrap();
-            let (want_window, want_state) = &after[keep as usize];
+            let (want_window, want_state) = &after[k as usize];
             assert_eq!(
-                bits(&read(&gpu, state, sl)),
+                bits(&read(&gpu, &committed, sl)),
                 bits(want_state),
-                "{s:?}: state after committing {keep} of {n}"
+                "{s:?}: state after committing {k} of {n}"
             );
             assert_eq!(
-                bits(&read(&gpu, &window, window0.len())),
+                bits(&read(&gpu, &window_next, wl)),
                 bits(want_window),
-                "{s:?}: window after committing {keep} of {n}"
+                "{s:?}: window after committing {k} of {n}"
             );
         }
     }
@@ -783,25 +696,61 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
 #[test]
 fn shapes_and_buffers_the_kernels_cannot_take_are_refused() {
     let Some(gpu) = test_device() else { return };
-    let big = shape(1, 1, 129, 16, 4);
     let b = zeros(&gpu, "b", 1 << 16);
+    let w = StepWeights {
+        buffer: &b,
+        conv: 0,
+        dt_bias: 0,
+        a: 0,
+    };
+    let raw_of = |buf, width| RawRows {
+        rows: Rows::packed(buf, width),
+        beta_col: 0,
+        alpha_col: 0,
+    };
+    let io = |state, window| StepIo {
+        state,
+        spare: &b,
+        window,
+        window_out: None,
+        keep: None,
+        verify: false,
+    };
     let mut rec = Recorder::new(&gpu);
-    assert!(recurrence(&mut rec, &big, StateIo::InPlace(&b), &b, &b, &b, 1, &b).is_err());
+    let out = Rows::packed(&b, 16);
+    // A key head past the kernel's.
+    let big = shape(1, 1, 129, 16, 4);
+    assert!(step(
+        &mut rec,
+        &big,
+        &raw_of(&b, big.conv_dim()),
+        &w,
+        &io(&b, &b),
+        1,
+        EPS,
+        out
+    )
+    .is_err());
     let s = shape(2, 4, 32, 32, 4);
     let small = zeros(&gpu, "small", s.state_len() as usize - 1);
-    assert!(recurrence(&mut rec, &s, StateIo::InPlace(&small), &b, &b, &b, 1, &b).is_err());
-    let window = zeros(&gpu, "window", s.window_len() as usize);
     let raw = zeros(&gpu, "raw", 2 * s.conv_dim() as usize);
-    let raw_rows = Rows::packed(&raw, s.conv_dim());
-    assert!(conv_silu(&mut rec, &s, raw_rows, 2, &window, &b, EPS, &b).is_ok());
+    let raw_rows = raw_of(&raw, s.conv_dim());
     assert!(
-        conv_silu(&mut rec, &s, raw_rows, 3, &window, &b, EPS, &b).is_err(),
+        step(&mut rec, &s, &raw_rows, &w, &io(&small, &b), 1, EPS, out).is_err(),
+        "a state too small"
+    );
+    assert!(step(&mut rec, &s, &raw_rows, &w, &io(&b, &b), 2, EPS, out).is_ok());
+    assert!(
+        step(&mut rec, &s, &raw_rows, &w, &io(&b, &b), 3, EPS, out).is_err(),
         "raw rows past the buffer's end"
     );
-    assert!(
-        conv_window_advance(&mut rec, &s, &small, raw_rows, 3).is_err(),
-        "kept rows past the buffer's end"
-    );
+    // A verify pass needs a spare apart from the state.
+    let same = StepIo {
+        verify: true,
+        spare: &b,
+        ..io(&b, &raw)
+    };
+    assert!(step(&mut rec, &s, &raw_rows, &w, &same, 1, EPS, out).is_err());
     assert_eq!(rec.len(), 1);
     assert_clean(&gpu);
 }

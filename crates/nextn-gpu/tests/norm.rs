@@ -1,6 +1,7 @@
-//! RMSNorm on the device against the scalar definition.
+//! RMSNorm on the device against the scalar definition (its quantized output against the
+//! products' own quantization is in fused.rs).
 
-use nextn_gpu::kernels::norm::rms_norm;
+use nextn_gpu::kernels::norm::{norm_quant, NormOut};
 use nextn_gpu::validation::{assert_clean, test_device};
 use nextn_gpu::Recorder;
 
@@ -22,17 +23,22 @@ fn rms_norm_matches_the_definition() {
         let wb = gpu.upload("w", bytemuck::cast_slice(&w)).unwrap();
         let yb = gpu.buffer("y", (rows * width * 4) as u64).unwrap();
         let mut rec = Recorder::new(&gpu);
-        rms_norm(
+        let out = NormOut {
+            y: Some((&yb, 0, width as u32)),
+            ..NormOut::default()
+        };
+        norm_quant(
             &mut rec,
             &xb,
             0,
+            width as u32,
+            rows as u32,
+            1,
+            width as u32,
             &wb,
             0,
-            &yb,
             0,
-            rows as u32,
-            width as u32,
-            width as u32,
+            &out,
             1e-6,
         )
         .unwrap();

@@ -105,6 +105,12 @@ fn golden_logits_on_the_device() {
                     }
                 }
             };
+            // The Q8_0 LM head over f32 layers quantizes the final hidden rows to int8: a hidden
+            // value a rounding away from a code boundary flips one code, which moves a logit by
+            // d_x·d_w·q (1.2e-3 spreads measured on one row of the real-vocabulary fixture,
+            // where nextn's CPU path, with the device's bits on that row, sits as far from
+            // llama.cpp). There the device may be as far from llama.cpp as the CPU path is.
+            let cpu = (int8 && variant.contains("emb")).then(|| load(&file, None));
             let mut argmax_checked = 0;
             let mut worst = 0f64;
             for seq in v["sequences"].as_array().expect("sequences") {
@@ -115,6 +121,13 @@ fn golden_logits_on_the_device() {
                 let out = model
                     .forward(&toks, &mut state, LogitRows::All, &pool)
                     .expect("device forward");
+                let cpu_out = cpu.as_ref().map(|m| {
+                    let mut state = m
+                        .new_sequence(toks.len() + 8, KvType::F32, KvType::F32)
+                        .unwrap();
+                    m.forward(&toks, &mut state, LogitRows::All, &pool)
+                        .expect("cpu forward")
+                });
                 for (p, row) in seq["target"].as_array().expect("target").iter().enumerate() {
                     let ours = out.logits_row(p);
                     let std = row["std"].as_f64().expect("std");
@@ -125,8 +138,11 @@ fn golden_logits_on_the_device() {
                         let want = e[1].as_f64().expect("logit");
                         let d = (ours[id] as f64 - want).abs();
                         worst = worst.max(d / std);
+                        let cpu_d = cpu_out
+                            .as_ref()
+                            .map_or(0.0, |c| (c.logits_row(p)[id] as f64 - want).abs());
                         assert!(
-                            d <= tol,
+                            d <= tol.max(cpu_d + tol),
                             "{fixture} {variant} {} row {p} token {id}: device {} vs llama.cpp {want} (|d| {d:.3e} > {tol:.3e})",
                             seq["name"],
                             ours[id]

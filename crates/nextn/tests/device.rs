@@ -305,7 +305,7 @@ fn device_profile_accounts_for_every_dispatch() {
         .filter_map(|k| k["kernel"].as_str())
         .collect();
     assert!(names.iter().any(|n| n.starts_with("matvec")), "{names:?}");
-    assert!(names.contains(&"rms_norm"), "{names:?}");
+    assert!(names.contains(&"norm_quant"), "{names:?}");
     let counted: u64 = kernels
         .iter()
         .map(|k| k["dispatches"].as_u64().unwrap())

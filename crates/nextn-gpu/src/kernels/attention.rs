@@ -1,30 +1,25 @@
 //! The gated full-attention layer between its projections: per-head RMSNorm of q and k,
-//! partial NEOX rotary embedding, the KV cache store, and causal grouped-query softmax
-//! attention with the sigmoid output gate.
+//! partial NEOX rotary embedding and the KV cache store in one dispatch ([`prep`]), and causal
+//! grouped-query softmax attention with the sigmoid output gate, its output quantized for the
+//! output projection on the way ([`attention_quant`]).
 //!
 //! Every function works on `n` rows of one sequence whose first row is at position
 //! `start_pos`; offsets and strides are in f32 elements of the buffers they index.
 
+use super::matvec::{quant_layout, ActBlocks, QuantLayout, QuantOut};
 use super::Kernel;
 use crate::kv::{DeviceKv, MAX_HEAD_DIM};
 use crate::{GpuError, Recorder};
 
-pub static HEAD_NORM: Kernel = Kernel {
-    name: "attention_head_norm",
-    source: include_str!("../shaders/attention_head_norm.wgsl"),
-    entry: "attention_head_norm",
-};
-
-pub static ROPE_NEOX: Kernel = Kernel {
-    name: "rope_neox",
-    source: include_str!("../shaders/rope_neox.wgsl"),
-    entry: "rope_neox",
-};
-
-pub static KV_STORE: Kernel = Kernel {
-    name: "kv_store",
-    source: include_str!("../shaders/kv_store.wgsl"),
-    entry: "kv_store",
+/// Norms, rotation and the KV store of an attention layer's rows in one dispatch.
+pub static PREP: Kernel = Kernel {
+    name: "attention_prep",
+    source: concat!(
+        include_str!("../shaders/rope_sincos.wgsl"),
+        include_str!("../shaders/kv_convert.wgsl"),
+        include_str!("../shaders/attention_prep.wgsl")
+    ),
+    entry: "attention_prep",
 };
 
 pub static ATTENTION_CHUNK: Kernel = Kernel {
@@ -35,17 +30,14 @@ pub static ATTENTION_CHUNK: Kernel = Kernel {
 
 pub static ATTENTION_MERGE: Kernel = Kernel {
     name: "attention_merge",
-    source: include_str!("../shaders/attention_merge.wgsl"),
+    source: concat!(
+        include_str!("../shaders/quant_common.wgsl"),
+        include_str!("../shaders/attention_merge.wgsl")
+    ),
     entry: "attention_merge",
 };
 
-pub static KERNELS: &[&Kernel] = &[
-    &HEAD_NORM,
-    &ROPE_NEOX,
-    &KV_STORE,
-    &ATTENTION_CHUNK,
-    &ATTENTION_MERGE,
-];
+pub static KERNELS: &[&Kernel] = &[&PREP, &ATTENTION_CHUNK, &ATTENTION_MERGE];
 
 /// Cache positions per chunk of the attention's first pass (`CHUNK` in the shaders). Chunks
 /// are fixed in absolute positions: a query's result is the same whatever else is computed.
@@ -86,175 +78,175 @@ fn extent(off: u32, n: u32, row_stride: u32, heads: u32, head_stride: u32, width
         + width as u64
 }
 
-/// RMSNorm of each of `heads` heads of `head_dim` values in each of `n` rows, in place:
-/// head `h` of row `i` starts at `x_off + i * row_stride + h * head_stride` (q heads sit at
-/// stride `2 * head_dim` in the joint query/gate projection, k heads at `head_dim`); `w` holds
-/// the `head_dim` weights from `w_off`. The sum of squares is an f32 tree over the head.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_heads_inplace(
-    rec: &mut Recorder,
-    x: &wgpu::Buffer,
-    x_off: u32,
-    row_stride: u32,
-    n: u32,
-    heads: u32,
-    head_stride: u32,
-    head_dim: u32,
-    w: &wgpu::Buffer,
-    w_off: u32,
-    eps: f32,
-) -> Result<(), GpuError> {
-    if n == 0 || heads == 0 || head_dim == 0 {
-        return Ok(());
-    }
-    check_extent(
-        "attention head norm input",
-        x,
-        extent(x_off, n, row_stride, heads, head_stride, head_dim),
-    )?;
-    check_extent(
-        "attention head norm weight",
-        w,
-        w_off as u64 + head_dim as u64,
-    )?;
-    let groups = crate::groups_1d(rec.gpu(), n * heads);
-    rec.dispatch(
-        &HEAD_NORM,
-        &[
-            n,
-            heads,
-            head_dim,
-            x_off,
-            row_stride,
-            head_stride,
-            w_off,
-            eps.to_bits(),
-        ],
-        &[x, w],
-        groups,
-    )
+/// What [`prep`] does to the rows: any of the per-head norms, the rotation and the store.
+pub mod steps {
+    pub const NORM: u32 = 1;
+    pub const ROPE: u32 = 2;
+    pub const STORE: u32 = 4;
 }
 
-/// Partial NEOX rotary embedding in place on the first `n_rot` values of each head: pairs
-/// `(j, j + n_rot/2)` rotated by `theta_j = p * theta_scale^j * freq_scale` at the row's
-/// position `p = start_pos + i`, where `theta_scale = freq_base^(-2/n_rot)` and the power is
-/// taken as ggml does, by `j` repeated f32 multiplications starting from `p` (the CPU's bits).
-/// Heads are laid out as in [`rms_norm_heads_inplace`].
-#[allow(clippy::too_many_arguments)]
-pub fn rope_neox_inplace(
-    rec: &mut Recorder,
-    x: &wgpu::Buffer,
-    x_off: u32,
-    row_stride: u32,
-    n: u32,
-    heads: u32,
-    head_stride: u32,
-    n_rot: u32,
-    start_pos: u32,
-    freq_base: f32,
-    freq_scale: f32,
-) -> Result<(), GpuError> {
-    if !n_rot.is_multiple_of(2) {
-        return Err(bad("rope", format!("n_rot {n_rot} is odd")));
-    }
-    if n == 0 || heads == 0 || n_rot == 0 {
-        return Ok(());
-    }
-    check_extent(
-        "rope input",
-        x,
-        extent(x_off, n, row_stride, heads, head_stride, n_rot),
-    )?;
-    // As the CPU computes it (ops::RopeTable), so the angles have its bits.
-    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
-    let half = n_rot / 2;
-    let threads = n as u64 * heads as u64 * half as u64;
-    let groups = crate::groups_1d(rec.gpu(), threads.div_ceil(64) as u32);
-    rec.dispatch(
-        &ROPE_NEOX,
-        &[
-            n,
-            heads,
-            half,
-            x_off,
-            row_stride,
-            head_stride,
-            start_pos,
-            theta_scale.to_bits(),
-            freq_scale.to_bits(),
-        ],
-        &[x],
-        groups,
-    )
+/// Where an attention layer's rows sit and how they are prepared: `n` rows of one sequence from
+/// `x_off`, `x_stride` apart, `n_head` query heads and `n_kv` kv heads of `head_dim` values,
+/// query head `h` at `h * q_head_stride` (its gate after it), key head `g` at `k_col + g *
+/// head_dim`, value head `g` at `v_col + g * head_dim`; the q and k norm weights in `norms` from
+/// `qn_off` and `kn_off`; rows at positions `start_pos..`.
+#[derive(Clone, Copy, Debug)]
+pub struct PrepRows {
+    pub x_off: u32,
+    pub x_stride: u32,
+    pub n: u32,
+    pub n_head: u32,
+    pub n_kv: u32,
+    pub head_dim: u32,
+    pub q_head_stride: u32,
+    pub k_col: u32,
+    pub v_col: u32,
+    pub qn_off: u32,
+    pub kn_off: u32,
+    pub n_rot: u32,
+    pub start_pos: u32,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub eps: f32,
 }
 
-/// Write the keys and values of `n` rows into `kv` at positions `start_pos..start_pos + n`,
-/// converted to the cache's element types exactly as the CPU cache converts them (f16 rounded
-/// to nearest even; Q8_0 as ggml's `quantize_row_q8_0`). Row `i`'s keys are the
-/// `n_kv_heads * head_dim` values at `k_off + i * row_stride` (head after head), its values
-/// likewise from `v_off`. `start_pos` may not be past the cache's length (no gaps); the length
-/// becomes `start_pos + n`, which drops whatever was cached beyond.
-#[allow(clippy::too_many_arguments)]
-pub fn kv_store(
+/// The rows between an attention layer's projections and attention, in place, in one dispatch,
+/// as `steps` says ([`steps`]): the RMSNorm of each q and k head (`head_dim` values, the sum of
+/// squares an f32 tree over the head), the partial NEOX rotary embedding of both on their first
+/// `n_rot` values (pairs `(j, j + n_rot/2)` rotated by `theta_j = p * theta_scale^j *
+/// freq_scale` at the row's position `p`, with `theta_scale = freq_base^(-2/n_rot)` and the
+/// power taken as ggml does, by `j` repeated f32 multiplications starting from `p`: the CPU's
+/// bits), and the keys and values into `kv` at positions `start_pos..start_pos + n`, converted
+/// to the cache's element types exactly as the CPU cache converts them (f16 rounded to nearest
+/// even; Q8_0 as ggml's `quantize_row_q8_0`). The store needs the cache (`kv`), whose heads must
+/// be the rows'; `start_pos` may not be past its length (no gaps) and the length becomes
+/// `start_pos + n`, which drops whatever was cached beyond.
+pub fn prep(
     rec: &mut Recorder,
-    kv: &mut DeviceKv,
-    k: &wgpu::Buffer,
-    k_off: u32,
-    v: &wgpu::Buffer,
-    v_off: u32,
-    row_stride: u32,
-    n: u32,
-    start_pos: u32,
+    x: &wgpu::Buffer,
+    norms: &wgpu::Buffer,
+    mut kv: Option<&mut DeviceKv>,
+    rows: &PrepRows,
+    steps: u32,
 ) -> Result<(), GpuError> {
-    let (start, end) = (start_pos as usize, start_pos as usize + n as usize);
-    if start > kv.len() || end > kv.capacity() {
+    let r = rows;
+    if x == norms {
         return Err(bad(
-            "attention KV cache",
-            format!(
-                "positions {start}..{end} stored in a cache holding {} of a capacity of {}",
-                kv.len(),
-                kv.capacity()
-            ),
+            "attention rows",
+            "the rows and the norm weights share a buffer".into(),
         ));
     }
-    if n == 0 {
-        kv.set_len(start);
+    let (start, end) = (r.start_pos as usize, r.start_pos as usize + r.n as usize);
+    let (heads, hd) = (r.n_kv, r.head_dim);
+    let store = steps & steps::STORE != 0;
+    if store {
+        let Some(kv) = kv.as_deref() else {
+            return Err(bad(
+                "attention KV cache",
+                "no cache to store the rows in".into(),
+            ));
+        };
+        if (kv.n_kv_heads() as u32, kv.head_dim() as u32) != (heads, hd) {
+            return Err(bad(
+                "attention KV cache",
+                format!(
+                    "rows of {heads} kv heads of {hd} stored in a cache of {} heads of {}",
+                    kv.n_kv_heads(),
+                    kv.head_dim()
+                ),
+            ));
+        }
+        if start > kv.len() || end > kv.capacity() {
+            return Err(bad(
+                "attention KV cache",
+                format!(
+                    "positions {start}..{end} stored in a cache holding {} of a capacity of {}",
+                    kv.len(),
+                    kv.capacity()
+                ),
+            ));
+        }
+    }
+    if !r.n_rot.is_multiple_of(2) || r.n_rot > hd {
+        return Err(bad("rope", format!("n_rot {} of heads of {hd}", r.n_rot)));
+    }
+    if r.n == 0 {
+        if let (true, Some(kv)) = (store, kv.as_deref_mut()) {
+            kv.set_len(start);
+        }
         return Ok(());
     }
-    let (heads, hd) = (kv.n_kv_heads() as u32, kv.head_dim() as u32);
-    check_extent(
-        "attention keys",
-        k,
-        extent(k_off, n, row_stride, 1, 0, heads * hd),
-    )?;
-    check_extent(
-        "attention values",
-        v,
-        extent(v_off, n, row_stride, 1, 0, heads * hd),
-    )?;
-    let units = n as u64 * heads as u64 * hd.div_ceil(64) as u64;
-    let groups = crate::groups_1d(rec.gpu(), units.div_ceil(64) as u32);
-    let scales = kv.q8_scales_word() as u32;
-    rec.dispatch(
-        &KV_STORE,
-        &[
-            n,
-            heads,
-            hd,
+    let row_end = |col: u32, heads: u32, stride: u32| {
+        extent(r.x_off + col, r.n, r.x_stride, heads.max(1), stride, hd)
+    };
+    if r.n_head > 0 {
+        check_extent(
+            "attention queries",
+            x,
+            row_end(0, r.n_head, r.q_head_stride),
+        )?;
+    }
+    if heads > 0 && (steps & (steps::NORM | steps::ROPE) != 0 || store) {
+        check_extent("attention keys", x, row_end(r.k_col, heads, hd))?;
+    }
+    if store {
+        check_extent("attention values", x, row_end(r.v_col, heads, hd))?;
+    }
+    if steps & steps::NORM != 0 {
+        check_extent(
+            "attention head norm weight",
+            norms,
+            r.qn_off.max(r.kn_off) as u64 + hd as u64,
+        )?;
+    }
+    // As the CPU computes it (ops::RopeTable), so the angles have its bits.
+    let theta_scale = r.freq_base.powf(-2.0 / r.n_rot.max(1) as f32);
+    let gpu = rec.gpu();
+    let unused = [gpu.scratch("unused-0", 16)?, gpu.scratch("unused-1", 16)?];
+    let (scales, capacity, k_elem, v_elem, k_buf, v_buf) = match kv.as_deref() {
+        Some(kv) if store => (
+            kv.q8_scales_word() as u32,
             kv.capacity() as u32,
-            start_pos,
-            k_off,
-            v_off,
-            row_stride,
             kv.k_elem().code(),
             kv.v_elem().code(),
+            kv.k_buffer().clone(),
+            kv.v_buffer().clone(),
+        ),
+        _ => (0, 0, 0, 0, unused[0].clone(), unused[1].clone()),
+    };
+    let groups = crate::groups_1d(gpu, r.n * (r.n_head + heads));
+    rec.dispatch(
+        &PREP,
+        &[
+            r.n,
+            r.n_head,
+            heads,
+            hd,
+            r.x_off,
+            r.x_stride,
+            r.q_head_stride,
+            r.k_col,
+            r.v_col,
+            r.qn_off,
+            r.kn_off,
+            r.n_rot / 2,
+            r.start_pos,
+            theta_scale.to_bits(),
+            r.freq_scale.to_bits(),
+            capacity,
+            k_elem,
+            v_elem,
             scales,
             scales,
+            steps,
+            r.eps.to_bits(),
         ],
-        &[k, v, kv.k_buffer(), kv.v_buffer()],
+        &[x, norms, &k_buf, &v_buf],
         groups,
     )?;
-    kv.set_len(end);
+    if let (true, Some(kv)) = (store, kv) {
+        kv.set_len(end);
+    }
     Ok(())
 }
 
@@ -334,6 +326,45 @@ pub fn attention(
     out_off: u32,
     out_row_stride: u32,
 ) -> Result<(), GpuError> {
+    attention_quant(
+        rec,
+        scratch,
+        q,
+        q_off,
+        q_row_stride,
+        q_head_stride,
+        gate_off,
+        n_head,
+        kv,
+        n,
+        start_pos,
+        out,
+        out_off,
+        out_row_stride,
+        &QuantOut::default(),
+    )
+}
+
+/// [`attention`], and each output row also quantized into `quant`'s buffers (row `quant.row0 +
+/// i` for row `i`) for the output projection's int8 product, in the same dispatch.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_quant(
+    rec: &mut Recorder,
+    scratch: &mut AttentionScratch,
+    q: &wgpu::Buffer,
+    q_off: u32,
+    q_row_stride: u32,
+    q_head_stride: u32,
+    gate_off: u32,
+    n_head: u32,
+    kv: &DeviceKv,
+    n: u32,
+    start_pos: u32,
+    out: &wgpu::Buffer,
+    out_off: u32,
+    out_row_stride: u32,
+    quant: &QuantOut,
+) -> Result<(), GpuError> {
     let (n_kv, hd) = (kv.n_kv_heads() as u32, kv.head_dim() as u32);
     if n_head == 0 || !n_head.is_multiple_of(n_kv) {
         return Err(bad(
@@ -388,12 +419,39 @@ pub fn attention(
             limit,
         });
     }
+    // Parts of whole rows, so that the merge of a row sees all its heads.
     let total_units = n * n_kv;
-    let units_per_part =
-        ((scratch.budget.min(limit) / per_unit).min(total_units as u64) as u32).max(1);
+    let rows_per_part =
+        ((scratch.budget.min(limit) / (per_unit * n_kv as u64)).min(n as u64) as u32).max(1);
+    let units_per_part = rows_per_part * n_kv;
     let part = scratch.at_least(gpu, units_per_part as u64 * per_unit)?;
     let scales = kv.q8_scales_word() as u32;
     let scale = 1.0 / (hd as f32).sqrt();
+    let width = (n_head * hd) as usize;
+    let layout = |b: Option<&wgpu::Buffer>, kind: ActBlocks| -> Result<QuantLayout, GpuError> {
+        match b {
+            None => Ok(QuantLayout {
+                stride: 0,
+                d_off: 0,
+                blocks: 0,
+            }),
+            Some(_) => quant_layout(width, kind).ok_or_else(|| {
+                bad(
+                    "attention output",
+                    format!("{width} values a row are not whole {kind:?} blocks"),
+                )
+            }),
+        }
+    };
+    let (l0, lk) = (
+        layout(quant.q8_0, ActBlocks::Q8_0)?,
+        layout(quant.q8k, ActBlocks::Q8K)?,
+    );
+    let flags = (quant.q8_0.is_some() as u32) << 1 | (quant.q8k.is_some() as u32) << 2;
+    // A merge workgroup takes 8 blocks of 32 values (a chunk of 256) when it quantizes them.
+    let cb = if flags != 0 { 8 } else { 1 };
+    let unused = gpu.scratch("unused-3", 16)?;
+    let (q0b, qkb) = (quant.q8_0.unwrap_or(&unused), quant.q8k.unwrap_or(&unused));
     let mut unit0 = 0;
     while unit0 < total_units {
         let units = units_per_part.min(total_units - unit0);
@@ -423,7 +481,8 @@ pub fn attention(
             &[q, kv.k_buffer(), kv.v_buffer(), &part],
             first,
         )?;
-        let second = crate::groups_1d(gpu, units * group * (hd / 32));
+        let rows = units / n_kv;
+        let second = crate::groups_1d(gpu, rows * (n_head * hd).div_ceil(32 * cb));
         rec.dispatch(
             &ATTENTION_MERGE,
             &[
@@ -440,8 +499,15 @@ pub fn attention(
                 gate_off,
                 out_off,
                 out_row_stride,
+                cb,
+                flags,
+                quant.row0,
+                l0.stride,
+                l0.d_off,
+                lk.stride,
+                lk.d_off,
             ],
-            &[&part, q, out],
+            &[&part, q, out, q0b, qkb],
             second,
         )?;
         unit0 += units;

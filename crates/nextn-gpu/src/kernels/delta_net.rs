@@ -1,7 +1,7 @@
-//! The gated delta-net layer between its projections: the causal depthwise conv + SiLU with the
-//! q/k L2 norms, the gates (β and decay), the delta-rule recurrence and the gated RMSNorm, all
-//! over `n` rows of one sequence, with the conv window kept apart so that a verify batch can be
-//! committed in part.
+//! The gated delta-net layer between its projections, in two dispatches over `n` rows of one
+//! sequence: [`step`] (the causal depthwise conv + SiLU, the q/k L2 norms, the gates β and decay,
+//! and the delta-rule recurrence) and [`gated_norm`] (the gated RMSNorm, its output quantized for
+//! the output projection on the way).
 //!
 //! Layouts (f32 elements, as the CPU's `RecurrentState` keeps them): the conv window is
 //! `(Kc−1) × conv_dim`, oldest row first, of raw (pre-conv) projections; conv weights are
@@ -9,72 +9,38 @@
 //! `(m·dk + i)·dv + j` (i = key dim, j = value dim). A conv row is `[q (Hk·dk) | k (Hk·dk) |
 //! v (Hv·dv)]`; v head m reads q/k head `m mod Hk`.
 //!
-//! Rollback: a verify batch runs [`conv_silu`], [`gates`] and [`recurrence`] from the committed
-//! state into a spare one ([`StateIo::Separate`]), keeping its raw rows, conv rows, β and decay.
-//! Keeping all `n` rows swaps the two state buffers and advances the window by `n`; keeping
-//! `k < n` replays [`recurrence`] in place ([`StateIo::InPlace`]) on the committed state over the
-//! first `k` kept rows and advances the window by `k`. Every kernel's result for a row depends
-//! only on that row and the state before it, so either way the state is the one decoding the
-//! kept rows one by one would have left, bit for bit.
+//! Rollback: a verify batch runs [`step`] from the committed state into a spare one and from the
+//! committed window into a spare window ([`StepIo`] with `verify`), keeping the rows' raw
+//! projections. Keeping all `n` rows swaps both pairs of buffers; keeping `k < n` replays [`step`]
+//! in place on the committed state over the first `k` kept rows, from the kept raw rows, its
+//! window into the spare (then swapped in). A row's result depends only on that row, the window
+//! and the state before it, so either way the state is the one decoding the kept rows one by one
+//! would have left, bit for bit.
 
+use super::matvec::{quant_layout, ActBlocks, QuantLayout, QuantOut};
 use super::Kernel;
 use crate::{GpuError, Recorder};
 
-pub static CONV_SILU: Kernel = Kernel {
-    name: "delta_net_conv_silu",
-    source: include_str!("../shaders/delta_net_conv.wgsl"),
-    entry: "delta_net_conv_silu",
+/// The conv, norms, gates and recurrence of a delta-net layer's rows.
+pub static STEP: Kernel = Kernel {
+    name: "delta_net_step",
+    source: include_str!("../shaders/delta_net_step.wgsl"),
+    entry: "delta_net_step",
 };
 
-pub static WINDOW_ADVANCE: Kernel = Kernel {
-    name: "delta_net_window_advance",
-    source: include_str!("../shaders/delta_net_window.wgsl"),
-    entry: "delta_net_window_advance",
-};
-
-pub static GATES: Kernel = Kernel {
-    name: "delta_net_gates",
-    source: include_str!("../shaders/delta_net_gates.wgsl"),
-    entry: "delta_net_gates",
-};
-
-/// The recurrence from one state buffer into another.
-pub static RECURRENCE: Kernel = Kernel {
-    name: "delta_net_recurrence",
-    source: concat!(
-        include_str!("../shaders/delta_net_state_separate.wgsl"),
-        include_str!("../shaders/delta_net_recurrence.wgsl")
-    ),
-    entry: "delta_net_recurrence",
-};
-
-/// The same recurrence on one state buffer, updated in place: a buffer cannot be bound both
-/// read-only and read-write in one dispatch.
-pub static RECURRENCE_IN_PLACE: Kernel = Kernel {
-    name: "delta_net_recurrence_in_place",
-    source: concat!(
-        include_str!("../shaders/delta_net_state_in_place.wgsl"),
-        include_str!("../shaders/delta_net_recurrence.wgsl")
-    ),
-    entry: "delta_net_recurrence",
-};
-
+/// The gated norm, quantized for the output projection.
 pub static GATED_NORM: Kernel = Kernel {
-    name: "delta_net_gated_norm",
-    source: include_str!("../shaders/delta_net_gated_norm.wgsl"),
-    entry: "delta_net_gated_norm",
+    name: "delta_net_gated_norm_quant",
+    source: concat!(
+        include_str!("../shaders/quant_common.wgsl"),
+        include_str!("../shaders/delta_net_gated_norm_quant.wgsl")
+    ),
+    entry: "delta_net_gated_norm_quant",
 };
 
-pub static KERNELS: &[&Kernel] = &[
-    &CONV_SILU,
-    &WINDOW_ADVANCE,
-    &GATES,
-    &RECURRENCE,
-    &RECURRENCE_IN_PLACE,
-    &GATED_NORM,
-];
+pub static KERNELS: &[&Kernel] = &[&STEP, &GATED_NORM];
 
-/// The largest key head size the recurrence holds (4 parts of 32 rows per value column).
+/// The largest key head size the recurrence holds (8 parts of 16 key dims per value column).
 pub const MAX_KEY_HEAD: u32 = 128;
 
 /// A delta-net layer's sizes.
@@ -158,19 +124,6 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Where the recurrence reads its state and where it leaves the state after the last row.
-#[derive(Clone, Copy, Debug)]
-pub enum StateIo<'a> {
-    /// Read and update one buffer.
-    InPlace(&'a wgpu::Buffer),
-    /// Read `input` (left as it was) and write `output`; the same buffer twice is
-    /// [`StateIo::InPlace`].
-    Separate {
-        input: &'a wgpu::Buffer,
-        output: &'a wgpu::Buffer,
-    },
-}
-
 /// Fail unless `buf` holds `elems` f32 values.
 fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<(), GpuError> {
     if buf.size() < elems * 4 {
@@ -193,223 +146,253 @@ fn need_rows(rows: &Rows, n: u32, width: u32, what: &str) -> Result<(), GpuError
     need(rows.buffer, end, what)
 }
 
-/// Invocation groups of `wg` for `count` invocations.
-fn groups_for(rec: &Recorder, count: u32, wg: u32) -> [u32; 3] {
-    crate::groups_1d(rec.gpu(), count.div_ceil(wg))
+/// A layer's small weights, all in one buffer: the conv weights (`conv_dim × Kc`) from `conv`,
+/// `dt_bias` (`Hv`) from `dt_bias`, `a` (`Hv`) from `a` (element offsets).
+#[derive(Clone, Copy, Debug)]
+pub struct StepWeights<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub conv: u32,
+    pub dt_bias: u32,
+    pub a: u32,
 }
 
-/// `out[t] = SiLU(Σ_j x_{t+j} ⊙ W[:, j])` over the combined rows `x = [window, raw rows 0..n]`
-/// (so row t sees the `Kc−1` rows before it), then every q and k head of `out[t]` (the first
-/// `2·Hk` heads of `dk`) scaled to `x / max(‖x‖, eps)`. `out` is `n × conv_dim`, packed; the
-/// window is read, not changed ([`conv_window_advance`] moves it). `conv_w` is `conv_dim × Kc`.
+/// Where [`step`] reads and writes a sequence's state.
+pub struct StepIo<'a> {
+    /// The committed state: updated in place, or with `verify` read only.
+    pub state: &'a wgpu::Buffer,
+    /// With `verify`: where the state after the last row goes.
+    pub spare: &'a wgpu::Buffer,
+    /// The conv window before the first row (read only).
+    pub window: &'a wgpu::Buffer,
+    /// Where the window after the last row goes (`None`: nowhere).
+    pub window_out: Option<&'a wgpu::Buffer>,
+    /// Where the rows' raw projections go for a replay: `[q|k|v (conv_dim) | β (Hv) | α (Hv)]`
+    /// a row (`None`: nowhere).
+    pub keep: Option<&'a wgpu::Buffer>,
+    pub verify: bool,
+}
+
+/// Raw projection rows: `[q|k|v]` from the rows' start, β of head m at `beta_col + m` and α at
+/// `alpha_col + m` of the same row.
+#[derive(Clone, Copy, Debug)]
+pub struct RawRows<'a> {
+    pub rows: Rows<'a>,
+    pub beta_col: u32,
+    pub alpha_col: u32,
+}
+
+/// The delta net over `n` rows, in order, for every v head m with `g = m mod Hk`: the causal conv
+/// of the combined rows `[window, raw rows 0..n]` (row t sees the `Kc−1` rows before it; taps
+/// summed oldest first) and its SiLU, q and k of head g scaled to `x / max(‖x‖, eps)`, `β =
+/// sigmoid(b_m)`, `decay = exp(softplus(α_m + dt_bias_m) · a_m)` (softplus is `x` above 20), then
+/// `S ← decay·S; u = Sᵀk; δ = β(v_m − u); S += k δᵀ; o_m = Sᵀq / √dk`; `o_m` of row t goes to
+/// `out.offset + t·out.stride + m·dv`. The state after the last row is where `io` says; in place
+/// or not the arithmetic is the same, and so are the bits.
 #[allow(clippy::too_many_arguments)]
-pub fn conv_silu(
+pub fn step(
     rec: &mut Recorder,
     shape: &DeltaNetShape,
-    raw: Rows,
+    raw: &RawRows,
+    weights: &StepWeights,
+    io: &StepIo,
     n: u32,
-    window: &wgpu::Buffer,
-    conv_w: &wgpu::Buffer,
     eps: f32,
-    out: &wgpu::Buffer,
+    out: Rows,
 ) -> Result<(), GpuError> {
     shape.check()?;
     if n == 0 {
         return Ok(());
     }
     let conv_dim = shape.conv_dim();
-    need_rows(&raw, n, conv_dim, "delta-net raw projections")?;
-    need(window, shape.window_len() as u64, "delta-net conv window")?;
-    need(
-        conv_w,
-        conv_dim as u64 * shape.kernel as u64,
-        "ssm_conv1d.weight",
-    )?;
-    need(out, n as u64 * conv_dim as u64, "delta-net conv output")?;
-    let heads = 2 * shape.k_heads + shape.v_heads;
-    let groups = crate::groups_1d(rec.gpu(), n * heads);
-    rec.dispatch(
-        &CONV_SILU,
-        &[
-            n,
-            conv_dim,
-            shape.kernel,
-            raw.offset,
-            raw.stride,
-            shape.k_heads,
-            shape.v_heads,
-            shape.key_head,
-            shape.value_head,
-            eps.to_bits(),
-        ],
-        &[raw.buffer, window, conv_w, out],
-        groups,
-    )
-}
-
-/// `window` := the last `Kc−1` rows of `[window, raw rows 0..keep]`, in place: the window after
-/// `keep` more rows of the sequence. `keep == 0` leaves it.
-pub fn conv_window_advance(
-    rec: &mut Recorder,
-    shape: &DeltaNetShape,
-    window: &wgpu::Buffer,
-    raw: Rows,
-    keep: u32,
-) -> Result<(), GpuError> {
-    shape.check()?;
-    if keep == 0 || shape.kernel == 1 {
-        return Ok(());
-    }
-    let conv_dim = shape.conv_dim();
-    need_rows(&raw, keep, conv_dim, "delta-net raw projections")?;
-    need(window, shape.window_len() as u64, "delta-net conv window")?;
-    let groups = groups_for(rec, conv_dim, 64);
-    rec.dispatch(
-        &WINDOW_ADVANCE,
-        &[conv_dim, shape.kernel, keep, raw.offset, raw.stride],
-        &[window, raw.buffer],
-        groups,
-    )
-}
-
-/// Per row t and v head m (`n × Hv` each, packed): `beta = sigmoid(b)`,
-/// `decay = exp(softplus(alpha + dt_bias[m]) · a[m])` (softplus is `x` above 20).
-/// `b` and `alpha` are rows of at least `Hv` values.
-#[allow(clippy::too_many_arguments)]
-pub fn gates(
-    rec: &mut Recorder,
-    shape: &DeltaNetShape,
-    b: Rows,
-    alpha: Rows,
-    dt_bias: &wgpu::Buffer,
-    a: &wgpu::Buffer,
-    n: u32,
-    beta_out: &wgpu::Buffer,
-    decay_out: &wgpu::Buffer,
-) -> Result<(), GpuError> {
-    shape.check()?;
-    if n == 0 {
-        return Ok(());
-    }
     let hv = shape.v_heads;
-    need_rows(&b, n, hv, "delta-net beta projection")?;
-    need_rows(&alpha, n, hv, "delta-net alpha projection")?;
-    need(dt_bias, hv as u64, "ssm_dt.bias")?;
-    need(a, hv as u64, "ssm_a")?;
-    need(beta_out, n as u64 * hv as u64, "delta-net beta")?;
-    need(decay_out, n as u64 * hv as u64, "delta-net decay")?;
-    let groups = groups_for(rec, n * hv, 64);
-    rec.dispatch(
-        &GATES,
-        &[n, hv, b.offset, b.stride, alpha.offset, alpha.stride],
-        &[b.buffer, alpha.buffer, dt_bias, a, beta_out, decay_out],
-        groups,
-    )
-}
-
-/// The delta rule over `n` rows, in order, for every v head m with `g = m mod Hk`:
-/// `S ← decay·S; u = Sᵀk_g; δ = β(v_m − u); S += k_g δᵀ; o_m = Sᵀq_g / √dk`. `conv` holds the
-/// rows' `[q | k | v]` after the conv, SiLU and L2 norms (`n × conv_dim`, packed), `beta` and
-/// `decay` are `n × Hv`, `out` gets `o`, `n × Hv·dv`. The state after the last row is left in
-/// the output state (with `n == 0` and [`StateIo::Separate`], a copy of the input). In place or
-/// not, the arithmetic is the same, and so are the bits.
-#[allow(clippy::too_many_arguments)]
-pub fn recurrence(
-    rec: &mut Recorder,
-    shape: &DeltaNetShape,
-    state: StateIo,
-    conv: &wgpu::Buffer,
-    beta: &wgpu::Buffer,
-    decay: &wgpu::Buffer,
-    n: u32,
-    out: &wgpu::Buffer,
-) -> Result<(), GpuError> {
-    shape.check()?;
-    let state_len = shape.state_len() as u64;
-    let state = match state {
-        StateIo::Separate { input, output } if input == output => StateIo::InPlace(input),
-        other => other,
-    };
-    let (kernel, states): (&Kernel, Vec<&wgpu::Buffer>) = match state {
-        StateIo::InPlace(s) => {
-            if n == 0 {
-                return Ok(());
-            }
-            need(s, state_len, "delta-net state")?;
-            (&RECURRENCE_IN_PLACE, vec![s])
-        }
-        StateIo::Separate { input, output } => {
-            need(input, state_len, "delta-net state (input)")?;
-            need(output, state_len, "delta-net state (output)")?;
-            (&RECURRENCE, vec![input, output])
-        }
-    };
-    let rows = n as u64;
-    need(conv, rows * shape.conv_dim() as u64, "delta-net conv rows")?;
-    need(beta, rows * shape.v_heads as u64, "delta-net beta")?;
-    need(decay, rows * shape.v_heads as u64, "delta-net decay")?;
-    // Nothing is written to `out` for no rows, but it is bound all the same.
+    need_rows(&raw.rows, n, conv_dim, "delta-net raw projections")?;
+    for (col, what) in [(raw.beta_col, "beta"), (raw.alpha_col, "alpha")] {
+        let rows = Rows {
+            offset: raw.rows.offset + col,
+            ..raw.rows
+        };
+        need_rows(&rows, n, hv, &format!("delta-net {what} projection"))?;
+    }
     need(
-        out,
-        rows * shape.value_dim() as u64,
+        io.window,
+        shape.window_len() as u64,
+        "delta-net conv window",
+    )?;
+    let state_len = shape.state_len() as u64;
+    need(io.state, state_len, "delta-net state")?;
+    if io.verify {
+        need(io.spare, state_len, "delta-net spare state")?;
+        if io.spare == io.state {
+            return Err(GpuError::BadTensor {
+                tensor: "delta-net state".into(),
+                why: "a verify pass needs a spare state apart from the state".into(),
+            });
+        }
+    }
+    let w = weights;
+    need(
+        w.buffer,
+        (w.conv + conv_dim * shape.kernel)
+            .max(w.dt_bias + hv)
+            .max(w.a + hv) as u64,
+        "delta-net weights",
+    )?;
+    need_rows(
+        &out,
+        n,
+        hv * shape.value_head,
         "delta-net recurrence output",
     )?;
-    let tiles = shape.value_head.div_ceil(32);
-    let groups = crate::groups_1d(rec.gpu(), shape.v_heads * tiles);
+    let keep_stride = conv_dim + 2 * hv;
+    if let Some(k) = io.keep {
+        need(k, n as u64 * keep_stride as u64, "delta-net kept rows")?;
+    }
+    if let Some(wo) = io.window_out {
+        need(wo, shape.window_len() as u64, "delta-net next window")?;
+        if wo == io.window {
+            return Err(GpuError::BadTensor {
+                tensor: "delta-net conv window".into(),
+                why: "the window after the rows needs a buffer apart from the window".into(),
+            });
+        }
+    }
+    let gpu = rec.gpu();
+    let unused = [
+        gpu.scratch("unused-0", 16)?,
+        gpu.scratch("unused-1", 16)?,
+        gpu.scratch("unused-2", 16)?,
+    ];
+    let flags =
+        io.verify as u32 | (io.keep.is_some() as u32) << 1 | (io.window_out.is_some() as u32) << 2;
+    let spare = if io.verify { io.spare } else { &unused[0] };
+    let window_out = io.window_out.unwrap_or(&unused[1]);
+    let keep = io.keep.unwrap_or(&unused[2]);
+    let tiles = shape.value_head.div_ceil(STEP_COLS);
+    let groups = crate::groups_1d(gpu, hv * tiles);
     let scale = 1.0 / (shape.key_head as f32).sqrt();
-    let mut buffers = states;
-    buffers.extend([conv, beta, decay, out]);
     rec.dispatch(
-        kernel,
+        &STEP,
         &[
             n,
             shape.k_heads,
-            shape.v_heads,
+            hv,
             shape.key_head,
             shape.value_head,
-            shape.conv_dim(),
+            shape.kernel,
+            conv_dim,
+            raw.rows.offset,
+            raw.rows.stride,
+            raw.beta_col,
+            raw.alpha_col,
+            w.conv,
+            w.dt_bias,
+            w.a,
+            out.offset,
+            out.stride,
+            keep_stride,
+            flags,
+            eps.to_bits(),
             scale.to_bits(),
         ],
-        &buffers,
+        &[
+            raw.rows.buffer,
+            w.buffer,
+            io.window,
+            io.state,
+            spare,
+            window_out,
+            keep,
+            out.buffer,
+        ],
         groups,
     )
 }
 
-/// `y_m = RMSNorm(o_m; norm_w) ⊙ SiLU(z_m)` per row and v head: `o` and `y` are `n × Hv·dv`,
-/// packed; `z` rows hold at least `Hv·dv` values; `norm_w` is `dv` long, shared by the heads.
+/// Value columns a [`step`] workgroup takes (`COLS` in the shader).
+const STEP_COLS: u32 = 16;
+
+/// `y_m = RMSNorm(o_m; norm_w) ⊙ SiLU(z_m)` per row and v head (`Hv·dv` values a row), written to
+/// `y` as f32 and, into `quant`'s buffers, quantized for the output projection; `norm_w` is `dv`
+/// long, shared by the heads.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_norm(
     rec: &mut Recorder,
     shape: &DeltaNetShape,
-    o: &wgpu::Buffer,
+    o: Rows,
     z: Rows,
     norm_w: &wgpu::Buffer,
     n: u32,
     eps: f32,
-    y: &wgpu::Buffer,
+    y: Rows,
+    quant: &QuantOut,
 ) -> Result<(), GpuError> {
     shape.check()?;
     if n == 0 {
         return Ok(());
     }
     let value_dim = shape.value_dim();
-    let len = n as u64 * value_dim as u64;
-    need(o, len, "delta-net recurrence output")?;
+    need_rows(&o, n, value_dim, "delta-net recurrence output")?;
     need_rows(&z, n, value_dim, "delta-net gate projection")?;
     need(norm_w, shape.value_head as u64, "ssm_norm.weight")?;
-    need(y, len, "delta-net gated norm output")?;
-    let groups = crate::groups_1d(rec.gpu(), n * shape.v_heads);
+    need_rows(&y, n, value_dim, "delta-net gated norm output")?;
+    let width = value_dim as usize;
+    let layout = |b: Option<&wgpu::Buffer>, kind: ActBlocks| -> Result<QuantLayout, GpuError> {
+        match b {
+            None => Ok(QuantLayout {
+                stride: 0,
+                d_off: 0,
+                blocks: 0,
+            }),
+            Some(buf) => {
+                let l = quant_layout(width, kind).ok_or_else(|| GpuError::BadTensor {
+                    tensor: "delta-net gated norm output".into(),
+                    why: format!("{width} values a row are not whole {kind:?} blocks"),
+                })?;
+                need(
+                    buf,
+                    (quant.row0 + n) as u64 * l.stride as u64,
+                    "quantized rows",
+                )?;
+                Ok(l)
+            }
+        }
+    };
+    let (l0, lk) = (
+        layout(quant.q8_0, ActBlocks::Q8_0)?,
+        layout(quant.q8k, ActBlocks::Q8K)?,
+    );
+    let flags = (quant.q8_0.is_some() as u32) << 1 | (quant.q8k.is_some() as u32) << 2;
+    let gpu = rec.gpu();
+    let unused = gpu.scratch("unused-3", 16)?;
+    let groups = crate::groups_1d(gpu, n);
     rec.dispatch(
         &GATED_NORM,
         &[
             n,
             shape.v_heads,
             shape.value_head,
+            o.offset,
+            o.stride,
             z.offset,
             z.stride,
+            y.offset,
+            y.stride,
+            flags,
+            quant.row0,
+            l0.stride,
+            l0.d_off,
+            lk.stride,
+            lk.d_off,
             eps.to_bits(),
         ],
-        &[o, z.buffer, norm_w, y],
+        &[
+            o.buffer,
+            z.buffer,
+            norm_w,
+            y.buffer,
+            quant.q8_0.unwrap_or(&unused),
+            quant.q8k.unwrap_or(&unused),
+        ],
         groups,
     )
 }

@@ -1,5 +1,5 @@
-//! The small kernels between the matrix products: residual adds, strided copies and gathers,
-//! SwiGLU, a tensor's scale, MoE routing and the weighted sum of the chosen experts.
+//! The small kernels between the matrix products of a MoE layer: SwiGLU of the chosen experts,
+//! routing, and the weighted sum of the chosen experts (added to the residual).
 
 use super::Kernel;
 use crate::{GpuError, Recorder};
@@ -14,23 +14,11 @@ macro_rules! kernel {
     };
 }
 
-kernel!(ADD_ROWS, "add_rows", "add.wgsl");
-kernel!(COPY_ROWS, "copy_rows", "copy.wgsl");
-kernel!(GATHER_ROWS, "gather_rows", "gather.wgsl");
 kernel!(SWIGLU, "swiglu", "swiglu.wgsl");
-kernel!(SCALE, "scale", "scale.wgsl");
 kernel!(MOE_ROUTE, "route", "moe.wgsl");
 kernel!(MOE_COMBINE, "moe_combine", "moe_combine.wgsl");
 
-pub static KERNELS: &[&Kernel] = &[
-    &ADD_ROWS,
-    &COPY_ROWS,
-    &GATHER_ROWS,
-    &SWIGLU,
-    &SCALE,
-    &MOE_ROUTE,
-    &MOE_COMBINE,
-];
+pub static KERNELS: &[&Kernel] = &[&SWIGLU, &MOE_ROUTE, &MOE_COMBINE];
 
 /// Threads per workgroup of every kernel in this file.
 const WG: u32 = 256;
@@ -57,47 +45,6 @@ impl<'b> Rows<'b> {
     }
 }
 
-/// `a[r][c] += b[r][c]` for `n` rows of `width`.
-pub fn add_rows(rec: &mut Recorder, a: Rows, b: Rows, n: u32, width: u32) -> Result<(), GpuError> {
-    let g = elems(rec, n as u64 * width as u64)?;
-    rec.dispatch(
-        &ADD_ROWS,
-        &[n, width, a.off, b.off, a.stride, b.stride],
-        &[a.buf, b.buf],
-        g,
-    )
-}
-
-/// `dst[r][c] = src[r][c]` for `n` rows of `width` (distinct buffers).
-pub fn copy_rows(
-    rec: &mut Recorder,
-    src: Rows,
-    dst: Rows,
-    n: u32,
-    width: u32,
-) -> Result<(), GpuError> {
-    let g = elems(rec, n as u64 * width as u64)?;
-    rec.dispatch(
-        &COPY_ROWS,
-        &[n, width, src.off, dst.off, src.stride, dst.stride],
-        &[src.buf, dst.buf],
-        g,
-    )
-}
-
-/// `dst` row i = `src` row `idx[i]`, for `n` rows of `width` (rows contiguous in both).
-pub fn gather_rows(
-    rec: &mut Recorder,
-    src: &wgpu::Buffer,
-    idx: &wgpu::Buffer,
-    dst: &wgpu::Buffer,
-    n: u32,
-    width: u32,
-) -> Result<(), GpuError> {
-    let g = elems(rec, n as u64 * width as u64)?;
-    rec.dispatch(&GATHER_ROWS, &[n, width], &[src, idx, dst], g)
-}
-
 /// `out[r][c] = SiLU(g[r][c]) · u[r][c]`, `out` contiguous rows of `width`.
 pub fn swiglu(
     rec: &mut Recorder,
@@ -116,26 +63,17 @@ pub fn swiglu(
     )
 }
 
-/// `x[off..off+n] *= s`.
-pub fn scale(
-    rec: &mut Recorder,
-    x: &wgpu::Buffer,
-    off: u32,
-    n: u32,
-    s: f32,
-) -> Result<(), GpuError> {
-    let g = elems(rec, n as u64)?;
-    rec.dispatch(&SCALE, &[n, off, s.to_bits()], &[x], g)
-}
-
 /// The most experts a MoE layer may have on the device (the routing kernel's workgroup array).
 pub const MAX_EXPERTS: usize = 512;
 
-/// For each of `n` rows of router logits (`n_expert` wide): softmax, the `k` most probable experts
-/// (ties to the lower id) into `ids` (`n × k` u32) and their renormalised weights into `weights`.
+/// For each of `n` rows of router logits (`n_expert` wide, `stride` apart): softmax, the `k` most
+/// probable experts (ties to the lower id) into `ids` (`n × k` u32) and their renormalised
+/// weights into `weights`.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_route(
     rec: &mut Recorder,
     logits: &wgpu::Buffer,
+    stride: u32,
     ids: &wgpu::Buffer,
     weights: &wgpu::Buffer,
     n: u32,
@@ -149,30 +87,37 @@ pub fn moe_route(
         });
     }
     let g = crate::groups_1d(rec.gpu(), n);
-    rec.dispatch(&MOE_ROUTE, &[n, n_expert, k], &[logits, ids, weights], g)
+    rec.dispatch(
+        &MOE_ROUTE,
+        &[n, n_expert, k, stride],
+        &[logits, ids, weights],
+        g,
+    )
 }
 
-/// `out[r] = Σ_s weights[r·k+s] · y[r·k+s]` in slot order, plus `sigmoid(shared_gate[r]) ·
-/// shared[r]` when a shared expert is given; rows of `width`, contiguous.
+/// `out[r] = Σ_s weights[r·k+s] · y[r·k+s]` in slot order, plus `sigmoid(gate) · shared[r]` when
+/// a shared expert is given (its gate of row `r` at `gate_off + r · gate_stride`), stored or,
+/// with `add`, added to what `out` holds; rows of `width`, contiguous.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     rec: &mut Recorder,
     y: &wgpu::Buffer,
     weights: &wgpu::Buffer,
-    shared: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    shared: Option<(&wgpu::Buffer, &wgpu::Buffer, u32, u32)>,
     out: &wgpu::Buffer,
     n: u32,
     k: u32,
     width: u32,
+    add: bool,
 ) -> Result<(), GpuError> {
     let g = elems(rec, n as u64 * width as u64)?;
-    let (s_out, s_gate, has) = match shared {
-        Some((o, gate)) => (o, gate, 1),
-        None => (y, weights, 0),
+    let (s_out, s_gate, gate_off, gate_stride, has) = match shared {
+        Some((o, gate, off, stride)) => (o, gate, off, stride, 1),
+        None => (y, weights, 0, 0, 0),
     };
     rec.dispatch(
         &MOE_COMBINE,
-        &[n, k, width, has],
+        &[n, k, width, has, gate_off, gate_stride, add as u32],
         &[y, weights, s_out, s_gate, out],
         g,
     )

@@ -40,17 +40,20 @@ const TILE_R: u32 = 1;
 const TILE_RED: u32 = 16;
 const _: () = assert!((TILE_ROWS * TILE_R).is_multiple_of(TILE_RED));
 
-/// The kernels of one weight type on one path: `matvec` for N = 1..=8 and for a tile, and
-/// `matvec_experts` (the N = 1 module with the expert-indexed entry point).
+/// The kernels of one weight type on one path: `matvec` for N = 1..=8 and for a tile,
+/// `matvec_experts` (the N = 1 module with the expert-indexed entry point), and the same
+/// modules over a gate|up pair with SwiGLU in their epilogue.
 pub struct Family {
     pub rows: [Kernel; 8],
     pub tile: Kernel,
     pub experts: Kernel,
+    pub pair_rows: [Kernel; 8],
+    pub pair_tile: Kernel,
 }
 
 /// How a type's int8 path quantizes the activations (`kind` in quantize_q8.wgsl).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ActBlocks {
+pub enum ActBlocks {
     /// 32 values, an f16-rounded scale (Q8_0).
     Q8_0,
     /// 256 values, an f32 scale (Q8_K).
@@ -58,7 +61,8 @@ pub(crate) enum ActBlocks {
 }
 
 impl ActBlocks {
-    fn len(self) -> u32 {
+    /// Values a block.
+    pub fn values(self) -> u32 {
         match self {
             ActBlocks::Q8_0 => 32,
             ActBlocks::Q8K => 256,
@@ -67,7 +71,7 @@ impl ActBlocks {
 }
 
 macro_rules! source {
-    ($skel:literal, $file:literal, $n:literal, $r:literal, $red:literal) => {
+    ($skel:literal, $file:literal, $n:literal, $r:literal, $red:literal, $p:literal) => {
         concat!(
             "const N: u32 = ",
             $n,
@@ -75,73 +79,96 @@ macro_rules! source {
             $r,
             "u;\nconst RED: u32 = ",
             $red,
+            "u;\nconst P: u32 = ",
+            $p,
             "u;\n",
             include_str!(concat!("../shaders/", $skel)),
             include_str!(concat!("../shaders/", $file))
         )
     };
-    ($skel:literal, $file:literal, $n:literal, $r:literal, $red:literal, $experts:literal) => {
+    ($skel:literal, $file:literal, $n:literal, $r:literal, $red:literal, $p:literal, $experts:literal) => {
         concat!(
-            source!($skel, $file, $n, $r, $red),
+            source!($skel, $file, $n, $r, $red, $p),
             include_str!(concat!("../shaders/", $experts))
         )
+    };
+}
+
+/// The eight mat-vec modules of one weight type, path and P (1: one matrix; 2: a gate|up pair
+/// with SwiGLU), named `{prefix}{label}_n{N}`. A pair keeps twice the partial sums in workgroup
+/// memory, so its largest modules reduce fewer outputs per round (RED) to stay within 16 KB.
+macro_rules! rows {
+    ($prefix:literal, $label:literal, $skel:literal, $file:literal, 1) => {
+        rows!(@ $prefix, $label, $skel, $file, 1, [16])
+    };
+    ($prefix:literal, $label:literal, $skel:literal, $file:literal, 2) => {
+        rows!(@ $prefix, $label, $skel, $file, 2, [8])
+    };
+    (@ $prefix:literal, $label:literal, $skel:literal, $file:literal, $p:literal, [$red8:literal]) => {
+        [
+            Kernel {
+                name: concat!($prefix, $label, "_n1"),
+                source: source!($skel, $file, 1, 4, 4, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n2"),
+                source: source!($skel, $file, 2, 4, 8, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n3"),
+                source: source!($skel, $file, 3, 2, 6, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n4"),
+                source: source!($skel, $file, 4, 2, 8, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n5"),
+                source: source!($skel, $file, 5, 2, 10, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n6"),
+                source: source!($skel, $file, 6, 2, 12, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n7"),
+                source: source!($skel, $file, 7, 2, 14, $p),
+                entry: "matvec",
+            },
+            Kernel {
+                name: concat!($prefix, $label, "_n8"),
+                source: source!($skel, $file, 8, 2, $red8, $p),
+                entry: "matvec",
+            },
+        ]
     };
 }
 
 macro_rules! family {
     ($id:ident, $label:literal, $skel:literal, $experts:literal, $file:literal) => {
         pub static $id: Family = Family {
-            rows: [
-                Kernel {
-                    name: concat!("matvec_", $label, "_n1"),
-                    source: source!($skel, $file, 1, 4, 4),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n2"),
-                    source: source!($skel, $file, 2, 4, 8),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n3"),
-                    source: source!($skel, $file, 3, 2, 6),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n4"),
-                    source: source!($skel, $file, 4, 2, 8),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n5"),
-                    source: source!($skel, $file, 5, 2, 10),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n6"),
-                    source: source!($skel, $file, 6, 2, 12),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n7"),
-                    source: source!($skel, $file, 7, 2, 14),
-                    entry: "matvec",
-                },
-                Kernel {
-                    name: concat!("matvec_", $label, "_n8"),
-                    source: source!($skel, $file, 8, 2, 16),
-                    entry: "matvec",
-                },
-            ],
+            rows: rows!("matvec_", $label, $skel, $file, 1),
             tile: Kernel {
                 name: concat!("matmul_", $label, "_tile"),
-                source: source!($skel, $file, 32, 1, 16),
+                source: source!($skel, $file, 32, 1, 16, 1),
                 entry: "matvec",
             },
             experts: Kernel {
                 name: concat!("matvec_experts_", $label),
-                source: source!($skel, $file, 1, 4, 4, $experts),
+                source: source!($skel, $file, 1, 4, 4, 1, $experts),
                 entry: "matvec_experts",
+            },
+            pair_rows: rows!("swiglu_", $label, $skel, $file, 2),
+            pair_tile: Kernel {
+                name: concat!("swiglu_", $label, "_tile"),
+                source: source!($skel, $file, 32, 1, 8, 2),
+                entry: "matvec",
             },
         };
     };
@@ -186,7 +213,10 @@ family!(int8 IQ4_XS_I8, "iq4_xs_i8", "matvec_i8_iq4_xs.wgsl");
 /// Activation rows quantized to int8 for the int8 path.
 pub static QUANTIZE_Q8: Kernel = Kernel {
     name: "quantize_q8",
-    source: include_str!("../shaders/quantize_q8.wgsl"),
+    source: concat!(
+        include_str!("../shaders/quant_common.wgsl"),
+        include_str!("../shaders/quantize_q8.wgsl")
+    ),
     entry: "quantize_q8",
 };
 
@@ -199,7 +229,13 @@ static FAMILIES: [&Family; 22] = [
 pub fn kernels() -> Vec<&'static Kernel> {
     FAMILIES
         .iter()
-        .flat_map(|f| f.rows.iter().chain([&f.tile, &f.experts]))
+        .flat_map(|f| {
+            f.rows
+                .iter()
+                .chain([&f.tile, &f.experts])
+                .chain(f.pair_rows.iter())
+                .chain([&f.pair_tile])
+        })
         .chain(std::iter::once(&QUANTIZE_Q8))
         .collect()
 }
@@ -238,12 +274,6 @@ impl Module {
         match self {
             Module::Rows(n) => ROWS_PER_THREAD[n as usize - 1],
             Module::Tile => TILE_R,
-        }
-    }
-    fn kernel(self, f: &'static Family) -> &'static Kernel {
-        match self {
-            Module::Rows(n) => &f.rows[n as usize - 1],
-            Module::Tile => &f.tile,
         }
     }
 }
@@ -349,17 +379,51 @@ fn x_aligned(io: &Io, x_rows: u64) -> u32 {
     (io.x_off.is_multiple_of(4) && (x_rows == 1 || io.x_stride.is_multiple_of(4))) as u32
 }
 
-/// `rows` activation rows quantized for the int8 path, in a buffer of their own.
+/// Where a quantized activation row keeps its parts: `stride` u32 words a row (a multiple of
+/// 4), the packed int8 values from word 0 (`cols / 4` words), the f32 block scales from word
+/// `d_off`. Row `i` of a buffer of quantized rows starts at word `i * stride`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantLayout {
+    pub stride: u32,
+    pub d_off: u32,
+    /// Blocks a row.
+    pub blocks: u32,
+}
+
+/// The layout of quantized rows of `cols` values in `kind` blocks; `None` when `cols` is not a
+/// whole number of blocks.
+pub fn quant_layout(cols: usize, kind: ActBlocks) -> Option<QuantLayout> {
+    let block = kind.values() as usize;
+    if cols == 0 || !cols.is_multiple_of(block) {
+        return None;
+    }
+    let nb = cols / block;
+    let stride = cols / 4 + nb.next_multiple_of(4);
+    Some(QuantLayout {
+        stride: u32::try_from(stride).ok()?,
+        d_off: (cols / 4) as u32,
+        blocks: nb as u32,
+    })
+}
+
+/// Quantized copies a kernel makes of its output rows for the int8 products that read them
+/// (Q8_0 and/or Q8_K blocks, in the layout [`quant_layout`] gives): output row `i` goes to row
+/// `row0 + i`.
+#[derive(Clone, Copy, Default)]
+pub struct QuantOut<'a> {
+    pub q8_0: Option<&'a wgpu::Buffer>,
+    pub q8k: Option<&'a wgpu::Buffer>,
+    pub row0: u32,
+}
+
+/// `rows` activation rows quantized for the int8 path, and their layout.
 struct Quantized {
     buffer: wgpu::Buffer,
-    /// u32 words per row (a multiple of 4) and where the row's f32 scales start.
-    stride: u32,
-    d_off: u32,
+    layout: QuantLayout,
 }
 
 /// Record the quantization of `rows` rows of `x` (`cols` values, `x_stride` apart from `x_off`)
-/// into a new buffer: row i's packed bytes at words `i * stride ..`, its block scales from word
-/// `i * stride + d_off`.
+/// into the scratch buffer for quantized activations ([`quant_layout`]).
 fn quantize_rows(
     rec: &mut Recorder,
     m: &Packed,
@@ -368,17 +432,17 @@ fn quantize_rows(
     rows: u64,
 ) -> Result<Quantized, GpuError> {
     let cols = m.cols as u64;
-    let block = act.len() as u64;
-    if !cols.is_multiple_of(block) {
-        return Err(bad(
+    let layout = quant_layout(m.cols, act).ok_or_else(|| {
+        bad(
             m,
-            format!("{cols} columns is not a whole number of {block}-value activation blocks"),
-        ));
-    }
-    let nb = cols / block;
-    let stride = cols / 4 + nb.next_multiple_of(4);
-    let words = rows * stride;
-    let total_blocks = rows * nb;
+            format!(
+                "{cols} columns is not a whole number of {}-value activation blocks",
+                act.values()
+            ),
+        )
+    })?;
+    let words = rows * layout.stride as u64;
+    let total_blocks = rows * layout.blocks as u64;
     if words > u32::MAX as u64 || total_blocks > u32::MAX as u64 {
         return Err(bad(m, format!("{rows} quantized activation rows")));
     }
@@ -389,17 +453,92 @@ fn quantize_rows(
         cols as u32,
         io.x_off,
         io.x_stride,
-        stride as u32,
-        (cols / 4) as u32,
+        layout.stride,
+        layout.d_off,
         (act == ActBlocks::Q8K) as u32,
-        nb as u32,
+        layout.blocks,
     ];
     let groups = crate::groups_1d(gpu, (total_blocks as u32).div_ceil(64));
     rec.dispatch(&QUANTIZE_Q8, &params, &[io.x, &buffer], groups)?;
+    Ok(Quantized { buffer, layout })
+}
+
+/// The activation rows of a product: the f32 rows (`x`, `stride` apart from `off`), and, when a
+/// kernel before already made them, the same rows quantized in Q8_0 or Q8_K blocks in the
+/// layout [`quant_layout`] gives (row `i` of the product at row `i`). A product on the int8
+/// path uses the quantized rows of its blocks when given and quantizes `x` otherwise.
+#[derive(Clone, Copy)]
+pub struct Acts<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub off: u32,
+    pub stride: u32,
+    pub q8_0: Option<&'a wgpu::Buffer>,
+    pub q8k: Option<&'a wgpu::Buffer>,
+}
+
+impl<'a> Acts<'a> {
+    /// f32 rows only.
+    pub fn f32(x: &'a wgpu::Buffer, off: u32, stride: u32) -> Self {
+        Acts {
+            x,
+            off,
+            stride,
+            q8_0: None,
+            q8k: None,
+        }
+    }
+}
+
+/// What a product does with its results beside computing them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Epilogue {
+    /// Add them to what `y` holds (a residual) instead of storing them.
+    pub add: bool,
+    /// The tensor's scale, multiplied into every result.
+    pub scale: f32,
+}
+
+impl Default for Epilogue {
+    fn default() -> Self {
+        Epilogue {
+            add: false,
+            scale: 1.0,
+        }
+    }
+}
+
+/// The quantized rows a product on the int8 path reads: the ones given, checked, or `x`
+/// quantized now.
+fn quantized_input(
+    rec: &mut Recorder,
+    pk: &Packed,
+    act: ActBlocks,
+    acts: &Acts,
+    io: &Io,
+    rows: u64,
+) -> Result<Quantized, GpuError> {
+    let given = match act {
+        ActBlocks::Q8_0 => acts.q8_0,
+        ActBlocks::Q8K => acts.q8k,
+    };
+    let Some(buffer) = given else {
+        return quantize_rows(rec, pk, act, io, rows);
+    };
+    let layout = quant_layout(pk.cols, act)
+        .ok_or_else(|| bad(pk, format!("{} columns in {act:?} blocks", pk.cols)))?;
+    let need = rows * layout.stride as u64 * 4;
+    if buffer.size() < need {
+        return Err(bad(
+            pk,
+            format!(
+                "{rows} quantized rows need {need} bytes, the buffer holds {}",
+                buffer.size()
+            ),
+        ));
+    }
     Ok(Quantized {
-        buffer,
-        stride: stride as u32,
-        d_off: (cols / 4) as u32,
+        buffer: buffer.clone(),
+        layout,
     })
 }
 
@@ -422,14 +561,42 @@ pub fn matvec(
     y_off: u32,
     y_stride: u32,
 ) -> Result<(), GpuError> {
+    product(
+        rec,
+        m,
+        &Acts::f32(x, x_off, x_stride),
+        n,
+        y,
+        y_off,
+        y_stride,
+        Epilogue::default(),
+    )
+}
+
+/// [`matvec`] over `acts` (quantized rows a kernel before made are used as they are), with the
+/// results stored or added to `y` and scaled as `epilogue` says. For a gate|up pair
+/// ([`DeviceMatrix::is_pair`]) the result of row `r` is `SiLU(gate_r · x) * (up_r · x)`, `y`
+/// rows being [`DeviceMatrix::rows`] (one matrix's rows) wide; each product in it has the bits
+/// [`matvec`] gives for that matrix alone.
+#[allow(clippy::too_many_arguments)]
+pub fn product(
+    rec: &mut Recorder,
+    m: &DeviceMatrix,
+    acts: &Acts,
+    n: u32,
+    y: &wgpu::Buffer,
+    y_off: u32,
+    y_stride: u32,
+    epilogue: Epilogue,
+) -> Result<(), GpuError> {
     if n == 0 {
         return Ok(());
     }
     let pk = m.packed();
     let io = Io {
-        x,
-        x_off,
-        x_stride,
+        x: acts.x,
+        x_off: acts.off,
+        x_stride: acts.stride,
         y,
         y_off,
         y_stride,
@@ -438,7 +605,7 @@ pub fn matvec(
     let gpu = rec.gpu();
     let steps = plan(n, gpu.max_groups_x());
     let quantized = match pk.int8_path() {
-        Some((family, act)) => Some((family, quantize_rows(rec, pk, act, &io, n as u64)?)),
+        Some((family, act)) => Some((family, quantized_input(rec, pk, act, acts, &io, n as u64)?)),
         None => None,
     };
     let units = match &quantized {
@@ -447,24 +614,43 @@ pub fn matvec(
     };
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, n as u64);
+    let pair = pk.pair;
+    let mode = epilogue.add as u32 | (pair as u32) << 1;
+    let scale = epilogue.scale.to_bits();
+    let kernel = |module: Module, family: &'static Family| -> &'static Kernel {
+        match (module, pair) {
+            (Module::Rows(k), false) => &family.rows[k as usize - 1],
+            (Module::Tile, false) => &family.tile,
+            (Module::Rows(k), true) => &family.pair_rows[k as usize - 1],
+            (Module::Tile, true) => &family.pair_tile,
+        }
+    };
     for chunk in &pk.chunks {
+        // A pair's chunk holds its gate rows, then as many up rows.
+        let rows = if pair { chunk.rows / 2 } else { chunk.rows } as u32;
+        let half = if pair { rows } else { 0 };
+        let y_row0 = if pair {
+            chunk.first_row / 2
+        } else {
+            chunk.first_row
+        } as u32;
         for step in &steps {
-            let blocks = (chunk.rows as u32).div_ceil(rows_per_group(step.module, tl));
+            let blocks = rows.div_ceil(rows_per_group(step.module, tl));
             let mut groups = crate::groups_1d(gpu, blocks);
             groups[2] = step.z;
             match &quantized {
                 Some((family, q)) => {
                     let params = [
-                        chunk.rows as u32,
+                        rows,
                         units as u32,
                         tl,
                         chunk.aux_off,
                         chunk.aux2_off,
-                        q.stride,
-                        q.d_off,
+                        q.layout.stride,
+                        q.layout.d_off,
                         y_off,
                         y_stride,
-                        chunk.first_row as u32,
+                        y_row0,
                         step.batch0,
                         0,
                         0,
@@ -472,9 +658,12 @@ pub fn matvec(
                         0,
                         0,
                         0,
+                        mode,
+                        scale,
+                        half,
                     ];
                     rec.dispatch(
-                        step.module.kernel(family),
+                        kernel(step.module, family),
                         &params,
                         &[&chunk.buffer, &q.buffer, y],
                         groups,
@@ -482,19 +671,19 @@ pub fn matvec(
                 }
                 None => {
                     let params = [
-                        chunk.rows as u32,
+                        rows,
                         units as u32,
                         tl,
                         pk.bpr as u32,
                         chunk.aux_off,
                         chunk.aux2_off,
                         pk.cols as u32,
-                        x_off,
-                        x_stride,
+                        acts.off,
+                        acts.stride,
                         aligned,
                         y_off,
                         y_stride,
-                        chunk.first_row as u32,
+                        y_row0,
                         step.batch0,
                         0,
                         0,
@@ -502,11 +691,14 @@ pub fn matvec(
                         0,
                         0,
                         0,
+                        mode,
+                        scale,
+                        half,
                     ];
                     rec.dispatch(
-                        step.module.kernel(pk.format.family),
+                        kernel(step.module, pk.format.family),
                         &params,
-                        &[&chunk.buffer, x, x, y],
+                        &[&chunk.buffer, acts.x, acts.x, y],
                         groups,
                     )?;
                 }
@@ -581,6 +773,7 @@ pub fn matvec_experts(
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, x_rows);
     let blocks = (pk.rows as u32).div_ceil(rows_per_group(Module::Rows(1), tl));
+    let one = 1f32.to_bits();
     for chunk in &pk.chunks {
         let mut pair0 = 0u64;
         let e_base = (chunk.first_row / pk.rows) as u32;
@@ -597,8 +790,8 @@ pub fn matvec_experts(
                         tl,
                         chunk.aux_off,
                         chunk.aux2_off,
-                        q.stride,
-                        q.d_off,
+                        q.layout.stride,
+                        q.layout.d_off,
                         y_off,
                         y_stride,
                         0,
@@ -609,6 +802,9 @@ pub fn matvec_experts(
                         e_count,
                         x_per_slot as u32,
                         pair0 as u32,
+                        0,
+                        one,
+                        0,
                     ];
                     rec.dispatch(
                         &family.experts,
@@ -639,6 +835,9 @@ pub fn matvec_experts(
                         e_count,
                         x_per_slot as u32,
                         pair0 as u32,
+                        0,
+                        one,
+                        0,
                     ];
                     rec.dispatch(
                         &pk.format.family.experts,
@@ -664,14 +863,22 @@ mod tests {
             for (i, k) in f.rows.iter().enumerate() {
                 let (n, r) = (i as u32 + 1, ROWS_PER_THREAD[i]);
                 let head = format!(
-                    "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {}u;\n",
+                    "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {}u;\nconst P: u32 = 1u;\n",
                     n * r
                 );
                 assert!(k.source.starts_with(&head), "{}", k.name);
+                // A pair reduces at most 14 outputs a round: twice its partial sums fit 16 KB.
+                let pk = &f.pair_rows[i];
+                let red = if n * r > 14 { 8 } else { n * r };
+                let head = format!(
+                    "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {red}u;\nconst P: u32 = 2u;\n"
+                );
+                assert!(pk.source.starts_with(&head), "{}", pk.name);
+                assert!((n * r).is_multiple_of(red) && 128 * red * 2 * 4 <= 16384);
                 assert!(k.source.contains(&format!("const WG: u32 = {WG}u;")));
             }
             let head = format!(
-                "const N: u32 = {TILE_ROWS}u;\nconst R: u32 = {TILE_R}u;\nconst RED: u32 = {TILE_RED}u;\n"
+                "const N: u32 = {TILE_ROWS}u;\nconst R: u32 = {TILE_R}u;\nconst RED: u32 = {TILE_RED}u;\nconst P: u32 = 1u;\n"
             );
             assert!(f.tile.source.starts_with(&head), "{}", f.tile.name);
             assert!((TILE_ROWS * TILE_R).is_multiple_of(TILE_RED));

@@ -33,6 +33,13 @@ struct Params {
     e_count: u32,
     x_per_slot: u32,
     pair0: u32,
+    // Bit 0: add the results to y (a residual) instead of storing them. Bit 1 is set with
+    // P = 2 (SwiGLU of a gate|up pair).
+    mode: u32,
+    // The tensor's scale, multiplied into every result (1 when it has none: exact).
+    scale: f32,
+    // With P = 2: the rows of one matrix of the pair (the up rows follow the gate rows).
+    half_rows: u32,
 }
 
 @group(1) @binding(0) var<uniform> p: Params;
@@ -41,7 +48,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = 128u;
-var<workgroup> partial: array<f32, WG * RED>;
+var<workgroup> partial: array<f32, WG * RED * P>;
 
 fn word(i: u32) -> u32 {
     return w[i >> 2u][i & 3u];
@@ -81,35 +88,52 @@ fn act_sum(a0: vec4<u32>, a1: vec4<u32>) -> i32 {
     return dot16(a0, ones) + dot16(a1, ones);
 }
 
+// The value written for output v of the slot after the reduction: the product (times the
+// tensor's scale), or with P = 2 SiLU(gate) * up, stored or added to y as the mode says.
+fn finish(idx: u32, v: u32, slot_base: u32) {
+    var val = partial[v * WG + slot_base];
+    if (P == 2u) {
+        let u = partial[(RED + v) * WG + slot_base];
+        val = val / (1.0 + exp(-val)) * u;
+    }
+    val = val * p.scale;
+    if ((p.mode & 1u) != 0u) {
+        y[idx] = y[idx] + val;
+    } else {
+        y[idx] = val;
+    }
+}
+
 fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb: array<u32, N>) {
     let tpr = 1u << p.tpr_log2;
     let slot = lid >> p.tpr_log2;
     let t = lid & (tpr - 1u);
     let first = row0 + slot * R;
-    var wrow: array<u32, R>;
-    for (var k = 0u; k < R; k++) {
-        // Rows past the end read the last row and are not written.
-        wrow[k] = wrow_base + min(first + k, row_lim - 1u);
+    var wrow: array<u32, R * P>;
+    for (var k = 0u; k < R * P; k++) {
+        // Rows past the end read the last row and are not written; with P = 2 the up row of
+        // gate row r is r + half_rows.
+        wrow[k] = wrow_base + min(first + k % R, row_lim - 1u) + (k / R) * p.half_rows;
     }
     var xrow = xb;
-    var acc: array<f32, R * N>;
-    for (var v = 0u; v < R * N; v++) {
+    var acc: array<f32, R * P * N>;
+    for (var v = 0u; v < R * P * N; v++) {
         acc[v] = 0.0;
     }
     for (var u = t; u < p.blocks; u += tpr) {
-        var hd: array<Head, R>;
-        for (var k = 0u; k < R; k++) {
+        var hd: array<Head, R * P>;
+        for (var k = 0u; k < R * P; k++) {
             hd[k] = load_head(wrow[k], u);
         }
-        var isum: array<i32, R * N>;
-        var msum: array<i32, R * N>;
-        for (var v = 0u; v < R * N; v++) {
+        var isum: array<i32, R * P * N>;
+        var msum: array<i32, R * P * N>;
+        for (var v = 0u; v < R * P * N; v++) {
             isum[v] = 0;
             msum[v] = 0;
         }
         for (var j = 0u; j < SUBS; j++) {
-            var ws: array<Sub, R>;
-            for (var k = 0u; k < R; k++) {
+            var ws: array<Sub, R * P>;
+            for (var k = 0u; k < R * P; k++) {
                 ws[k] = load_sub(wrow[k], u, j, hd[k]);
             }
             for (var i = 0u; i < N; i++) {
@@ -120,7 +144,7 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
                 if (HAS_MIN) {
                     asum = act_sum(a0, a1);
                 }
-                for (var k = 0u; k < R; k++) {
+                for (var k = 0u; k < R * P; k++) {
                     let c = sub_dot(ws[k], a0, a1, asum);
                     isum[k * N + i] += c.x;
                     msum[k * N + i] += c.y;
@@ -129,7 +153,7 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
         }
         for (var i = 0u; i < N; i++) {
             let ad = bitcast<f32>(xword(xrow[i] + p.d_off + u));
-            for (var k = 0u; k < R; k++) {
+            for (var k = 0u; k < R * P; k++) {
                 let v = k * N + i;
                 acc[v] = block_term(hd[k], ad, isum[v], msum[v], acc[v]);
             }
@@ -137,13 +161,15 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
     }
     var yrow = yb;
     for (var g0 = 0u; g0 < R * N; g0 += RED) {
-        for (var v = 0u; v < RED; v++) {
-            partial[v * WG + lid] = acc[g0 + v];
+        for (var q = 0u; q < P; q++) {
+            for (var v = 0u; v < RED; v++) {
+                partial[(q * RED + v) * WG + lid] = acc[q * R * N + g0 + v];
+            }
         }
         workgroupBarrier();
         for (var step = tpr >> 1u; step > 0u; step >>= 1u) {
             if (t < step) {
-                for (var v = 0u; v < RED; v++) {
+                for (var v = 0u; v < RED * P; v++) {
                     partial[v * WG + lid] = partial[v * WG + lid] + partial[v * WG + lid + step];
                 }
             }
@@ -153,7 +179,7 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
             let o = g0 + v;
             let r = first + o / N;
             if (r < row_lim) {
-                y[yrow[o % N] + r] = partial[v * WG + slot * tpr];
+                finish(yrow[o % N] + r, v, slot * tpr);
             }
         }
         workgroupBarrier();

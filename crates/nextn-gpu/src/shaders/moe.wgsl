@@ -4,7 +4,8 @@
 // lower index, in descending order of p) and weights p_e / max(sum of the chosen p, 2^-14).
 // combine: out = sum_s w_s * y_s (in slot order) + sigmoid(gate) * shared.
 
-struct Params { n: u32, n_expert: u32, k: u32 }
+// Row r of the logits starts at r * stride.
+struct Params { n: u32, n_expert: u32, k: u32, stride: u32 }
 @group(1) @binding(0) var<uniform> p: Params;
 
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -20,7 +21,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (row >= p.n) {
         return;
     }
-    let base = row * p.n_expert;
+    let base = row * p.stride;
     var mx = -3.4028235e38;
     for (var e = 0u; e < p.n_expert; e++) {
         mx = max(mx, logits[base + e]);

@@ -1,5 +1,14 @@
-// out[r][c] = sum_s w[r*k+s] * y[(r*k+s)][c]  (+ sigmoid(gate[r]) * shared[r][c])
-struct Params { n: u32, k: u32, width: u32, has_shared: u32 }
+// out[r][c] (+)= sum_s w[r*k+s] * y[(r*k+s)][c]  (+ sigmoid(gate[r]) * shared[r][c]), the sum added
+// to what out holds when `add` is set (the layer's residual).
+struct Params {
+    n: u32,
+    k: u32,
+    width: u32,
+    has_shared: u32,
+    gate_off: u32,
+    gate_stride: u32,
+    add: u32,
+}
 @group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> y: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
@@ -20,8 +29,12 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         acc += w[r * p.k + s] * y[(r * p.k + s) * p.width + c];
     }
     if (p.has_shared != 0u) {
-        let g = 1.0 / (1.0 + exp(-shared_gate[r]));
+        let g = 1.0 / (1.0 + exp(-shared_gate[p.gate_off + r * p.gate_stride]));
         acc += g * shared_out[i];
     }
-    out[i] = acc;
+    if (p.add != 0u) {
+        out[i] = out[i] + acc;
+    } else {
+        out[i] = acc;
+    }
 }

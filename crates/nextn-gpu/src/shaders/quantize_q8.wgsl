@@ -22,65 +22,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> q: array<u32>;
 
-// a / b rounded to nearest (ties to even) by integer long division of the significands, so that
-// every device gets the CPU's scales bit for bit: WGSL allows division 2.5 ulp off, compilers
-// turn it into a product with a reciprocal, and a fused multiply-add may be two roundings.
-// Zeros, subnormals, infinities and results outside the normal range take the device's `a / b`
-// (scales of activations never get there).
-fn div_rn(a: f32, b: f32) -> f32 {
-    let ua = bitcast<u32>(a);
-    let ub = bitcast<u32>(b);
-    let ea = i32((ua >> 23u) & 0xffu);
-    let eb = i32((ub >> 23u) & 0xffu);
-    if (ea == 0 || eb == 0 || ea == 255 || eb == 255) {
-        return a / b;
-    }
-    var ma = (ua & 0x7fffffu) | 0x800000u;
-    let mb = (ub & 0x7fffffu) | 0x800000u;
-    var e = ea - eb + 127;
-    if (ma < mb) {
-        ma <<= 1u;
-        e -= 1;
-    }
-    // ma / mb in [1, 2): 24 significand bits and a guard bit, the remainder as sticky bit.
-    var q = 0u;
-    var r = ma;
-    for (var i = 0u; i < 25u; i++) {
-        q <<= 1u;
-        if (r >= mb) {
-            r -= mb;
-            q |= 1u;
-        }
-        r <<= 1u;
-    }
-    var m = q >> 1u;
-    if ((q & 1u) != 0u && (r != 0u || (m & 1u) != 0u)) {
-        m += 1u;
-    }
-    if (m == 0x1000000u) {
-        m >>= 1u;
-        e += 1;
-    }
-    if (e <= 0 || e >= 255) {
-        return a / b;
-    }
-    return bitcast<f32>(((ua ^ ub) & 0x80000000u) | (u32(e) << 23u) | (m & 0x7fffffu));
-}
-
-// A non-negative f32 rounded to the nearest f16 (ties to even), as an f32: the scale ggml
-// stores for Q8_0, rounded by bit arithmetic so that no device's f16 conversion mode matters.
-fn round_f16(v: f32) -> f32 {
-    if (v >= 65520.0) {
-        return bitcast<f32>(0x7f800000u);
-    }
-    if (v < 6.103515625e-05) {
-        // f16 subnormals: multiples of 2^-24.
-        return round(v * 16777216.0) * 5.9604644775390625e-08;
-    }
-    let b = bitcast<u32>(v);
-    return bitcast<f32>((b + 0x0fffu + ((b >> 13u) & 1u)) & 0xffffe000u);
-}
-
 fn pack_q(v: vec4<f32>) -> u32 {
     let c = vec4<i32>(clamp(v, vec4<f32>(-128.0), vec4<f32>(127.0)));
     return pack4xI8(c);

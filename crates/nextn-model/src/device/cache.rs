@@ -145,10 +145,10 @@ impl Drop for DeviceKvCache {
     }
 }
 
-/// Device bytes of one verify row's kept inputs: raw projections, conv outputs, β, decay and the
+/// Device bytes of one verify row's kept inputs: raw projections ([q|k|v], β, α) and the
 /// replay's discarded outputs.
 fn verify_row_bytes(conv_dim: usize, v_heads: usize, inner: usize) -> usize {
-    (2 * conv_dim + 2 * v_heads + inner) * 4
+    (conv_dim + 2 * v_heads + inner) * 4
 }
 
 fn reserve_rows(
@@ -165,24 +165,22 @@ fn reserve_rows(
     .map_err(gpu_err)
 }
 
-/// One delta-net layer's state for one sequence, on the device: the committed state, a spare
-/// that a verify pass writes its final state into, the conv window, and the verify rows'
-/// recurrence inputs until commit.
+/// One delta-net layer's state for one sequence, on the device: the committed state and conv
+/// window, a spare of each that a pass writes the state (a verify pass) and the window (every
+/// pass) after its rows into, and the verify rows' raw projections until commit.
 pub struct DeviceDeltaNetCache {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) state: wgpu::Buffer,
     pub(crate) spare: wgpu::Buffer,
     pub(crate) window: wgpu::Buffer,
-    /// Verify rows kept for commit: raw projections, conv outputs, β, decay, and a discard buffer
-    /// for the outputs of a replay.
-    pub(crate) raw: wgpu::Buffer,
-    pub(crate) conv: wgpu::Buffer,
-    pub(crate) beta: wgpu::Buffer,
-    pub(crate) decay: wgpu::Buffer,
+    pub(crate) window_next: wgpu::Buffer,
+    /// Verify rows kept for commit: raw projections, and a discard buffer for the outputs of a
+    /// replay.
+    pub(crate) keep: wgpu::Buffer,
     pub(crate) replay_out: wgpu::Buffer,
     /// Rows the pending buffers have room for.
     pub(crate) capacity: usize,
-    /// The device memory of the state, the spare and the window; and of the verify rows.
+    /// The device memory of the states and the windows; and of the verify rows.
     _fixed: nextn_gpu::Reservation,
     _rows: nextn_gpu::Reservation,
     pub(crate) pending: usize,
@@ -215,7 +213,7 @@ impl DeviceDeltaNetCache {
         let fixed = gpu
             .reserve(
                 "a delta-net layer's recurrent state",
-                ((2 * ssm_len + conv_len) * 4) as u64,
+                ((2 * ssm_len + 2 * conv_len) * 4) as u64,
             )
             .map_err(gpu_err)?;
         let rows = reserve_rows(gpu, capacity, conv_dim, v_heads, inner)?;
@@ -226,10 +224,8 @@ impl DeviceDeltaNetCache {
             state: b("ssm-state", ssm_len)?,
             spare: b("ssm-spare", ssm_len)?,
             window: b("conv-window", conv_len)?,
-            raw: b("verify-raw", capacity * conv_dim)?,
-            conv: b("verify-conv", capacity * conv_dim)?,
-            beta: b("verify-beta", capacity * v_heads)?,
-            decay: b("verify-decay", capacity * v_heads)?,
+            window_next: b("conv-window-next", conv_len)?,
+            keep: b("verify-raw", capacity * (conv_dim + 2 * v_heads))?,
             replay_out: b("replay-out", capacity * inner)?,
             capacity,
             pending: 0,
@@ -250,17 +246,14 @@ impl DeviceDeltaNetCache {
         let b = |label: &str, m: usize| g.buffer(label, (m * 4) as u64).map_err(gpu_err);
         // The old rows' memory stays reserved until the new rows' is: both exist for a moment.
         self._rows = reserve_rows(g, n, self.conv_dim, self.v_heads, self.inner)?;
-        self.raw = b("verify-raw", n * self.conv_dim)?;
-        self.conv = b("verify-conv", n * self.conv_dim)?;
-        self.beta = b("verify-beta", n * self.v_heads)?;
-        self.decay = b("verify-decay", n * self.v_heads)?;
+        self.keep = b("verify-raw", n * (self.conv_dim + 2 * self.v_heads))?;
         self.replay_out = b("replay-out", n * self.inner)?;
         self.capacity = n;
         Ok(())
     }
 
     pub fn bytes(&self) -> usize {
-        (2 * self.ssm_len + self.conv_len) * 4
+        (2 * self.ssm_len + 2 * self.conv_len) * 4
             + verify_row_bytes(self.conv_dim, self.v_heads, self.inner) * self.capacity
     }
 
@@ -327,10 +320,8 @@ impl Drop for DeviceDeltaNetCache {
             &self.state,
             &self.spare,
             &self.window,
-            &self.raw,
-            &self.conv,
-            &self.beta,
-            &self.decay,
+            &self.window_next,
+            &self.keep,
             &self.replay_out,
         ] {
             b.destroy();

@@ -2,16 +2,24 @@
 //! the mixer a gated attention or a gated delta net, the FFN dense SwiGLU or MoE with a shared
 //! expert. The projections run once over all rows of the pass; attention and the recurrence run
 //! per sequence on its own cache (one `Segment` each), as on the CPU.
+//!
+//! A layer of one sequence is ten dispatches or fewer: the norm quantizes its output for the
+//! products that read it; the products over the same input are stacked into one per weight type
+//! (q|k|v; the delta net's qkv|β|α|z; gate|up as a pair with SwiGLU in the epilogue); the
+//! attention's norms, rotation and KV store are one kernel and its merge quantizes for the output
+//! projection, as the delta net's gated norm does; the delta net's conv, gates and recurrence are
+//! one kernel; the output and down projections add into the residual in their epilogue.
 
 use std::sync::Arc;
 
-use nextn_gpu::kernels::attention as attn_k;
-use nextn_gpu::kernels::delta_net as dn_k;
-use nextn_gpu::kernels::elementwise::{add_rows, copy_rows, moe_combine, moe_route, swiglu, Rows};
-use nextn_gpu::kernels::matvec::matvec_experts;
-use nextn_gpu::kernels::norm::rms_norm;
+use nextn_gpu::kernels::attention::{self as attn_k, steps, PrepRows};
+use nextn_gpu::kernels::delta_net::{self as dn_k, RawRows, StepIo, StepWeights};
+use nextn_gpu::kernels::elementwise::{moe_combine, moe_route, swiglu, Rows};
+use nextn_gpu::kernels::matvec::{matvec_experts, quant_layout, ActBlocks, Acts, QuantOut};
+use nextn_gpu::kernels::norm::{norm_quant, NormOut};
+use nextn_gpu::kernels::Kernel;
 use nextn_gpu::weights::DeviceExperts;
-use nextn_gpu::{Gpu, Recorder};
+use nextn_gpu::{DeviceMatrix, Gpu, GpuError, Recorder};
 
 use super::cache::{DeviceDeltaNetCache, DeviceKvCache};
 use super::{gpu_err, scratch, u, vector, Mat};
@@ -22,28 +30,126 @@ use crate::config::{Qwen35Config, RopeScaling};
 use crate::delta_net::GatedDeltaNet;
 use crate::ffn::{DenseFfn, Ffn, MoeFfn};
 use crate::model::{DecoderLayer, Mixer};
+use crate::weights::Linear;
 use crate::ModelError;
+
+/// Which quantized forms of an activation its products read: Q8_0 rows, Q8_K rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    pub q8_0: bool,
+    pub q8k: bool,
+}
+
+impl Needs {
+    pub(crate) fn of(m: &DeviceMatrix) -> Needs {
+        match m.act_blocks() {
+            Some(ActBlocks::Q8_0) => Needs {
+                q8_0: true,
+                q8k: false,
+            },
+            Some(ActBlocks::Q8K) => Needs {
+                q8_0: false,
+                q8k: true,
+            },
+            None => Needs::default(),
+        }
+    }
+
+    pub(crate) fn or(self, o: Needs) -> Needs {
+        Needs {
+            q8_0: self.q8_0 || o.q8_0,
+            q8k: self.q8k || o.q8k,
+        }
+    }
+}
+
+/// Rows of one activation quantized for the int8 products: Q8_0 and Q8_K forms, each sized for
+/// the rows and width it was made for.
+pub(crate) struct QuantRows {
+    pub q8_0: wgpu::Buffer,
+    pub q8k: wgpu::Buffer,
+}
+
+impl QuantRows {
+    pub(crate) fn new(
+        gpu: &Gpu,
+        label: &str,
+        rows: usize,
+        width: usize,
+    ) -> Result<Self, ModelError> {
+        let words = |kind: ActBlocks| {
+            // A width that is not whole blocks of the kind is never quantized in it.
+            quant_layout(width, kind).map_or(1, |l| l.stride as usize * rows)
+        };
+        Ok(QuantRows {
+            q8_0: gpu
+                .buffer(
+                    &format!("{label}-q8_0"),
+                    (words(ActBlocks::Q8_0) * 4) as u64,
+                )
+                .map_err(gpu_err)?,
+            q8k: gpu
+                .buffer(&format!("{label}-q8k"), (words(ActBlocks::Q8K) * 4) as u64)
+                .map_err(gpu_err)?,
+        })
+    }
+
+    /// The products' view of f32 rows `x` (`stride` apart) with the forms `needs` says were made.
+    pub(crate) fn acts<'a>(&'a self, x: &'a wgpu::Buffer, stride: u32, needs: Needs) -> Acts<'a> {
+        Acts {
+            x,
+            off: 0,
+            stride,
+            q8_0: needs.q8_0.then_some(&self.q8_0),
+            q8k: needs.q8k.then_some(&self.q8k),
+        }
+    }
+
+    /// Where a kernel quantizes its output rows for `needs`.
+    pub(crate) fn out(&self, needs: Needs, row0: u32) -> QuantOut<'_> {
+        QuantOut {
+            q8_0: needs.q8_0.then_some(&self.q8_0),
+            q8k: needs.q8k.then_some(&self.q8k),
+            row0,
+        }
+    }
+
+    /// Where [`norm_quant`] writes the forms `needs` says.
+    pub(crate) fn norm_out<'a>(
+        &'a self,
+        y: &'a wgpu::Buffer,
+        stride: u32,
+        needs: Needs,
+    ) -> NormOut<'a> {
+        NormOut {
+            y: Some((y, 0, stride)),
+            q8_0: needs.q8_0.then_some(&self.q8_0),
+            q8k: needs.q8k.then_some(&self.q8k),
+            ..NormOut::default()
+        }
+    }
+}
 
 /// The activations of a pass, sized for the widest layer of the model and for the most rows a
 /// pass has had, shared by every layer in turn (each layer's kernels run after the previous
 /// layer's) and by the trunk and the head, kept from pass to pass.
 pub(crate) struct PassBuffers {
+    /// The normed input of the mixer or the FFN, f32 and quantized.
     pub x: wgpu::Buffer,
-    pub a: wgpu::Buffer,
-    /// Projections: attention q|gate (or the delta net's q|k|v), k (or z), v (or β|α).
-    pub p0: wgpu::Buffer,
-    pub p1: wgpu::Buffer,
-    pub p2: wgpu::Buffer,
-    pub p3: wgpu::Buffer,
-    /// Attention / recurrence output before the output projection, and the gated norm's output.
+    pub xq: QuantRows,
+    /// The stacked input projections of a mixer.
+    pub proj: wgpu::Buffer,
+    /// The mixer's output before its output projection (attention's, the delta net's gated
+    /// norm's) and its quantized form; the delta net's recurrence output.
     pub o: wgpu::Buffer,
-    pub y: wgpu::Buffer,
-    /// FFN: gate, up, SwiGLU output (dense and shared expert).
+    pub oq: QuantRows,
+    pub rec_out: wgpu::Buffer,
+    /// FFN: SwiGLU output, and gate and up apart when they are not a pair.
+    pub act: wgpu::Buffer,
     pub g: wgpu::Buffer,
     pub up: wgpu::Buffer,
-    pub act: wgpu::Buffer,
-    /// MoE: router logits, chosen experts, weights, per-slot gate|up, SwiGLU, outputs; shared
-    /// expert output and gate.
+    /// MoE: router logits (and the shared expert's gate), chosen experts, weights, per-slot
+    /// gate and up, SwiGLU, outputs; the shared expert's output.
     pub router: wgpu::Buffer,
     pub ids: wgpu::Buffer,
     pub weights: wgpu::Buffer,
@@ -52,132 +158,204 @@ pub(crate) struct PassBuffers {
     pub eact: wgpu::Buffer,
     pub ey: wgpu::Buffer,
     pub shared: wgpu::Buffer,
-    pub shared_gate: wgpu::Buffer,
-    /// Per sequence of the pass: the delta net's recurrence inputs and output of its rows.
-    pub segments: Vec<SegmentBuffers>,
     /// Attention's per-chunk partial results.
     pub attention: attn_k::AttentionScratch,
-    conv_dim: usize,
-    v_heads: usize,
-    inner: usize,
     /// Rows the buffers have room for.
     rows: usize,
-    cfg: Qwen35Config,
+    widths: PassWidths,
     gpu: Arc<Gpu>,
 }
 
-/// One sequence's delta-net rows in a pass (made on first use, shared by every layer).
-pub(crate) struct SegmentBuffers {
-    pub conv: wgpu::Buffer,
-    pub beta: wgpu::Buffer,
-    pub decay: wgpu::Buffer,
-    pub out: wgpu::Buffer,
-    rows: usize,
+/// The widest activations of a model's layers (the trunk's and the head's).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PassWidths {
+    pub embd: usize,
+    pub proj: usize,
+    pub mixer_out: usize,
+    pub ff: usize,
+    pub router: usize,
+    pub expert_slots: usize,
+    pub expert_ff: usize,
+}
+
+impl PassWidths {
+    pub(crate) fn of(cfg: &Qwen35Config) -> PassWidths {
+        let hd = cfg.head_dim;
+        let max_head = cfg.n_head.iter().copied().max().unwrap_or(0);
+        let max_kv = cfg.n_head_kv.iter().copied().max().unwrap_or(0);
+        let inner = cfg.ssm_inner;
+        let hv = cfg.ssm_v_heads;
+        let attn = 2 * max_head * hd + 2 * max_kv * hd;
+        let dn = cfg.conv_dim() + 2 * hv + inner;
+        PassWidths {
+            embd: cfg.n_embd,
+            proj: attn.max(dn),
+            mixer_out: (max_head * hd).max(inner),
+            ff: cfg
+                .n_ff
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0)
+                .max(cfg.n_ff_shexp),
+            router: cfg.n_expert + 1,
+            expert_slots: cfg.n_expert_used,
+            expert_ff: cfg.n_ff_exp,
+        }
+    }
 }
 
 impl PassBuffers {
-    /// The buffers of segment `i` of `rows` rows.
-    pub(crate) fn reserve_segment(&mut self, i: usize, rows: usize) -> Result<(), ModelError> {
-        while self.segments.len() <= i {
-            self.segments.push(SegmentBuffers {
-                conv: scratch(&self.gpu, "seg-conv", 0)?,
-                beta: scratch(&self.gpu, "seg-beta", 0)?,
-                decay: scratch(&self.gpu, "seg-decay", 0)?,
-                out: scratch(&self.gpu, "seg-out", 0)?,
-                rows: 0,
-            });
-        }
-        if self.segments[i].rows < rows {
-            let g = &self.gpu;
-            let rows = rows.next_power_of_two();
-            self.segments[i] = SegmentBuffers {
-                conv: scratch(g, "seg-conv", rows * self.conv_dim)?,
-                beta: scratch(g, "seg-beta", rows * self.v_heads)?,
-                decay: scratch(g, "seg-decay", rows * self.v_heads)?,
-                out: scratch(g, "seg-out", rows * self.inner)?,
-                rows,
-            };
-        }
-        Ok(())
-    }
-
     /// Room for passes of `n` rows: the buffers are made for the next power of two and kept, so
     /// passes of a size seen before allocate nothing.
     pub(crate) fn reserve(&mut self, n: usize) -> Result<(), ModelError> {
         if n <= self.rows {
             return Ok(());
         }
-        let segments = std::mem::take(&mut self.segments);
         let attention = std::mem::take(&mut self.attention);
-        *self = PassBuffers::new(&self.gpu, &self.cfg, n.next_power_of_two())?;
-        self.segments = segments;
+        *self = PassBuffers::new(&self.gpu, self.widths, n.next_power_of_two())?;
         self.attention = attention;
         Ok(())
     }
 
-    pub(crate) fn new(gpu: &Arc<Gpu>, cfg: &Qwen35Config, n: usize) -> Result<Self, ModelError> {
-        let e = cfg.n_embd;
-        let hd = cfg.head_dim;
-        let max_head = cfg.n_head.iter().copied().max().unwrap_or(0);
-        let max_kv = cfg.n_head_kv.iter().copied().max().unwrap_or(0);
-        let conv_dim = cfg.conv_dim();
-        let inner = cfg.ssm_inner;
-        let hv = cfg.ssm_v_heads;
-        let w0 = (2 * max_head * hd).max(conv_dim);
-        let w1 = (max_kv * hd).max(inner);
-        let w2 = (max_kv * hd).max(hv);
-        let n_ff = cfg
-            .n_ff
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
-            .max(cfg.n_ff_shexp);
-        let k = cfg.n_expert_used;
-        let nf = cfg.n_ff_exp;
+    pub(crate) fn new(gpu: &Arc<Gpu>, w: PassWidths, n: usize) -> Result<Self, ModelError> {
         let b = |label: &str, m: usize| scratch(gpu, label, m);
+        let (k, nf) = (w.expert_slots, w.expert_ff);
         Ok(PassBuffers {
-            x: b("x", n * e)?,
-            a: b("a", n * e)?,
-            p0: b("proj0", n * w0)?,
-            p1: b("proj1", n * w1)?,
-            p2: b("proj2", n * w2)?,
-            p3: b("proj3", n * hv)?,
-            o: b("mixer-out", n * (max_head * hd).max(inner))?,
-            y: b("gated-norm", n * inner)?,
-            g: b("ffn-gate", n * n_ff)?,
-            up: b("ffn-up", n * n_ff)?,
-            act: b("ffn-act", n * n_ff)?,
-            router: b("router", n * cfg.n_expert)?,
+            x: b("x", n * w.embd)?,
+            xq: QuantRows::new(gpu, "x", n, w.embd)?,
+            proj: b("proj", n * w.proj)?,
+            o: b("mixer-out", n * w.mixer_out)?,
+            oq: QuantRows::new(gpu, "mixer-out", n, w.mixer_out)?,
+            rec_out: b("recurrence-out", n * w.mixer_out)?,
+            act: b("ffn-act", n * w.ff)?,
+            g: b("ffn-gate", n * w.ff)?,
+            up: b("ffn-up", n * w.ff)?,
+            router: b("router", n * w.router)?,
             ids: b("expert-ids", n * k)?,
             weights: b("expert-weights", n * k)?,
             eg: b("expert-gate", n * k * nf)?,
             eu: b("expert-up", n * k * nf)?,
             eact: b("expert-act", n * k * nf)?,
-            ey: b("expert-out", n * k * e)?,
-            shared: b("shared-out", n * e)?,
-            shared_gate: b("shared-gate", n)?,
-            segments: Vec::new(),
+            ey: b("expert-out", n * k * w.embd)?,
+            shared: b("shared-out", n * w.embd)?,
             attention: attn_k::AttentionScratch::new(),
-            conv_dim,
-            v_heads: hv,
-            inner,
             rows: n,
-            cfg: cfg.clone(),
+            widths: w,
             gpu: gpu.clone(),
         })
     }
 }
 
+/// Matrices over the same input multiplied as few products as their types allow: those of one
+/// type (and scale) stacked into one matrix. Part `i`'s outputs sit from column `cols[i]` of an
+/// output row `width` wide.
+pub(crate) struct Stack {
+    groups: Vec<(Mat, usize)>,
+    pub(crate) cols: Vec<usize>,
+    pub(crate) width: usize,
+}
+
+impl Stack {
+    pub(crate) fn upload(gpu: &Gpu, name: &str, parts: &[&Linear]) -> Result<Stack, ModelError> {
+        let first = parts
+            .first()
+            .ok_or_else(|| ModelError::Device(format!("{name}: no matrices to stack")))?;
+        let cols = first.cols;
+        // Groups of one type and scale, in the order their first part comes.
+        let mut keys: Vec<(nextn_gguf::GgmlType, Option<u32>)> = Vec::new();
+        for p in parts {
+            if p.cols != cols {
+                return Err(ModelError::Device(format!(
+                    "{}: {} columns stacked with {cols}",
+                    p.name, p.cols
+                )));
+            }
+            let key = (p.ty, p.scale().map(f32::to_bits));
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        let mut at = 0;
+        let mut part_cols = vec![0; parts.len()];
+        let mut groups = Vec::with_capacity(keys.len());
+        for key in keys {
+            let members: Vec<usize> = (0..parts.len())
+                .filter(|&i| (parts[i].ty, parts[i].scale().map(f32::to_bits)) == key)
+                .collect();
+            let group_at = at;
+            let mut slices = Vec::with_capacity(members.len());
+            for &i in &members {
+                part_cols[i] = at;
+                at += parts[i].rows;
+                slices.push((parts[i].rows, parts[i].bytes()));
+            }
+            let label = if members.len() == 1 {
+                parts[members[0]].name.clone()
+            } else {
+                format!(
+                    "{name} ({})",
+                    members
+                        .iter()
+                        .map(|&i| parts[i].name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            let m =
+                DeviceMatrix::upload_stacked(gpu, &label, key.0, cols, &slices).map_err(gpu_err)?;
+            groups.push((
+                Mat {
+                    m,
+                    scale: key.1.map(f32::from_bits),
+                },
+                group_at,
+            ));
+        }
+        Ok(Stack {
+            groups,
+            cols: part_cols,
+            width: at,
+        })
+    }
+
+    pub(crate) fn needs(&self) -> Needs {
+        self.groups
+            .iter()
+            .fold(Needs::default(), |n, (m, _)| n.or(Needs::of(&m.m)))
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.groups.iter().map(|(m, _)| m.device_bytes()).sum()
+    }
+
+    pub(crate) fn kernels(&self, out: &mut Vec<&'static Kernel>) {
+        for (m, _) in &self.groups {
+            m.kernels(out);
+        }
+    }
+
+    /// Every part over `n` rows of `acts`, into rows of `y` `width` apart.
+    pub(crate) fn forward(
+        &self,
+        rec: &mut Recorder,
+        acts: &Acts,
+        n: usize,
+        y: &wgpu::Buffer,
+    ) -> Result<(), ModelError> {
+        for (m, col) in &self.groups {
+            m.forward(rec, acts, n, y, *col, self.width, false)?;
+        }
+        Ok(())
+    }
+}
+
 pub(crate) struct DeviceAttention {
-    wq: Mat,
-    wk: Mat,
-    wv: Mat,
+    qkv: Stack,
     wo: Mat,
-    q_norm: wgpu::Buffer,
-    k_norm: wgpu::Buffer,
+    /// q_norm then k_norm.
+    norms: wgpu::Buffer,
     n_head: usize,
-    n_head_kv: usize,
     head_dim: usize,
     n_rot: usize,
     rope_base: f32,
@@ -186,13 +364,10 @@ pub(crate) struct DeviceAttention {
 }
 
 pub(crate) struct DeviceDeltaNet {
-    w_qkv: Mat,
-    w_gate: Mat,
-    w_beta: Mat,
-    w_alpha: Mat,
-    conv: wgpu::Buffer,
-    dt_bias: wgpu::Buffer,
-    a: wgpu::Buffer,
+    /// qkv | β | α | z (stacked by type, so the columns are the stack's).
+    in_proj: Stack,
+    /// conv weights | dt_bias | a.
+    vecs: wgpu::Buffer,
     norm: wgpu::Buffer,
     w_out: Mat,
     k_heads: usize,
@@ -207,14 +382,21 @@ pub(crate) enum DeviceMixer {
     DeltaNet(DeviceDeltaNet),
 }
 
+/// Gate and up: one pair when they share a type and a buffer can hold both, else apart with
+/// SwiGLU after them.
+enum GateUp {
+    Pair(Mat),
+    Apart(Mat, Mat),
+}
+
 pub(crate) struct DeviceDense {
-    gate: Mat,
-    up: Mat,
+    gate_up: GateUp,
     down: Mat,
 }
 
 pub(crate) struct DeviceMoe {
-    router: Mat,
+    /// The router, and the shared expert's gate in the same product when they stack.
+    router: Stack,
     /// Gate and up of every expert, each stack as the CPU binds it (a fused gate|up tensor gives
     /// the gate rows and the up rows of each expert).
     gate: DeviceExperts,
@@ -222,7 +404,8 @@ pub(crate) struct DeviceMoe {
     down: DeviceExperts,
     n_used: usize,
     n_ff: usize,
-    shared: Option<(Mat, DeviceDense)>,
+    n_expert: usize,
+    shared: Option<DeviceDense>,
 }
 
 // One per layer: the size of the variants does not matter.
@@ -233,17 +416,20 @@ pub(crate) enum DeviceFfn {
 }
 
 pub(crate) struct DeviceLayer {
-    attn_norm: wgpu::Buffer,
+    /// attn_norm then post_attention_norm.
+    norms: wgpu::Buffer,
     pub(crate) mixer: DeviceMixer,
-    post_attention_norm: wgpu::Buffer,
     ffn: DeviceFfn,
     bytes: u64,
     n_embd: usize,
     eps: f32,
+    /// What the mixer's and the FFN's input products read.
+    mixer_needs: Needs,
+    ffn_needs: Needs,
 }
 
 /// The bytes of a stack of expert matrices that sit one after another in the file.
-fn stack_bytes(experts: &[crate::weights::Linear]) -> Vec<u8> {
+fn stack_bytes(experts: &[Linear]) -> Vec<u8> {
     let mut out = Vec::with_capacity(experts.iter().map(|l| l.rows * l.row_bytes()).sum());
     for l in experts {
         out.extend_from_slice(l.bytes());
@@ -251,10 +437,7 @@ fn stack_bytes(experts: &[crate::weights::Linear]) -> Vec<u8> {
     out
 }
 
-fn upload_experts(
-    gpu: &Gpu,
-    experts: &[crate::weights::Linear],
-) -> Result<DeviceExperts, ModelError> {
+fn upload_experts(gpu: &Gpu, experts: &[Linear]) -> Result<DeviceExperts, ModelError> {
     let first = experts
         .first()
         .ok_or_else(|| ModelError::MissingTensor("ffn_*_exps".into()))?;
@@ -278,46 +461,91 @@ fn upload_experts(
 
 impl DeviceDense {
     fn upload(gpu: &Gpu, f: &DenseFfn) -> Result<Self, ModelError> {
+        let (g, up) = (&f.gate, &f.up);
+        let same =
+            g.ty == up.ty && g.scale() == up.scale() && (g.rows, g.cols) == (up.rows, up.cols);
+        let pair = if same {
+            let name = format!("{} + {}", g.name, up.name);
+            match DeviceMatrix::upload_pair(gpu, &name, g.ty, g.rows, g.cols, g.bytes(), up.bytes())
+            {
+                Ok(m) => Some(Mat {
+                    m,
+                    scale: g.scale(),
+                }),
+                // Two matrices past one binding: multiplied apart.
+                Err(GpuError::BufferTooLarge { .. }) => None,
+                Err(e) => return Err(gpu_err(e)),
+            }
+        } else {
+            None
+        };
+        let gate_up = match pair {
+            Some(m) => GateUp::Pair(m),
+            None => GateUp::Apart(Mat::upload(gpu, g)?, Mat::upload(gpu, up)?),
+        };
         Ok(DeviceDense {
-            gate: Mat::upload(gpu, &f.gate)?,
-            up: Mat::upload(gpu, &f.up)?,
+            gate_up,
             down: Mat::upload(gpu, &f.down)?,
         })
     }
 
     fn bytes(&self) -> u64 {
-        self.gate.device_bytes() + self.up.device_bytes() + self.down.device_bytes()
+        let gu = match &self.gate_up {
+            GateUp::Pair(m) => m.device_bytes(),
+            GateUp::Apart(g, u) => g.device_bytes() + u.device_bytes(),
+        };
+        gu + self.down.device_bytes()
     }
 
-    fn kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
-        for w in [&self.gate, &self.up, &self.down] {
-            w.kernels(out);
+    fn kernels(&self, out: &mut Vec<&'static Kernel>) {
+        match &self.gate_up {
+            GateUp::Pair(m) => m.kernels(out),
+            GateUp::Apart(g, u) => {
+                g.kernels(out);
+                u.kernels(out);
+            }
+        }
+        self.down.kernels(out);
+    }
+
+    fn needs(&self) -> Needs {
+        match &self.gate_up {
+            GateUp::Pair(m) => Needs::of(&m.m),
+            GateUp::Apart(g, u) => Needs::of(&g.m).or(Needs::of(&u.m)),
         }
     }
 
-    /// `out = down · (SiLU(gate · x) ⊙ (up · x))` over `n` rows of `x` (`e` wide).
+    /// `out (+)= down · (SiLU(gate · x) ⊙ (up · x))` over `n` rows of `x` (`e` wide); the SwiGLU
+    /// rows in `b.act`.
     fn forward(
         &self,
         rec: &mut Recorder,
-        x: &wgpu::Buffer,
+        x: &Acts,
         n: usize,
-        e: usize,
         b: &PassBuffers,
         out: &wgpu::Buffer,
+        add: bool,
     ) -> Result<(), ModelError> {
-        let f = self.gate.rows();
-        self.gate.forward(rec, x, 0, e, n, &b.g, 0, f)?;
-        self.up.forward(rec, x, 0, e, n, &b.up, 0, f)?;
-        swiglu(
-            rec,
-            Rows::new(&b.g, 0, u(f)?),
-            Rows::new(&b.up, 0, u(f)?),
-            &b.act,
-            u(n)?,
-            u(f)?,
-        )
-        .map_err(gpu_err)?;
-        self.down.forward(rec, &b.act, 0, f, n, out, 0, e)
+        let f = self.down.m.cols();
+        match &self.gate_up {
+            GateUp::Pair(m) => m.forward(rec, x, n, &b.act, 0, f, false)?,
+            GateUp::Apart(g, up) => {
+                g.forward(rec, x, n, &b.g, 0, f, false)?;
+                up.forward(rec, x, n, &b.up, 0, f, false)?;
+                swiglu(
+                    rec,
+                    Rows::new(&b.g, 0, u(f)?),
+                    Rows::new(&b.up, 0, u(f)?),
+                    &b.act,
+                    u(n)?,
+                    u(f)?,
+                )
+                .map_err(gpu_err)?;
+            }
+        }
+        let e = self.down.rows();
+        self.down
+            .forward(rec, &Acts::f32(&b.act, 0, u(f)?), n, out, 0, e, add)
     }
 }
 
@@ -327,46 +555,40 @@ impl DeviceLayer {
         l: &DecoderLayer,
         cfg: &Qwen35Config,
     ) -> Result<DeviceLayer, ModelError> {
-        let mut bytes = 0u64;
         let mixer = match &l.mixer {
-            Mixer::Attention(m) => {
-                let d = DeviceAttention::upload(gpu, m, cfg)?;
-                bytes += d.wq.device_bytes()
-                    + d.wk.device_bytes()
-                    + d.wv.device_bytes()
-                    + d.wo.device_bytes();
-                DeviceMixer::Attention(d)
-            }
-            Mixer::DeltaNet(m) => {
-                let d = DeviceDeltaNet::upload(gpu, m)?;
-                bytes += d.w_qkv.device_bytes()
-                    + d.w_gate.device_bytes()
-                    + d.w_beta.device_bytes()
-                    + d.w_alpha.device_bytes()
-                    + d.w_out.device_bytes();
-                DeviceMixer::DeltaNet(d)
-            }
+            Mixer::Attention(m) => DeviceMixer::Attention(DeviceAttention::upload(gpu, m, cfg)?),
+            Mixer::DeltaNet(m) => DeviceMixer::DeltaNet(DeviceDeltaNet::upload(gpu, m)?),
         };
         let ffn = match &l.ffn {
-            Ffn::Dense(f) => {
-                let d = DeviceDense::upload(gpu, f)?;
-                bytes += d.bytes();
-                DeviceFfn::Dense(d)
-            }
-            Ffn::Moe(m) => {
-                let d = DeviceMoe::upload(gpu, m)?;
-                bytes += d.bytes();
-                DeviceFfn::Moe(d)
-            }
+            Ffn::Dense(f) => DeviceFfn::Dense(DeviceDense::upload(gpu, f)?),
+            Ffn::Moe(m) => DeviceFfn::Moe(DeviceMoe::upload(gpu, m)?),
         };
+        let (mixer_bytes, mixer_needs) = match &mixer {
+            DeviceMixer::Attention(a) => (a.qkv.bytes() + a.wo.device_bytes(), a.qkv.needs()),
+            DeviceMixer::DeltaNet(d) => (
+                d.in_proj.bytes() + d.w_out.device_bytes(),
+                d.in_proj.needs(),
+            ),
+        };
+        let (ffn_bytes, ffn_needs) = match &ffn {
+            DeviceFfn::Dense(d) => (d.bytes(), d.needs()),
+            DeviceFfn::Moe(m) => (m.bytes(), m.needs()),
+        };
+        let norms: Vec<f32> = l
+            .attn_norm
+            .iter()
+            .chain(&l.post_attention_norm)
+            .copied()
+            .collect();
         Ok(DeviceLayer {
-            attn_norm: vector(gpu, "attn_norm", &l.attn_norm)?,
+            norms: vector(gpu, "attn_norm + post_attention_norm", &norms)?,
             mixer,
-            post_attention_norm: vector(gpu, "post_attention_norm", &l.post_attention_norm)?,
             ffn,
-            bytes,
+            bytes: mixer_bytes + ffn_bytes,
             n_embd: cfg.n_embd,
             eps: cfg.rms_eps,
+            mixer_needs,
+            ffn_needs,
         })
     }
 
@@ -375,17 +597,15 @@ impl DeviceLayer {
     }
 
     /// The kernels this layer's products run (the rest are every model's).
-    pub(crate) fn kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
+    pub(crate) fn kernels(&self, out: &mut Vec<&'static Kernel>) {
         match &self.mixer {
             DeviceMixer::Attention(m) => {
-                for w in [&m.wq, &m.wk, &m.wv, &m.wo] {
-                    w.kernels(out);
-                }
+                m.qkv.kernels(out);
+                m.wo.kernels(out);
             }
             DeviceMixer::DeltaNet(m) => {
-                for w in [&m.w_qkv, &m.w_gate, &m.w_beta, &m.w_alpha, &m.w_out] {
-                    w.kernels(out);
-                }
+                m.in_proj.kernels(out);
+                m.w_out.kernels(out);
             }
         }
         match &self.ffn {
@@ -395,8 +615,7 @@ impl DeviceLayer {
                 for s in [&m.gate, &m.up, &m.down] {
                     out.extend(s.kernels());
                 }
-                if let Some((g, f)) = &m.shared {
-                    g.kernels(out);
+                if let Some(f) = &m.shared {
                     f.kernels(out);
                 }
             }
@@ -435,7 +654,9 @@ impl DeviceLayer {
         })
     }
 
-    /// Advance `h` (`n × n_embd`, in place) through this layer.
+    /// Advance `h` (`n × n_embd`, in place) through this layer. `x` is `h` normed by this
+    /// layer's input norm when the caller made it already (the head's first layer reads its
+    /// projection directly).
     pub(crate) fn forward(
         &self,
         rec: &mut Recorder,
@@ -446,32 +667,34 @@ impl DeviceLayer {
     ) -> Result<(), ModelError> {
         let e = self.n_embd;
         let (nu, eu) = (u(n)?, u(e)?);
-        rms_norm(rec, h, 0, &self.attn_norm, 0, &b.x, 0, nu, eu, eu, self.eps).map_err(gpu_err)?;
+        let norm = |rec: &mut Recorder, b: &PassBuffers, w_off: u32, needs: Needs| {
+            norm_quant(
+                rec,
+                h,
+                0,
+                eu,
+                nu,
+                1,
+                eu,
+                &self.norms,
+                w_off,
+                0,
+                &b.xq.norm_out(&b.x, eu, needs),
+                self.eps,
+            )
+            .map_err(gpu_err)
+        };
+        norm(rec, b, 0, self.mixer_needs)?;
         match &self.mixer {
-            DeviceMixer::Attention(m) => m.forward(rec, n, segments, b)?,
-            DeviceMixer::DeltaNet(m) => m.forward(rec, n, segments, b)?,
+            DeviceMixer::Attention(m) => m.forward(rec, self.mixer_needs, h, n, segments, b)?,
+            DeviceMixer::DeltaNet(m) => m.forward(rec, self.mixer_needs, h, n, segments, b)?,
         }
-        add_rows(rec, Rows::new(h, 0, eu), Rows::new(&b.a, 0, eu), nu, eu).map_err(gpu_err)?;
-        rms_norm(
-            rec,
-            h,
-            0,
-            &self.post_attention_norm,
-            0,
-            &b.x,
-            0,
-            nu,
-            eu,
-            eu,
-            self.eps,
-        )
-        .map_err(gpu_err)?;
+        norm(rec, b, eu, self.ffn_needs)?;
+        let x = b.xq.acts(&b.x, eu, self.ffn_needs);
         match &self.ffn {
-            DeviceFfn::Dense(f) => f.forward(rec, &b.x, n, e, b, &b.a)?,
-            DeviceFfn::Moe(f) => f.forward(rec, n, e, b)?,
+            DeviceFfn::Dense(f) => f.forward(rec, &x, n, b, h, true),
+            DeviceFfn::Moe(f) => f.forward(rec, &x, n, e, b, h),
         }
-        add_rows(rec, Rows::new(h, 0, eu), Rows::new(&b.a, 0, eu), nu, eu).map_err(gpu_err)?;
-        Ok(())
     }
 
     /// Keep `keep` of a verify pass's `pending` rows in this layer's cache.
@@ -497,15 +720,12 @@ impl DeviceLayer {
 
 impl DeviceAttention {
     fn upload(gpu: &Gpu, m: &GatedAttention, cfg: &Qwen35Config) -> Result<Self, ModelError> {
+        let norms: Vec<f32> = m.q_norm.iter().chain(&m.k_norm).copied().collect();
         Ok(DeviceAttention {
-            wq: Mat::upload(gpu, &m.wq)?,
-            wk: Mat::upload(gpu, &m.wk)?,
-            wv: Mat::upload(gpu, &m.wv)?,
+            qkv: Stack::upload(gpu, "attn_q|k|v", &[&m.wq, &m.wk, &m.wv])?,
             wo: Mat::upload(gpu, &m.wo)?,
-            q_norm: vector(gpu, "attn_q_norm", &m.q_norm)?,
-            k_norm: vector(gpu, "attn_k_norm", &m.k_norm)?,
+            norms: vector(gpu, "attn_q_norm + attn_k_norm", &norms)?,
             n_head: m.n_head,
-            n_head_kv: m.n_head_kv,
             head_dim: m.head_dim,
             n_rot: cfg.n_rot,
             rope_base: cfg.rope_freq_base,
@@ -517,49 +737,24 @@ impl DeviceAttention {
         })
     }
 
-    /// Gated attention of every segment's rows; `b.x` in, `b.a` out.
+    /// Gated attention of every segment's rows over the normed rows in `b.x` (quantized as
+    /// `needs` says), added into `h`.
     pub(crate) fn forward(
         &self,
         rec: &mut Recorder,
+        needs: Needs,
+        h: &wgpu::Buffer,
         n: usize,
         segments: &mut [Segment],
         b: &mut PassBuffers,
     ) -> Result<(), ModelError> {
-        let e = self.wq.m.cols();
         let hd = self.head_dim;
-        let (qw, kvw, ow) = (2 * self.n_head * hd, self.n_head_kv * hd, self.n_head * hd);
-        self.wq.forward(rec, &b.x, 0, e, n, &b.p0, 0, qw)?;
-        self.wk.forward(rec, &b.x, 0, e, n, &b.p1, 0, kvw)?;
-        self.wv.forward(rec, &b.x, 0, e, n, &b.p2, 0, kvw)?;
-        // The per-head norms are row-local: one dispatch each over all rows.
-        attn_k::rms_norm_heads_inplace(
-            rec,
-            &b.p0,
-            0,
-            u(qw)?,
-            u(n)?,
-            u(self.n_head)?,
-            u(2 * hd)?,
-            u(hd)?,
-            &self.q_norm,
-            0,
-            self.eps,
-        )
-        .map_err(gpu_err)?;
-        attn_k::rms_norm_heads_inplace(
-            rec,
-            &b.p1,
-            0,
-            u(kvw)?,
-            u(n)?,
-            u(self.n_head_kv)?,
-            u(hd)?,
-            u(hd)?,
-            &self.k_norm,
-            0,
-            self.eps,
-        )
-        .map_err(gpu_err)?;
+        let (qw, ow) = (2 * self.n_head * hd, self.n_head * hd);
+        let width = self.qkv.width;
+        // The normed rows are n_embd wide, the output projection's rows.
+        let x = b.xq.acts(&b.x, u(self.wo.rows())?, needs);
+        self.qkv.forward(rec, &x, n, &b.proj)?;
+        let out_needs = Needs::of(&self.wo.m);
         for seg in segments.iter_mut() {
             let LayerCache::DeviceAttention(kv) = &mut *seg.cache else {
                 return Err(ModelError::WrongCacheKind {
@@ -576,52 +771,39 @@ impl DeviceAttention {
                 });
             }
             let (pos, m) = (u(seg.start_pos)?, u(len)?);
-            attn_k::rope_neox_inplace(
+            let rows = PrepRows {
+                x_off: u(r0 * width)?,
+                x_stride: u(width)?,
+                n: m,
+                n_head: u(self.n_head)?,
+                n_kv: u(kv.kv.n_kv_heads())?,
+                head_dim: u(hd)?,
+                q_head_stride: u(2 * hd)?,
+                k_col: u(self.qkv.cols[1])?,
+                v_col: u(self.qkv.cols[2])?,
+                qn_off: 0,
+                kn_off: u(hd)?,
+                n_rot: u(self.n_rot)?,
+                start_pos: pos,
+                freq_base: self.rope_base,
+                freq_scale: self.rope_scale,
+                eps: self.eps,
+            };
+            attn_k::prep(
                 rec,
-                &b.p0,
-                u(r0 * qw)?,
-                u(qw)?,
-                m,
-                u(self.n_head)?,
-                u(2 * hd)?,
-                u(self.n_rot)?,
-                pos,
-                self.rope_base,
-                self.rope_scale,
+                &b.proj,
+                &self.norms,
+                Some(&mut kv.kv),
+                &rows,
+                steps::NORM | steps::ROPE | steps::STORE,
             )
             .map_err(gpu_err)?;
-            attn_k::rope_neox_inplace(
-                rec,
-                &b.p1,
-                u(r0 * kvw)?,
-                u(kvw)?,
-                m,
-                u(self.n_head_kv)?,
-                u(hd)?,
-                u(self.n_rot)?,
-                pos,
-                self.rope_base,
-                self.rope_scale,
-            )
-            .map_err(gpu_err)?;
-            attn_k::kv_store(
-                rec,
-                &mut kv.kv,
-                &b.p1,
-                u(r0 * kvw)?,
-                &b.p2,
-                u(r0 * kvw)?,
-                u(kvw)?,
-                m,
-                pos,
-            )
-            .map_err(gpu_err)?;
-            attn_k::attention(
+            attn_k::attention_quant(
                 rec,
                 &mut b.attention,
-                &b.p0,
-                u(r0 * qw)?,
-                u(qw)?,
+                &b.proj,
+                u(r0 * width + self.qkv.cols[0])?,
+                u(width)?,
                 u(2 * hd)?,
                 u(hd)?,
                 u(self.n_head)?,
@@ -631,24 +813,29 @@ impl DeviceAttention {
                 &b.o,
                 u(r0 * ow)?,
                 u(ow)?,
+                &b.oq.out(out_needs, u(r0)?),
             )
             .map_err(gpu_err)?;
         }
-        self.wo.forward(rec, &b.o, 0, ow, n, &b.a, 0, e)
+        debug_assert_eq!(qw, self.qkv.cols[1] - self.qkv.cols[0]);
+        let o = b.oq.acts(&b.o, u(ow)?, out_needs);
+        self.wo.forward(rec, &o, n, h, 0, self.wo.rows(), true)
     }
 }
 
 impl DeviceDeltaNet {
     fn upload(gpu: &Gpu, m: &GatedDeltaNet) -> Result<Self, ModelError> {
         let (k_heads, v_heads, head_dim, kernel, eps) = m.shape();
+        let vecs: Vec<f32> = m
+            .conv
+            .iter()
+            .chain(&m.dt_bias)
+            .chain(&m.a)
+            .copied()
+            .collect();
         Ok(DeviceDeltaNet {
-            w_qkv: Mat::upload(gpu, &m.w_qkv)?,
-            w_gate: Mat::upload(gpu, &m.w_gate)?,
-            w_beta: Mat::upload(gpu, &m.w_beta)?,
-            w_alpha: Mat::upload(gpu, &m.w_alpha)?,
-            conv: vector(gpu, "ssm_conv1d", &m.conv)?,
-            dt_bias: vector(gpu, "ssm_dt.bias", &m.dt_bias)?,
-            a: vector(gpu, "ssm_a", &m.a)?,
+            in_proj: Stack::upload(gpu, "ssm in", &[&m.w_qkv, &m.w_beta, &m.w_alpha, &m.w_gate])?,
+            vecs: vector(gpu, "ssm_conv1d + ssm_dt.bias + ssm_a", &vecs)?,
             norm: vector(gpu, "ssm_norm", &m.norm)?,
             w_out: Mat::upload(gpu, &m.w_out)?,
             k_heads,
@@ -673,24 +860,37 @@ impl DeviceDeltaNet {
         })
     }
 
-    /// The delta net over every segment's rows; `b.x` in, `b.a` out.
+    fn weights(&self) -> Result<StepWeights<'_>, ModelError> {
+        let cd = self.conv_dim();
+        Ok(StepWeights {
+            buffer: &self.vecs,
+            conv: 0,
+            dt_bias: u(cd * self.kernel)?,
+            a: u(cd * self.kernel + self.v_heads)?,
+        })
+    }
+
+    /// The delta net over every segment's rows of the normed rows in `b.x` (quantized as `needs`
+    /// says), added into `h`.
     pub(crate) fn forward(
         &self,
         rec: &mut Recorder,
+        needs: Needs,
+        h: &wgpu::Buffer,
         n: usize,
         segments: &mut [Segment],
         b: &mut PassBuffers,
     ) -> Result<(), ModelError> {
-        let e = self.w_qkv.m.cols();
-        let cd = self.conv_dim();
         let hv = self.v_heads;
         let inner = hv * self.head_dim;
         let shape = self.shape()?;
-        self.w_qkv.forward(rec, &b.x, 0, e, n, &b.p0, 0, cd)?;
-        self.w_gate.forward(rec, &b.x, 0, e, n, &b.p1, 0, inner)?;
-        self.w_beta.forward(rec, &b.x, 0, e, n, &b.p2, 0, hv)?;
-        self.w_alpha.forward(rec, &b.x, 0, e, n, &b.p3, 0, hv)?;
-        for (si, seg) in segments.iter_mut().enumerate() {
+        let width = self.in_proj.width;
+        let [c_qkv, c_beta, c_alpha, c_z] = [0, 1, 2, 3].map(|i| self.in_proj.cols[i]);
+        // The normed rows are n_embd wide, the output projection's rows.
+        let x = b.xq.acts(&b.x, u(self.w_out.rows())?, needs);
+        self.in_proj.forward(rec, &x, n, &b.proj)?;
+        let weights = self.weights()?;
+        for seg in segments.iter_mut() {
             let LayerCache::DeviceDeltaNet(c) = &mut *seg.cache else {
                 return Err(ModelError::WrongCacheKind {
                     layer: "device delta-net",
@@ -698,92 +898,76 @@ impl DeviceDeltaNet {
                 });
             };
             let (r0, len) = (seg.rows.start, seg.rows.len());
-            let m = u(len)?;
-            b.reserve_segment(si, len)?;
-            let raw = dn_k::Rows {
-                buffer: &b.p0,
-                offset: u(r0 * cd)?,
-                stride: u(cd)?,
-            };
-            let rows_of = |buf, width| dn_k::Rows {
-                buffer: buf,
-                offset: (r0 * width) as u32,
-                stride: width as u32,
-            };
-            // A verify pass keeps its rows' recurrence inputs in the sequence's own buffers until
-            // commit; other rows use buffers of the pass, one set per sequence.
             if seg.verify {
                 c.reserve(len)?;
-                copy_rows(
-                    rec,
-                    Rows::new(&b.p0, u(r0 * cd)?, u(cd)?),
-                    Rows::new(&c.raw, 0, u(cd)?),
-                    m,
-                    u(cd)?,
-                )
-                .map_err(gpu_err)?;
             }
-            let tmp = &b.segments[si];
-            let (conv, beta, decay) = if seg.verify {
-                (&c.conv, &c.beta, &c.decay)
-            } else {
-                (&tmp.conv, &tmp.beta, &tmp.decay)
+            let raw = RawRows {
+                rows: dn_k::Rows {
+                    buffer: &b.proj,
+                    offset: u(r0 * width + c_qkv)?,
+                    stride: u(width)?,
+                },
+                beta_col: u(c_beta - c_qkv)?,
+                alpha_col: u(c_alpha - c_qkv)?,
             };
-            dn_k::conv_silu(rec, &shape, raw, m, &c.window, &self.conv, self.eps, conv)
-                .map_err(gpu_err)?;
-            dn_k::gates(
+            // A verify pass leaves the committed state and window as they are and keeps its rows'
+            // raw projections for a replay; other rows update the state in place. Either way the
+            // window after the rows goes to the spare window.
+            let io = StepIo {
+                state: &c.state,
+                spare: &c.spare,
+                window: &c.window,
+                window_out: Some(&c.window_next),
+                keep: seg.verify.then_some(&c.keep),
+                verify: seg.verify,
+            };
+            dn_k::step(
                 rec,
                 &shape,
-                rows_of(&b.p2, hv),
-                rows_of(&b.p3, hv),
-                &self.dt_bias,
-                &self.a,
-                m,
-                beta,
-                decay,
-            )
-            .map_err(gpu_err)?;
-            let state = if seg.verify {
-                dn_k::StateIo::Separate {
-                    input: &c.state,
-                    output: &c.spare,
-                }
-            } else {
-                dn_k::StateIo::InPlace(&c.state)
-            };
-            dn_k::recurrence(rec, &shape, state, conv, beta, decay, m, &tmp.out)
-                .map_err(gpu_err)?;
-            copy_rows(
-                rec,
-                Rows::new(&tmp.out, 0, u(inner)?),
-                Rows::new(&b.o, u(r0 * inner)?, u(inner)?),
-                m,
-                u(inner)?,
+                &raw,
+                &weights,
+                &io,
+                u(len)?,
+                self.eps,
+                dn_k::Rows {
+                    buffer: &b.rec_out,
+                    offset: u(r0 * inner)?,
+                    stride: u(inner)?,
+                },
             )
             .map_err(gpu_err)?;
             if seg.verify {
                 c.pending = len;
             } else {
-                dn_k::conv_window_advance(rec, &shape, &c.window, raw, m).map_err(gpu_err)?;
+                std::mem::swap(&mut c.window, &mut c.window_next);
                 c.pending = 0;
             }
         }
+        let out_needs = Needs::of(&self.w_out.m);
         dn_k::gated_norm(
             rec,
             &shape,
-            &b.o,
-            dn_k::Rows::packed(&b.p1, u(inner)?),
+            dn_k::Rows::packed(&b.rec_out, u(inner)?),
+            dn_k::Rows {
+                buffer: &b.proj,
+                offset: u(c_z)?,
+                stride: u(width)?,
+            },
             &self.norm,
             u(n)?,
             self.eps,
-            &b.y,
+            dn_k::Rows::packed(&b.o, u(inner)?),
+            &b.oq.out(out_needs, 0),
         )
         .map_err(gpu_err)?;
-        self.w_out.forward(rec, &b.y, 0, inner, n, &b.a, 0, e)
+        let y = b.oq.acts(&b.o, u(inner)?, out_needs);
+        self.w_out
+            .forward(rec, &y, n, h, 0, self.w_out.rows(), true)
     }
 
-    /// Keep `keep` of `pending` verify rows: all kept, the spare state becomes the committed
-    /// one (a swap, no copy); some rejected, the kept rows are replayed on the committed state.
+    /// Keep `keep` of `pending` verify rows: all kept, the spare state and window become the
+    /// committed ones (swaps, no copy); some rejected, the kept rows are replayed on the
+    /// committed state from their raw projections.
     fn commit(
         &self,
         rec: &mut Recorder,
@@ -797,26 +981,37 @@ impl DeviceDeltaNet {
                 pending: c.pending,
             });
         }
-        let shape = self.shape()?;
-        let k = u(keep)?;
         if keep == pending && keep > 0 {
             std::mem::swap(&mut c.state, &mut c.spare);
+            std::mem::swap(&mut c.window, &mut c.window_next);
         } else if keep > 0 {
-            dn_k::recurrence(
+            let cd = self.conv_dim();
+            let hv = self.v_heads;
+            let raw = RawRows {
+                rows: dn_k::Rows::packed(&c.keep, u(cd + 2 * hv)?),
+                beta_col: u(cd)?,
+                alpha_col: u(cd + hv)?,
+            };
+            let io = StepIo {
+                state: &c.state,
+                spare: &c.spare,
+                window: &c.window,
+                window_out: Some(&c.window_next),
+                keep: None,
+                verify: false,
+            };
+            dn_k::step(
                 rec,
-                &shape,
-                dn_k::StateIo::InPlace(&c.state),
-                &c.conv,
-                &c.beta,
-                &c.decay,
-                k,
-                &c.replay_out,
+                &self.shape()?,
+                &raw,
+                &self.weights()?,
+                &io,
+                u(keep)?,
+                self.eps,
+                dn_k::Rows::packed(&c.replay_out, u(hv * self.head_dim)?),
             )
             .map_err(gpu_err)?;
-        }
-        if keep > 0 {
-            let raw = dn_k::Rows::packed(&c.raw, u(self.conv_dim())?);
-            dn_k::conv_window_advance(rec, &shape, &c.window, raw, k).map_err(gpu_err)?;
+            std::mem::swap(&mut c.window, &mut c.window_next);
         }
         c.pending = 0;
         Ok(())
@@ -826,51 +1021,59 @@ impl DeviceDeltaNet {
 impl DeviceMoe {
     fn upload(gpu: &Gpu, m: &MoeFfn) -> Result<Self, ModelError> {
         let n_ff = m.gate.first().map_or(0, |l| l.rows);
-        let shared = match &m.shared {
-            Some((gate_inp, ffn)) => {
-                Some((Mat::upload(gpu, gate_inp)?, DeviceDense::upload(gpu, ffn)?))
-            }
-            None => None,
-        };
+        let mut router_parts = vec![&m.router];
+        if let Some((gate_inp, _)) = &m.shared {
+            router_parts.push(gate_inp);
+        }
         Ok(DeviceMoe {
-            router: Mat::upload(gpu, &m.router)?,
+            router: Stack::upload(gpu, "ffn_gate_inp", &router_parts)?,
             gate: upload_experts(gpu, &m.gate)?,
             up: upload_experts(gpu, &m.up)?,
             down: upload_experts(gpu, &m.down)?,
             n_used: m.n_used,
             n_ff,
-            shared,
+            n_expert: m.router.rows,
+            shared: match &m.shared {
+                Some((_, ffn)) => Some(DeviceDense::upload(gpu, ffn)?),
+                None => None,
+            },
         })
     }
 
     fn bytes(&self) -> u64 {
-        let gu = self.gate.device_bytes() + self.up.device_bytes();
-        self.router.device_bytes()
-            + gu
+        self.router.bytes()
+            + self.gate.device_bytes()
+            + self.up.device_bytes()
             + self.down.device_bytes()
-            + self
-                .shared
-                .as_ref()
-                .map_or(0, |(g, f)| g.device_bytes() + f.bytes())
+            + self.shared.as_ref().map_or(0, DeviceDense::bytes)
     }
 
-    /// Routed experts plus the shared expert for `n` rows of `b.x`; `b.a` out.
+    fn needs(&self) -> Needs {
+        let shared = self.shared.as_ref().map_or(Needs::default(), |s| s.needs());
+        // The experts quantize their input themselves (each token's row for its slots).
+        self.router.needs().or(shared)
+    }
+
+    /// Routed experts plus the shared expert for `n` rows of `x`, added into `h`.
     fn forward(
         &self,
         rec: &mut Recorder,
+        x: &Acts,
         n: usize,
         e: usize,
         b: &PassBuffers,
+        h: &wgpu::Buffer,
     ) -> Result<(), ModelError> {
-        let ne = self.router.rows();
+        let ne = self.n_expert;
         let (k, nf) = (self.n_used, self.n_ff);
         let (nu, ku) = (u(n)?, u(k)?);
-        self.router.forward(rec, &b.x, 0, e, n, &b.router, 0, ne)?;
-        moe_route(rec, &b.router, &b.ids, &b.weights, nu, u(ne)?, ku).map_err(gpu_err)?;
+        let rw = self.router.width;
+        self.router.forward(rec, x, n, &b.router)?;
+        moe_route(rec, &b.router, u(rw)?, &b.ids, &b.weights, nu, u(ne)?, ku).map_err(gpu_err)?;
         let (e32, nf32) = (u(e)?, u(nf)?);
         for (stack, out) in [(&self.gate, &b.eg), (&self.up, &b.eu)] {
             matvec_experts(
-                rec, stack, &b.ids, 0, ku, &b.x, 0, e32, false, nu, out, 0, nf32,
+                rec, stack, &b.ids, 0, ku, x.x, 0, e32, false, nu, out, 0, nf32,
             )
             .map_err(gpu_err)?;
         }
@@ -884,29 +1087,16 @@ impl DeviceMoe {
         )
         .map_err(gpu_err)?;
         matvec_experts(
-            rec,
-            &self.down,
-            &b.ids,
-            0,
-            ku,
-            &b.eact,
-            0,
-            u(nf)?,
-            true,
-            nu,
-            &b.ey,
-            0,
-            u(e)?,
+            rec, &self.down, &b.ids, 0, ku, &b.eact, 0, nf32, true, nu, &b.ey, 0, e32,
         )
         .map_err(gpu_err)?;
         let shared = match &self.shared {
-            Some((gate_inp, ffn)) => {
-                gate_inp.forward(rec, &b.x, 0, e, n, &b.shared_gate, 0, 1)?;
-                ffn.forward(rec, &b.x, n, e, b, &b.shared)?;
-                Some((&b.shared, &b.shared_gate))
+            Some(ffn) => {
+                ffn.forward(rec, x, n, b, &b.shared, false)?;
+                Some((&b.shared, &b.router, u(self.router.cols[1])?, u(rw)?))
             }
             None => None,
         };
-        moe_combine(rec, &b.ey, &b.weights, shared, &b.a, nu, ku, u(e)?).map_err(gpu_err)
+        moe_combine(rec, &b.ey, &b.weights, shared, h, nu, ku, e32, true).map_err(gpu_err)
     }
 }

@@ -14,9 +14,8 @@ mod nextn;
 
 use std::sync::{Arc, Mutex};
 
-use nextn_gpu::kernels::elementwise::gather_rows;
-use nextn_gpu::kernels::matvec::matvec;
-use nextn_gpu::kernels::norm::rms_norm;
+use nextn_gpu::kernels::matvec::{product, Acts, Epilogue};
+use nextn_gpu::kernels::norm::{norm_quant, NormOut};
 use nextn_gpu::weights::DeviceMatrix;
 use nextn_gpu::{Gpu, GpuError, ReadBack, ReadSlot, Recorder};
 
@@ -42,7 +41,7 @@ pub(crate) fn gpu_err(e: GpuError) -> ModelError {
 /// A weight matrix on the device with the tensor's scale.
 pub(crate) struct Mat {
     pub(crate) m: DeviceMatrix,
-    scale: Option<f32>,
+    pub(crate) scale: Option<f32>,
 }
 
 impl Mat {
@@ -69,6 +68,7 @@ impl Mat {
         })
     }
 
+    /// Output values a row.
     pub(crate) fn rows(&self) -> usize {
         self.m.rows()
     }
@@ -82,52 +82,26 @@ impl Mat {
         self.m.device_bytes()
     }
 
-    /// `y[i][r] = scale · W[r] · x[i]` for `n` rows; `x` rows `cols` apart from `x_off`, `y` rows
-    /// `y_stride` apart from `y_off`. The kernel goes by `n` (`matvec`: one mat-vec workgroup
-    /// for up to 8 rows, prefill tiles of 32 rows beyond), each row the same bits whichever runs.
+    /// `y[i][r] (+)= scale · W[r] · x[i]` for `n` rows of `x` (quantized rows in it are used as
+    /// they are), `y` rows `y_stride` apart from `y_off`, added to what `y` holds with `add`.
+    /// The kernel goes by `n` (one mat-vec workgroup for up to 8 rows, prefill tiles of 32 rows
+    /// beyond), each row the same bits whichever runs.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         rec: &mut Recorder,
-        x: &wgpu::Buffer,
-        x_off: usize,
-        x_stride: usize,
+        x: &Acts,
         n: usize,
         y: &wgpu::Buffer,
         y_off: usize,
         y_stride: usize,
+        add: bool,
     ) -> Result<(), ModelError> {
-        matvec(
-            rec,
-            &self.m,
-            x,
-            u(x_off)?,
-            u(x_stride)?,
-            u(n)?,
-            y,
-            u(y_off)?,
-            u(y_stride)?,
-        )
-        .map_err(gpu_err)?;
-        if let Some(s) = self.scale {
-            let rows = self.m.rows();
-            if y_stride == rows {
-                // Contiguous output rows: one dispatch over all of them.
-                return nextn_gpu::kernels::elementwise::scale(rec, y, u(y_off)?, u(n * rows)?, s)
-                    .map_err(gpu_err);
-            }
-            for i in 0..n {
-                nextn_gpu::kernels::elementwise::scale(
-                    rec,
-                    y,
-                    u(y_off + i * y_stride)?,
-                    u(self.m.rows())?,
-                    s,
-                )
-                .map_err(gpu_err)?;
-            }
-        }
-        Ok(())
+        let epilogue = Epilogue {
+            add,
+            scale: self.scale.unwrap_or(1.0),
+        };
+        product(rec, &self.m, x, u(n)?, y, u(y_off)?, u(y_stride)?, epilogue).map_err(gpu_err)
     }
 }
 
@@ -294,13 +268,99 @@ pub(crate) fn grow(
 pub(crate) struct PassIo {
     pub(crate) h: Option<wgpu::Buffer>,
     pub(crate) hidden: Option<wgpu::Buffer>,
-    pub(crate) picked: Option<wgpu::Buffer>,
+    /// For each row of the pass, its row among those that need logits, or none.
+    pub(crate) pick: Option<wgpu::Buffer>,
+    /// The rows that need logits, f32 and quantized for the LM head (room for how many rows).
     pub(crate) rows: Option<wgpu::Buffer>,
+    pub(crate) rows_q: Option<(layer::QuantRows, usize)>,
     pub(crate) logits: Option<wgpu::Buffer>,
     pub(crate) top1: Option<wgpu::Buffer>,
-    /// The head's input before its norms, and after.
+    /// The head's input before its norms, after them, and quantized for its projection.
     pub(crate) raw: Option<wgpu::Buffer>,
     pub(crate) cat: Option<wgpu::Buffer>,
+    pub(crate) cat_q: Option<(layer::QuantRows, usize)>,
+}
+
+/// Quantized rows in `slot` with room for `rows` rows of `width`, made anew when too small.
+pub(crate) fn grow_quant<'a>(
+    gpu: &Gpu,
+    slot: &'a mut Option<(layer::QuantRows, usize)>,
+    label: &str,
+    rows: usize,
+    width: usize,
+) -> Result<&'a layer::QuantRows, ModelError> {
+    if slot.as_ref().is_none_or(|(_, have)| *have < rows) {
+        let rows = rows.next_power_of_two();
+        *slot = Some((layer::QuantRows::new(gpu, label, rows, width)?, rows));
+    }
+    slot.as_ref()
+        .map(|(q, _)| q)
+        .ok_or_else(|| ModelError::Device("no quantized rows".into()))
+}
+
+/// What the end of a pass reads back, recorded by [`record_tail`].
+pub(crate) struct TailSlots {
+    pub(crate) hidden: ReadSlot,
+    pub(crate) rows: Vec<Option<ReadSlot>>,
+    pub(crate) top1: Top1Rows,
+    pub(crate) ranges: Vec<(usize, usize)>,
+}
+
+/// The end of a pass over `n` rows of `h` (`e` wide): the final norm of every row into
+/// `io.hidden` (the head's seed; read back), in the same dispatch the rows that need logits
+/// picked and quantized for the LM head, one LM-head product over them, the top-1 reduction of
+/// the parts read back so, and the read-backs of the rest. `parts`: each part's first row, rows
+/// and which need logits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_tail(
+    rec: &mut Recorder,
+    io: &mut PassIo,
+    h: &wgpu::Buffer,
+    n: usize,
+    e: usize,
+    norm_w: &wgpu::Buffer,
+    eps: f32,
+    lm: &Mat,
+    parts: impl Iterator<Item = (usize, usize, LogitRows)>,
+    readbacks: &[Readback],
+) -> Result<TailSlots, ModelError> {
+    let gpu = rec.gpu();
+    let (picked, ranges) = logit_rows(parts);
+    let n_picked = picked.len();
+    let width = lm.rows();
+    let hidden = grow(gpu, &mut io.hidden, "hidden", n * e)?;
+    let pick = grow(gpu, &mut io.pick, "pick", n)?;
+    let mut map = vec![u32::MAX; n];
+    for (i, &r) in picked.iter().enumerate() {
+        map[r as usize] = i as u32;
+    }
+    rec.upload(&pick, 0, bytemuck::cast_slice(&map));
+    let rows = grow(gpu, &mut io.rows, "picked-rows", n_picked.max(1) * e)?;
+    let needs = layer::Needs::of(&lm.m);
+    let rows_q = grow_quant(gpu, &mut io.rows_q, "picked-rows", n_picked.max(1), e)?;
+    let eu = u(e)?;
+    let out = NormOut {
+        y: Some((&hidden, 0, eu)),
+        q8_0: needs.q8_0.then_some(&rows_q.q8_0),
+        q8k: needs.q8k.then_some(&rows_q.q8k),
+        pick: Some((&pick, 0)),
+        picked: Some((&rows, 0, eu)),
+    };
+    norm_quant(rec, h, 0, eu, u(n)?, 1, eu, norm_w, 0, 0, &out, eps).map_err(gpu_err)?;
+    let logits = grow(gpu, &mut io.logits, "logits", n_picked.max(1) * width)?;
+    if n_picked > 0 {
+        let acts = rows_q.acts(&rows, eu, needs);
+        lm.forward(rec, &acts, n_picked, &logits, 0, width, false)?;
+    }
+    let top1 = Top1Rows::record(rec, &logits, &mut io.top1, width, &ranges, readbacks)?;
+    let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
+    let row_slots = read_rows_back(rec, &logits, width, &ranges, readbacks);
+    Ok(TailSlots {
+        hidden: hidden_slot,
+        rows: row_slots,
+        top1,
+        ranges,
+    })
 }
 
 /// Bytes a pass reads back: `hidden` floats, the whole logits rows (`width` floats each, the
@@ -520,7 +580,7 @@ impl DeviceModel {
         lm_head.kernels(&mut kernels);
         kernels.extend(fixed_kernels());
         gpu.prepare(&kernels).map_err(gpu_err)?;
-        let pass = layer::PassBuffers::new(&gpu, cfg, 1)?;
+        let pass = layer::PassBuffers::new(&gpu, layer::PassWidths::of(cfg), 1)?;
         Ok(DeviceModel {
             gpu,
             counters: Arc::new(Counters::default()),
@@ -633,56 +693,29 @@ impl DeviceModel {
             }
             layer.forward(&mut rec, &h, n, &mut segments, &mut pass)?;
         }
-        let hidden = grow(gpu, &mut io.hidden, "hidden", n * e)?;
-        rms_norm(
+        drop(pass);
+        let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
+        let tail = record_tail(
             &mut rec,
+            &mut io,
             &h,
-            0,
+            n,
+            e,
             &self.output_norm,
-            0,
-            &hidden,
-            0,
-            u(n)?,
-            u(e)?,
-            u(e)?,
             cfg.rms_eps,
-        )
-        .map_err(gpu_err)?;
-        // One LM-head product over every requested row of every sequence.
-        let (picked, ranges) = logit_rows(
+            &self.lm_head,
             items
                 .iter()
                 .zip(&starts)
                 .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
-        );
-        let n_picked = picked.len();
-        let logits_buf = grow(gpu, &mut io.logits, "logits", n_picked * n_vocab)?;
-        if n_picked > 0 {
-            let idx = grow(gpu, &mut io.picked, "picked", n_picked)?;
-            rec.upload(&idx, 0, bytemuck::cast_slice(&picked));
-            let rows = grow(gpu, &mut io.rows, "picked-rows", n_picked * e)?;
-            gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, u(e)?).map_err(gpu_err)?;
-            self.lm_head
-                .forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, n_vocab)?;
-        }
-        let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
-        let top1 = Top1Rows::record(
-            &mut rec,
-            &logits_buf,
-            &mut io.top1,
-            n_vocab,
-            &ranges,
             &readbacks,
         )?;
-        let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
-        let row_slots = read_rows_back(&mut rec, &logits_buf, n_vocab, &ranges, &readbacks);
-        drop(pass);
         let mut back = self.counters.submit_read(rec, true)?;
-        let hidden_host = back.f32s(hidden_slot);
-        let rows_back = rows_read_back(&mut back, row_slots, &ranges, None);
-        let top1 = top1.read(&mut back);
+        let hidden_host = back.f32s(tail.hidden);
+        let rows_back = rows_read_back(&mut back, tail.rows, &tail.ranges, None);
+        let top1 = tail.top1.read(&mut back);
         self.counters
-            .read_back(read_bytes(n * e, &ranges, &readbacks, n_vocab));
+            .read_back(read_bytes(n * e, &tail.ranges, &readbacks, n_vocab));
         let mut outs = Vec::with_capacity(items.len());
         let back = rows_back.into_iter().zip(top1);
         for ((it, &s), (logits, top1)) in items.iter_mut().zip(&starts).zip(back) {

@@ -5,14 +5,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use nextn_gpu::kernels::elementwise::gather_rows;
-use nextn_gpu::kernels::norm::rms_norm;
+use nextn_gpu::kernels::norm::norm_quant;
 use nextn_gpu::{Gpu, Recorder};
 
+use super::layer::Needs;
 use super::layer::{DeviceLayer, PassBuffers};
 use super::{
-    gpu_err, grow, locked, logit_rows, read_rows_back, rows_read_back, u, vector, Mat, PassIo,
-    Top1Rows,
+    gpu_err, grow, grow_quant, locked, record_tail, rows_read_back, u, vector, Mat, PassIo,
 };
 use crate::batch::{ForwardOutput, HeadBatchItem, Readback, Segment};
 use crate::cache::{KvType, LayerCache};
@@ -24,8 +23,8 @@ use crate::ModelError;
 pub(crate) struct DeviceHead {
     gpu: Arc<Gpu>,
     counters: Arc<super::Counters>,
-    enorm: wgpu::Buffer,
-    hnorm: wgpu::Buffer,
+    /// enorm then hnorm.
+    norms: wgpu::Buffer,
     eh_proj: Mat,
     layer: DeviceLayer,
     shared_head_norm: wgpu::Buffer,
@@ -55,8 +54,11 @@ impl DeviceHead {
             None => Arc::new(Mat::upload(&gpu, &head.lm_head)?),
         };
         let d = DeviceHead {
-            enorm: vector(&gpu, "nextn.enorm", &head.enorm)?,
-            hnorm: vector(&gpu, "nextn.hnorm", &head.hnorm)?,
+            norms: vector(
+                &gpu,
+                "nextn.enorm + nextn.hnorm",
+                &[head.enorm.as_slice(), head.hnorm.as_slice()].concat(),
+            )?,
             eh_proj: Mat::upload(&gpu, &head.eh_proj)?,
             layer: DeviceLayer::upload(&gpu, &head.layer, cfg)?,
             shared_head_norm: vector(&gpu, "nextn.shared_head_norm", &head.shared_head_norm)?,
@@ -178,23 +180,26 @@ impl DeviceHead {
         let mut rec = Recorder::new(gpu);
         rec.upload(&raw, 0, bytemuck::cast_slice(&cat_raw));
         let (nu, eu, e2) = (u(n)?, u(e)?, u(2 * e)?);
-        rms_norm(&mut rec, &raw, 0, &self.enorm, 0, &cat, 0, nu, eu, e2, eps).map_err(gpu_err)?;
-        rms_norm(
+        // Both halves normed on their own in one dispatch, quantized whole for eh_proj.
+        let needs = Needs::of(&self.eh_proj.m);
+        let cat_q = grow_quant(gpu, &mut io.cat_q, "nextn-cat", n, 2 * e)?;
+        norm_quant(
             &mut rec,
             &raw,
-            eu,
-            &self.hnorm,
             0,
-            &cat,
-            eu,
-            nu,
-            eu,
             e2,
+            nu,
+            2,
+            eu,
+            &self.norms,
+            0,
+            eu,
+            &cat_q.norm_out(&cat, e2, needs),
             eps,
         )
         .map_err(gpu_err)?;
-        self.eh_proj
-            .forward(&mut rec, &cat, 0, 2 * e, n, &h, 0, e)?;
+        let acts = cat_q.acts(&cat, e2, needs);
+        self.eh_proj.forward(&mut rec, &acts, n, &h, 0, e, false)?;
         let mut segments: Vec<Segment> = items
             .iter_mut()
             .zip(&starts)
@@ -210,60 +215,35 @@ impl DeviceHead {
         self.layer
             .forward(&mut rec, &h, n, &mut segments, &mut pass)?;
         drop(segments);
-        let hidden = grow(gpu, &mut io.hidden, "nextn-hidden", n * e)?;
-        rms_norm(
+        drop(pass);
+        let lm = self.draft.as_ref().unwrap_or(&self.lm_head);
+        let width = lm.rows();
+        let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
+        let tail = record_tail(
             &mut rec,
+            &mut io,
             &h,
-            0,
+            n,
+            e,
             &self.shared_head_norm,
-            0,
-            &hidden,
-            0,
-            nu,
-            eu,
-            eu,
             eps,
-        )
-        .map_err(gpu_err)?;
-        let (picked, ranges) = logit_rows(
+            lm,
             items
                 .iter()
                 .zip(&starts)
                 .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
-        );
-        let n_picked = picked.len();
-        let lm = self.draft.as_ref().unwrap_or(&self.lm_head);
-        let width = lm.rows();
-        let logits_buf = grow(gpu, &mut io.logits, "nextn-logits", n_picked * width)?;
-        if n_picked > 0 {
-            let idx = grow(gpu, &mut io.picked, "nextn-picked", n_picked)?;
-            rec.upload(&idx, 0, bytemuck::cast_slice(&picked));
-            let rows = grow(gpu, &mut io.rows, "nextn-picked-rows", n_picked * e)?;
-            gather_rows(&mut rec, &hidden, &idx, &rows, u(n_picked)?, eu).map_err(gpu_err)?;
-            lm.forward(&mut rec, &rows, 0, e, n_picked, &logits_buf, 0, width)?;
-        }
-        let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
-        let top1 = Top1Rows::record(
-            &mut rec,
-            &logits_buf,
-            &mut io.top1,
-            width,
-            &ranges,
             &readbacks,
         )?;
-        let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
-        let row_slots = read_rows_back(&mut rec, &logits_buf, width, &ranges, &readbacks);
-        drop(pass);
         let mut back = self.counters.submit_read(rec, false)?;
-        let hidden_host = back.f32s(hidden_slot);
+        let hidden_host = back.f32s(tail.hidden);
         // A trimmed LM head's rows and top-1 are in its own ids; the sampler sees the full
         // vocabulary. Its ids ascend, so the lowest trimmed index among equal logits is the
         // lowest token id too.
         let trimmed = self.draft.as_ref().and(head.draft_vocab());
-        let logits = rows_read_back(&mut back, row_slots, &ranges, trimmed);
-        let mut top1 = top1.read(&mut back);
+        let logits = rows_read_back(&mut back, tail.rows, &tail.ranges, trimmed);
+        let mut top1 = tail.top1.read(&mut back);
         self.counters
-            .read_back(super::read_bytes(n * e, &ranges, &readbacks, width));
+            .read_back(super::read_bytes(n * e, &tail.ranges, &readbacks, width));
         if let Some(d) = trimmed {
             for t in top1.iter_mut().flatten() {
                 t.id = t.id.and_then(|i| d.ids().get(i as usize).copied());

@@ -1,26 +1,7 @@
-// Partial NEOX rotary embedding in place: pairs (i, i + n_rot/2) of the first n_rot values of
-// each head, one invocation per (row, head, pair).
-//
-// The angle is ggml's: theta = p, multiplied i times by theta_scale = base^(-2/n_rot) in f32,
-// then times freq_scale, so it has the CPU's bits. Its sine and cosine do not use the built-in
-// sin/cos (WGSL only bounds their error on [-pi, pi], and angles reach the context length):
-// the angle is reduced modulo pi/2 exactly in integer arithmetic against 2/pi to 128 bits
-// (Payne-Hanek), then short polynomials on [-pi/4, pi/4] give both to about an ulp.
-
-struct Params {
-    n_rows: u32,
-    heads: u32,
-    half_rot: u32,
-    x_off: u32,
-    row_stride: u32,
-    head_stride: u32,
-    start_pos: u32,
-    theta_scale: f32,
-    freq_scale: f32,
-}
-
-@group(1) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+// The sine and cosine of rotary angles without the built-in sin/cos (WGSL only bounds their
+// error on [-pi, pi], and angles reach the context length): the angle is reduced modulo pi/2
+// exactly in integer arithmetic against 2/pi to 128 bits (Payne-Hanek), then short polynomials on
+// [-pi/4, pi/4] give both to about an ulp. Shared by rope_neox.wgsl and attention_prep.wgsl.
 
 // (lo, hi) words of a * b.
 fn mul_wide(a: u32, b: u32) -> vec2<u32> {
@@ -123,25 +104,3 @@ fn sincos(t: f32) -> vec2<f32> {
     }
 }
 
-@compute @workgroup_size(64)
-fn rope_neox(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let gid = (wid.x + wid.y * nwg.x) * 64u + lid;
-    if (gid >= p.n_rows * p.heads * p.half_rot) {
-        return;
-    }
-    let i = gid % p.half_rot;
-    let rest = gid / p.half_rot;
-    let head = rest % p.heads;
-    let row = rest / p.heads;
-    var theta = f32(p.start_pos + row);
-    for (var k = 0u; k < i; k++) {
-        theta = theta * p.theta_scale;
-    }
-    let sc = sincos(theta * p.freq_scale);
-    let base = p.x_off + row * p.row_stride + head * p.head_stride + i;
-    let x0 = x[base];
-    let x1 = x[base + p.half_rot];
-    x[base] = x0 * sc.y - x1 * sc.x;
-    x[base + p.half_rot] = x0 * sc.x + x1 * sc.y;
-}
