@@ -382,23 +382,26 @@ fn step_matches_the_definition() {
                 n,
             );
             for verify in [false, true] {
-                let (state_b, spare, win_b, win_next) = (
-                    upload(&gpu, "state", &state),
-                    zeros(&gpu, "spare", sl),
-                    upload(&gpu, "window", &window),
-                    zeros(&gpu, "window-next", window.len().max(1)),
+                // The committed copies second in their buffers, the other copies first.
+                let wl = window.len();
+                let states: Vec<f32> = vec![0.0; sl].into_iter().chain(state.clone()).collect();
+                let windows: Vec<f32> = vec![0.0; wl].into_iter().chain(window.clone()).collect();
+                let (states_b, windows_b) = (
+                    upload(&gpu, "states", &states),
+                    upload(&gpu, "windows", &[windows.as_slice(), &[0.0]].concat()),
                 );
                 let keep = zeros(&gpu, "keep", n * (cd + 2 * hv));
                 // o rows strided and offset as in a pass's buffer.
                 let (o_off, o_stride) = (5usize, vd + 3);
                 let o = zeros(&gpu, "o", o_off + n * o_stride);
                 let io = StepIo {
-                    state: &state_b,
-                    spare: &spare,
-                    window: &win_b,
-                    window_out: (s.kernel > 1).then_some(&win_next),
+                    states: &states_b,
+                    state: sl as u32,
+                    state_out: if verify { 0 } else { sl as u32 },
+                    windows: &windows_b,
+                    window: wl as u32,
+                    window_out: (s.kernel > 1).then_some(0),
                     keep: verify.then_some(&keep),
-                    verify,
                 };
                 let mut rec = Recorder::new(&gpu);
                 let out = Rows {
@@ -419,9 +422,14 @@ fn step_matches_the_definition() {
                 .unwrap();
                 rec.submit(false).unwrap();
                 let what = format!("{s:?} n {n} verify {verify}");
-                let got_state = read(&gpu, if verify { &spare } else { &state_b }, sl);
+                let all_states = read(&gpu, &states_b, 2 * sl);
+                let got_state = if verify {
+                    &all_states[..sl]
+                } else {
+                    &all_states[sl..]
+                };
                 worst.0 = worst.0.max(assert_close(
-                    &got_state,
+                    got_state,
                     &want_state,
                     1e-6,
                     1e-5,
@@ -438,21 +446,22 @@ fn step_matches_the_definition() {
                     1e-5,
                     &format!("o {what}"),
                 ));
+                let all_windows = read(&gpu, &windows_b, 2 * wl);
                 if s.kernel > 1 {
                     assert_eq!(
-                        bits(&read(&gpu, &win_next, window.len())),
+                        bits(&all_windows[..wl]),
                         bits(&want_window),
                         "window after the rows, {what}"
                     );
                 }
                 assert_eq!(
-                    bits(&read(&gpu, &win_b, window.len().max(1))[..window.len()]),
+                    bits(&all_windows[wl..]),
                     bits(&window),
                     "the window changed, {what}"
                 );
                 if verify {
                     assert_eq!(
-                        bits(&read(&gpu, &state_b, sl)),
+                        bits(&all_states[sl..]),
                         bits(&state),
                         "the committed state changed, {what}"
                     );
@@ -555,24 +564,33 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
         let layer = Layer::new(&gpu, s, nu, &mut rng);
         let window0 = rng.vec(wl, 4.0);
         let state0 = rng.vec(sl, 1.0);
-        let unused = zeros(&gpu, "unused", 1);
 
-        // Decode: one row per pass, the state in place, the window into the spare and swapped;
-        // what each row gave and the state and window after every row.
-        let mut window = upload(&gpu, "window", &window0);
-        let mut window_next = zeros(&gpu, "window-next", wl);
-        let state = upload(&gpu, "state", &state0);
+        // Decode: one row per pass, the state in place, the window into the other copy, which
+        // becomes the committed one; what each row gave and the state and window after every
+        // row.
+        let states = upload(
+            &gpu,
+            "states",
+            &[state0.as_slice(), &vec![0.0; sl]].concat(),
+        );
+        let windows = upload(
+            &gpu,
+            "windows",
+            &[window0.as_slice(), &vec![0.0; wl]].concat(),
+        );
+        let mut at = 0u32;
         let mut decoded: Vec<Vec<f32>> = Vec::new();
         let mut after = vec![(window0.clone(), state0.clone())];
         for t in 0..n {
             let o = zeros(&gpu, "o", vd);
             let io = StepIo {
-                state: &state,
-                spare: &unused,
-                window: &window,
-                window_out: Some(&window_next),
+                states: &states,
+                state: 0,
+                state_out: 0,
+                windows: &windows,
+                window: at * wl as u32,
+                window_out: Some((1 - at) * wl as u32),
                 keep: None,
-                verify: false,
             };
             let mut rec = Recorder::new(&gpu);
             step(
@@ -587,26 +605,36 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
             )
             .unwrap();
             rec.submit(false).unwrap();
-            std::mem::swap(&mut window, &mut window_next);
+            at = 1 - at;
             decoded.push(read(&gpu, &o, vd));
-            after.push((read(&gpu, &window, wl), read(&gpu, &state, sl)));
+            let w = read(&gpu, &windows, 2 * wl);
+            after.push((
+                w[at as usize * wl..][..wl].to_vec(),
+                read(&gpu, &states, sl),
+            ));
         }
 
-        // Verify: all rows in one pass from the committed state into a spare one.
-        let (committed_window, committed) = (
-            upload(&gpu, "window", &window0),
-            upload(&gpu, "state", &state0),
+        // Verify: all rows in one pass from the committed copies into the other ones.
+        let states = upload(
+            &gpu,
+            "states",
+            &[state0.as_slice(), &vec![0.0; sl]].concat(),
         );
-        let (spare, spare_window) = (zeros(&gpu, "spare", sl), zeros(&gpu, "window-next", wl));
+        let windows = upload(
+            &gpu,
+            "windows",
+            &[window0.as_slice(), &vec![0.0; wl]].concat(),
+        );
         let keep = zeros(&gpu, "keep", nu * (cd + 2 * hv));
         let o = zeros(&gpu, "o", nu * vd);
         let io = StepIo {
-            state: &committed,
-            spare: &spare,
-            window: &committed_window,
-            window_out: Some(&spare_window),
+            states: &states,
+            state: 0,
+            state_out: sl as u32,
+            windows: &windows,
+            window: 0,
+            window_out: Some(wl as u32),
             keep: Some(&keep),
-            verify: true,
         };
         let mut rec = Recorder::new(&gpu);
         step(
@@ -629,40 +657,47 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
                 "{s:?}: o of row {t} in a batch and alone"
             );
         }
+        let (all_states, all_windows) = (read(&gpu, &states, 2 * sl), read(&gpu, &windows, 2 * wl));
         assert_eq!(
-            bits(&read(&gpu, &spare, sl)),
+            bits(&all_states[sl..]),
             bits(&after[nu].1),
             "{s:?}: state after the batch and after its rows one by one"
         );
         assert_eq!(
-            bits(&read(&gpu, &spare_window, wl)),
+            bits(&all_windows[wl..]),
             bits(&after[nu].0),
             "{s:?}: window after the batch and after its rows one by one"
         );
-        assert_eq!(bits(&read(&gpu, &committed, sl)), bits(&state0));
-        assert_eq!(bits(&read(&gpu, &committed_window, wl)), bits(&window0));
+        assert_eq!(bits(&all_states[..sl]), bits(&state0));
+        assert_eq!(bits(&all_windows[..wl]), bits(&window0));
 
-        // Commit each prefix of the verify rows: all of them are the spare state and window;
-        // fewer are a replay of the kept raw rows on a fresh copy of the committed state.
+        // Commit each prefix of the verify rows: all of them are the other copies; fewer are a
+        // replay of the kept raw rows in place on a fresh copy of the committed state.
         let replay_out = zeros(&gpu, "o-replay", nu * vd);
         for k in 1..n {
-            let (window, committed) = (
-                upload(&gpu, "window", &window0),
-                upload(&gpu, "state", &state0),
+            let states = upload(
+                &gpu,
+                "states",
+                &[state0.as_slice(), &vec![0.0; sl]].concat(),
             );
-            let window_next = zeros(&gpu, "window-next", wl);
+            let windows = upload(
+                &gpu,
+                "windows",
+                &[window0.as_slice(), &vec![0.0; wl]].concat(),
+            );
             let raw = RawRows {
                 rows: Rows::packed(&keep, (cd + 2 * hv) as u32),
                 beta_col: cd as u32,
                 alpha_col: (cd + hv) as u32,
             };
             let io = StepIo {
-                state: &committed,
-                spare: &unused,
-                window: &window,
-                window_out: Some(&window_next),
+                states: &states,
+                state: 0,
+                state_out: 0,
+                windows: &windows,
+                window: 0,
+                window_out: Some(wl as u32),
                 keep: None,
-                verify: false,
             };
             let mut rec = Recorder::new(&gpu);
             step(
@@ -679,12 +714,12 @@ fn a_batch_equals_its_rows_one_by_one_and_commit_keeps_any_prefix_exactly() {
             rec.submit(false).unwrap();
             let (want_window, want_state) = &after[k as usize];
             assert_eq!(
-                bits(&read(&gpu, &committed, sl)),
+                bits(&read(&gpu, &states, sl)),
                 bits(want_state),
                 "{s:?}: state after committing {k} of {n}"
             );
             assert_eq!(
-                bits(&read(&gpu, &window_next, wl)),
+                bits(&read(&gpu, &windows, 2 * wl)[wl..]),
                 bits(want_window),
                 "{s:?}: window after committing {k} of {n}"
             );
@@ -708,47 +743,44 @@ fn shapes_and_buffers_the_kernels_cannot_take_are_refused() {
         beta_col: 0,
         alpha_col: 0,
     };
-    let io = |state, window| StepIo {
-        state,
-        spare: &b,
-        window,
+    let io = |states| StepIo {
+        states,
+        state: 0,
+        state_out: 0,
+        windows: &b,
+        window: 0,
         window_out: None,
         keep: None,
-        verify: false,
     };
     let mut rec = Recorder::new(&gpu);
     let out = Rows::packed(&b, 16);
     // A key head past the kernel's.
     let big = shape(1, 1, 129, 16, 4);
-    assert!(step(
-        &mut rec,
-        &big,
-        &raw_of(&b, big.conv_dim()),
-        &w,
-        &io(&b, &b),
-        1,
-        EPS,
-        out
-    )
-    .is_err());
+    let raw_big = raw_of(&b, big.conv_dim());
+    assert!(step(&mut rec, &big, &raw_big, &w, &io(&b), 1, EPS, out).is_err());
     let s = shape(2, 4, 32, 32, 4);
     let small = zeros(&gpu, "small", s.state_len() as usize - 1);
     let raw = zeros(&gpu, "raw", 2 * s.conv_dim() as usize);
     let raw_rows = raw_of(&raw, s.conv_dim());
     assert!(
-        step(&mut rec, &s, &raw_rows, &w, &io(&small, &b), 1, EPS, out).is_err(),
+        step(&mut rec, &s, &raw_rows, &w, &io(&small), 1, EPS, out).is_err(),
         "a state too small"
     );
-    assert!(step(&mut rec, &s, &raw_rows, &w, &io(&b, &b), 2, EPS, out).is_ok());
+    assert!(step(&mut rec, &s, &raw_rows, &w, &io(&b), 2, EPS, out).is_ok());
     assert!(
-        step(&mut rec, &s, &raw_rows, &w, &io(&b, &b), 3, EPS, out).is_err(),
+        step(&mut rec, &s, &raw_rows, &w, &io(&b), 3, EPS, out).is_err(),
         "raw rows past the buffer's end"
     );
-    // A verify pass needs a spare apart from the state.
+    // The state after the rows overlapping the state before them, the window after them on
+    // the window.
+    let overlap = StepIo {
+        state_out: 8,
+        ..io(&b)
+    };
+    assert!(step(&mut rec, &s, &raw_rows, &w, &overlap, 1, EPS, out).is_err());
     let same = StepIo {
-        verify: true,
-        spare: &b,
-        ..io(&b, &raw)
+        window_out: Some(0),
+        ..io(&b)
     };
     assert!(step(&mut rec, &s, &raw_rows, &w, &same, 1, EPS, out).is_err());
     assert_eq!(rec.len(), 1);

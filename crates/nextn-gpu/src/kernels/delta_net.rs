@@ -9,11 +9,11 @@
 //! `(m·dk + i)·dv + j` (i = key dim, j = value dim). A conv row is `[q (Hk·dk) | k (Hk·dk) |
 //! v (Hv·dv)]`; v head m reads q/k head `m mod Hk`.
 //!
-//! Rollback: a verify batch runs [`step`] from the committed state into a spare one and from the
-//! committed window into a spare window ([`StepIo`] with `verify`), keeping the rows' raw
-//! projections. Keeping all `n` rows swaps both pairs of buffers; keeping `k < n` replays [`step`]
-//! in place on the committed state over the first `k` kept rows, from the kept raw rows, its
-//! window into the spare (then swapped in). A row's result depends only on that row, the window
+//! Rollback: a verify batch runs [`step`] from the committed state into the other copy and from
+//! the committed window into the other copy ([`StepIo`]), keeping the rows' raw projections.
+//! Keeping all `n` rows makes the other copies the committed ones; keeping `k < n` replays
+//! [`step`] in place on the committed state over the first `k` kept rows, from the kept raw
+//! rows, its window into the other copy (then committed). A row's result depends only on that row, the window
 //! and the state before it, so either way the state is the one decoding the kept rows one by one
 //! would have left, bit for bit.
 
@@ -156,20 +156,24 @@ pub struct StepWeights<'a> {
     pub a: u32,
 }
 
-/// Where [`step`] reads and writes a sequence's state.
+/// Where [`step`] reads and writes a sequence's state and conv window: both copies of each in one
+/// buffer (element offsets), so that a sequence binds the same buffers whichever copy is the
+/// committed one.
 pub struct StepIo<'a> {
-    /// The committed state: updated in place, or with `verify` read only.
-    pub state: &'a wgpu::Buffer,
-    /// With `verify`: where the state after the last row goes.
-    pub spare: &'a wgpu::Buffer,
+    pub states: &'a wgpu::Buffer,
+    /// The state before the first row.
+    pub state: u32,
+    /// Where the state after the last row goes: `state` (in place), or the other copy (a verify
+    /// pass, which leaves the committed state as it was).
+    pub state_out: u32,
+    pub windows: &'a wgpu::Buffer,
     /// The conv window before the first row (read only).
-    pub window: &'a wgpu::Buffer,
-    /// Where the window after the last row goes (`None`: nowhere).
-    pub window_out: Option<&'a wgpu::Buffer>,
+    pub window: u32,
+    /// Where the window after the last row goes (the other copy), or nowhere.
+    pub window_out: Option<u32>,
     /// Where the rows' raw projections go for a replay: `[q|k|v (conv_dim) | β (Hv) | α (Hv)]`
     /// a row (`None`: nowhere).
     pub keep: Option<&'a wgpu::Buffer>,
-    pub verify: bool,
 }
 
 /// Raw projection rows: `[q|k|v]` from the rows' start, β of head m at `beta_col + m` and α at
@@ -186,8 +190,8 @@ pub struct RawRows<'a> {
 /// summed oldest first) and its SiLU, q and k of head g scaled to `x / max(‖x‖, eps)`, `β =
 /// sigmoid(b_m)`, `decay = exp(softplus(α_m + dt_bias_m) · a_m)` (softplus is `x` above 20), then
 /// `S ← decay·S; u = Sᵀk; δ = β(v_m − u); S += k δᵀ; o_m = Sᵀq / √dk`; `o_m` of row t goes to
-/// `out.offset + t·out.stride + m·dv`. The state after the last row is where `io` says; in place
-/// or not the arithmetic is the same, and so are the bits.
+/// `out.offset + t·out.stride + m·dv`. The state and window after the last row go where `io`
+/// says; in place or not the arithmetic is the same, and so are the bits.
 #[allow(clippy::too_many_arguments)]
 pub fn step(
     rec: &mut Recorder,
@@ -213,21 +217,30 @@ pub fn step(
         };
         need_rows(&rows, n, hv, &format!("delta-net {what} projection"))?;
     }
+    let (sl, wl) = (shape.state_len(), shape.window_len());
+    let apart = |a: u32, b: u32, len: u32| a == b || a + len <= b || b + len <= a;
     need(
-        io.window,
-        shape.window_len() as u64,
-        "delta-net conv window",
+        io.states,
+        io.state.max(io.state_out) as u64 + sl as u64,
+        "delta-net states",
     )?;
-    let state_len = shape.state_len() as u64;
-    need(io.state, state_len, "delta-net state")?;
-    if io.verify {
-        need(io.spare, state_len, "delta-net spare state")?;
-        if io.spare == io.state {
-            return Err(GpuError::BadTensor {
-                tensor: "delta-net state".into(),
-                why: "a verify pass needs a spare state apart from the state".into(),
-            });
-        }
+    if !apart(io.state, io.state_out, sl) {
+        return Err(GpuError::BadTensor {
+            tensor: "delta-net state".into(),
+            why: "the state after the rows overlaps the state before them".into(),
+        });
+    }
+    let window_out = io.window_out.unwrap_or(io.window);
+    need(
+        io.windows,
+        io.window.max(window_out) as u64 + wl as u64,
+        "delta-net conv windows",
+    )?;
+    if io.window_out == Some(io.window) || !apart(io.window, window_out, wl) {
+        return Err(GpuError::BadTensor {
+            tensor: "delta-net conv window".into(),
+            why: "the window after the rows needs room apart from the window".into(),
+        });
     }
     let w = weights;
     need(
@@ -247,26 +260,10 @@ pub fn step(
     if let Some(k) = io.keep {
         need(k, n as u64 * keep_stride as u64, "delta-net kept rows")?;
     }
-    if let Some(wo) = io.window_out {
-        need(wo, shape.window_len() as u64, "delta-net next window")?;
-        if wo == io.window {
-            return Err(GpuError::BadTensor {
-                tensor: "delta-net conv window".into(),
-                why: "the window after the rows needs a buffer apart from the window".into(),
-            });
-        }
-    }
     let gpu = rec.gpu();
-    let unused = [
-        gpu.scratch("unused-0", 16)?,
-        gpu.scratch("unused-1", 16)?,
-        gpu.scratch("unused-2", 16)?,
-    ];
-    let flags =
-        io.verify as u32 | (io.keep.is_some() as u32) << 1 | (io.window_out.is_some() as u32) << 2;
-    let spare = if io.verify { io.spare } else { &unused[0] };
-    let window_out = io.window_out.unwrap_or(&unused[1]);
-    let keep = io.keep.unwrap_or(&unused[2]);
+    let unused = gpu.scratch("unused-2", 16)?;
+    let flags = (io.keep.is_some() as u32) << 1 | (io.window_out.is_some() as u32) << 2;
+    let keep = io.keep.unwrap_or(&unused);
     let tiles = shape.value_head.div_ceil(STEP_COLS);
     let groups = crate::groups_1d(gpu, hv * tiles);
     let scale = 1.0 / (shape.key_head as f32).sqrt();
@@ -291,16 +288,18 @@ pub fn step(
             out.stride,
             keep_stride,
             flags,
+            io.state,
+            io.state_out,
+            io.window,
+            window_out,
             eps.to_bits(),
             scale.to_bits(),
         ],
         &[
             raw.rows.buffer,
             w.buffer,
-            io.window,
-            io.state,
-            spare,
-            window_out,
+            io.states,
+            io.windows,
             keep,
             out.buffer,
         ],

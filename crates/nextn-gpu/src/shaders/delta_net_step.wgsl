@@ -11,13 +11,15 @@
 // it depends only on the shape, so a row's result is the same alone or in a batch, in place or
 // not, and a replay of kept rows gives the state decoding them one by one would.
 //
-// Modes (`flags`): bit 0, read the state from `state` and leave the state after the last row in
-// `spare` (a verify pass; otherwise `state` is updated in place); bit 1, also write the rows' raw
-// projections that a replay needs ([q|k|v] channels, beta, alpha: `keep_stride` floats a row)
-// to `keep`; bit 2, write the conv window after the last row to `window_out` (the window itself
-// is only read). Each raw channel and each window channel is written by exactly one workgroup:
-// q and k channels of head g by (m = g, tile 0), v channels by their own tile, beta and alpha of
-// head m by (m, tile 0).
+// The state is read from `states` at `state_off` and the state after the last row written at
+// `state_out` (the same offset: in place; another: a verify pass, the committed state left as
+// it was); the conv window is read at `window_off` of `windows` and, with bit 2 of `flags`, the
+// window after the last row written at `window_out` (another offset of the same buffer). Keeping
+// both copies of each in one buffer makes a sequence's bind group the same whichever copy is
+// committed. Bit 1 of `flags`: also write the rows' raw projections that a replay needs
+// ([q|k|v] channels, beta, alpha: `keep_stride` floats a row) to `keep`. Each raw channel and
+// each window channel is written by exactly one workgroup: q and k channels of head g by (m = g,
+// tile 0), v channels by their own tile, beta and alpha of head m by (m, tile 0).
 //
 // Layouts: raw rows `raw_stride` apart from `raw_off`, channels [q (Hk dk) | k (Hk dk) | v (Hv dv)]
 // from column 0, beta of head m at column `beta_col + m`, alpha at `alpha_col + m`; the window
@@ -44,6 +46,10 @@ struct Params {
     o_stride: u32,
     keep_stride: u32,
     flags: u32,
+    state_off: u32,
+    state_out: u32,
+    window_off: u32,
+    window_out: u32,
     eps: f32,
     scale: f32,
 }
@@ -51,12 +57,10 @@ struct Params {
 @group(1) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> raw: array<f32>;
 @group(0) @binding(2) var<storage, read> vecs: array<f32>;
-@group(0) @binding(3) var<storage, read> window: array<f32>;
-@group(0) @binding(4) var<storage, read_write> state: array<f32>;
-@group(0) @binding(5) var<storage, read_write> spare: array<f32>;
-@group(0) @binding(6) var<storage, read_write> window_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> keep: array<f32>;
-@group(0) @binding(8) var<storage, read_write> o: array<f32>;
+@group(0) @binding(3) var<storage, read_write> states: array<f32>;
+@group(0) @binding(4) var<storage, read_write> windows: array<f32>;
+@group(0) @binding(5) var<storage, read_write> keep: array<f32>;
+@group(0) @binding(6) var<storage, read_write> o: array<f32>;
 
 const WG: u32 = 128u;
 // The recurrence: PARTS partial sums per value column, COLS columns a workgroup.
@@ -94,7 +98,7 @@ fn softplus(x: f32) -> f32 {
 fn combined(c: u32, ch: u32) -> f32 {
     let kc1 = p.kc - 1u;
     if (c < kc1) {
-        return window[c * p.conv_dim + ch];
+        return windows[p.window_off + c * p.conv_dim + ch];
     }
     return raw[p.raw_off + (c - kc1) * p.raw_stride + ch];
 }
@@ -109,15 +113,11 @@ fn conv_silu(t: u32, ch: u32) -> f32 {
 }
 
 fn state_load(i: u32) -> f32 {
-    return state[i];
+    return states[p.state_off + i];
 }
 
 fn state_store(i: u32, v: f32) {
-    if ((p.flags & 1u) != 0u) {
-        spare[i] = v;
-    } else {
-        state[i] = v;
-    }
+    states[p.state_out + i] = v;
 }
 
 @compute @workgroup_size(WG)
@@ -264,12 +264,12 @@ fn delta_net_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             if (qk_owner && lid < p.dk) {
                 let qch = g * p.dk + lid;
                 let kch = key_dim + g * p.dk + lid;
-                window_out[r * p.conv_dim + qch] = combined(p.n + r, qch);
-                window_out[r * p.conv_dim + kch] = combined(p.n + r, kch);
+                windows[p.window_out + r * p.conv_dim + qch] = combined(p.n + r, qch);
+                windows[p.window_out + r * p.conv_dim + kch] = combined(p.n + r, kch);
             }
             if (part == 0u && live) {
                 let vch = 2u * key_dim + m * p.dv + j;
-                window_out[r * p.conv_dim + vch] = combined(p.n + r, vch);
+                windows[p.window_out + r * p.conv_dim + vch] = combined(p.n + r, vch);
             }
         }
     }

@@ -663,6 +663,22 @@ pub struct ImageSpan {
 }
 
 impl SequenceState {
+    /// A copy; caches on the device are new allocations there, which can fail for lack of room
+    /// (an error naming what did not fit, where `clone` would panic).
+    pub fn try_clone(&self) -> Result<SequenceState, ModelError> {
+        Ok(SequenceState {
+            layers: self
+                .layers
+                .iter()
+                .map(LayerCache::try_clone)
+                .collect::<Result<_, _>>()?,
+            n_past: self.n_past,
+            n_ctx: self.n_ctx,
+            pending_rows: self.pending_rows,
+            images: self.images.clone(),
+        })
+    }
+
     /// Cache rows the images so far took beyond the rotary positions they advanced: the rotary
     /// position of the next row is `n_past - rope_shift()`.
     pub fn rope_shift(&self) -> usize {

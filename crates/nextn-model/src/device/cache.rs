@@ -165,15 +165,18 @@ fn reserve_rows(
     .map_err(gpu_err)
 }
 
-/// One delta-net layer's state for one sequence, on the device: the committed state and conv
-/// window, a spare of each that a pass writes the state (a verify pass) and the window (every
-/// pass) after its rows into, and the verify rows' raw projections until commit.
+/// One delta-net layer's state for one sequence, on the device: two copies of the state and of
+/// the conv window, one committed and one that a pass writes the state (a verify pass) and the
+/// window (every pass) after its rows into (each pair in one buffer, so the sequence's bind
+/// groups do not change when the other copy becomes the committed one), and the verify rows'
+/// raw projections until commit.
 pub struct DeviceDeltaNetCache {
     pub(crate) gpu: Arc<Gpu>,
-    pub(crate) state: wgpu::Buffer,
-    pub(crate) spare: wgpu::Buffer,
-    pub(crate) window: wgpu::Buffer,
-    pub(crate) window_next: wgpu::Buffer,
+    pub(crate) states: wgpu::Buffer,
+    pub(crate) windows: wgpu::Buffer,
+    /// Which copy (0 or 1) of the state, and of the window, is the committed one.
+    pub(crate) state_at: usize,
+    pub(crate) window_at: usize,
     /// Verify rows kept for commit: raw projections, and a discard buffer for the outputs of a
     /// replay.
     pub(crate) keep: wgpu::Buffer,
@@ -221,10 +224,10 @@ impl DeviceDeltaNetCache {
             _fixed: fixed,
             _rows: rows,
             gpu: gpu.clone(),
-            state: b("ssm-state", ssm_len)?,
-            spare: b("ssm-spare", ssm_len)?,
-            window: b("conv-window", conv_len)?,
-            window_next: b("conv-window-next", conv_len)?,
+            states: b("ssm-states", 2 * ssm_len)?,
+            windows: b("conv-windows", 2 * conv_len.max(1))?,
+            state_at: 0,
+            window_at: 0,
             keep: b("verify-raw", capacity * (conv_dim + 2 * v_heads))?,
             replay_out: b("replay-out", capacity * inner)?,
             capacity,
@@ -235,6 +238,20 @@ impl DeviceDeltaNetCache {
             v_heads,
             inner,
         })
+    }
+
+    /// Element offsets of the committed state and of the other copy.
+    pub(crate) fn state_offsets(&self) -> (u32, u32) {
+        let sl = self.ssm_len as u32;
+        let at = self.state_at as u32;
+        (at * sl, (1 - at) * sl)
+    }
+
+    /// Element offsets of the committed conv window and of the other copy.
+    pub(crate) fn window_offsets(&self) -> (u32, u32) {
+        let wl = self.conv_len as u32;
+        let at = self.window_at as u32;
+        (at * wl, (1 - at) * wl)
     }
 
     /// Room for `n` verify rows.
@@ -260,8 +277,12 @@ impl DeviceDeltaNetCache {
     /// The committed state, read back (in one submission, with one wait).
     pub fn snapshot(&self) -> Result<RecurrentState, ModelError> {
         let mut rec = nextn_gpu::Recorder::new(&self.gpu);
-        let conv = rec.read_back(&self.window, 0, (self.conv_len * 4) as u64);
-        let ssm = rec.read_back(&self.state, 0, (self.ssm_len * 4) as u64);
+        let (s0, w0) = (
+            self.state_offsets().0 as u64,
+            self.window_offsets().0 as u64,
+        );
+        let conv = rec.read_back(&self.windows, 4 * w0, (self.conv_len * 4) as u64);
+        let ssm = rec.read_back(&self.states, 4 * s0, (self.ssm_len * 4) as u64);
         let mut back = rec.submit_read(nextn_gpu::Timing::Off).map_err(gpu_err)?;
         Ok(RecurrentState {
             conv: back.f32s(conv),
@@ -277,11 +298,15 @@ impl DeviceDeltaNetCache {
                 found: s.conv.len() + s.ssm.len(),
             });
         }
+        let (s0, w0) = (
+            self.state_offsets().0 as u64,
+            self.window_offsets().0 as u64,
+        );
         self.gpu
-            .write_f32(&self.window, 0, &s.conv)
+            .write_f32(&self.windows, w0, &s.conv)
             .map_err(gpu_err)?;
         self.gpu
-            .write_f32(&self.state, 0, &s.ssm)
+            .write_f32(&self.states, s0, &s.ssm)
             .map_err(gpu_err)?;
         self.pending = 0;
         Ok(())
@@ -297,11 +322,21 @@ impl DeviceDeltaNetCache {
             self.inner,
         )?;
         let mut rec = nextn_gpu::Recorder::new(&self.gpu);
-        rec.copy(&self.state, 0, &other.state, 0, (self.ssm_len * 4) as u64);
+        let (s0, w0) = (
+            self.state_offsets().0 as u64,
+            self.window_offsets().0 as u64,
+        );
         rec.copy(
-            &self.window,
+            &self.states,
+            4 * s0,
+            &other.states,
             0,
-            &other.window,
+            (self.ssm_len * 4) as u64,
+        );
+        rec.copy(
+            &self.windows,
+            4 * w0,
+            &other.windows,
             0,
             (self.conv_len * 4) as u64,
         );
@@ -316,14 +351,7 @@ impl Drop for DeviceDeltaNetCache {
     /// a while), after any deferred work that still uses it.
     fn drop(&mut self) {
         let _ = self.gpu.flush();
-        for b in [
-            &self.state,
-            &self.spare,
-            &self.window,
-            &self.window_next,
-            &self.keep,
-            &self.replay_out,
-        ] {
+        for b in [&self.states, &self.windows, &self.keep, &self.replay_out] {
             b.destroy();
         }
     }

@@ -912,14 +912,16 @@ impl DeviceDeltaNet {
             };
             // A verify pass leaves the committed state and window as they are and keeps its rows'
             // raw projections for a replay; other rows update the state in place. Either way the
-            // window after the rows goes to the spare window.
+            // window after the rows goes to the other copy.
+            let ((s0, s1), (w0, w1)) = (c.state_offsets(), c.window_offsets());
             let io = StepIo {
-                state: &c.state,
-                spare: &c.spare,
-                window: &c.window,
-                window_out: Some(&c.window_next),
+                states: &c.states,
+                state: s0,
+                state_out: if seg.verify { s1 } else { s0 },
+                windows: &c.windows,
+                window: w0,
+                window_out: Some(w1),
                 keep: seg.verify.then_some(&c.keep),
-                verify: seg.verify,
             };
             dn_k::step(
                 rec,
@@ -939,7 +941,7 @@ impl DeviceDeltaNet {
             if seg.verify {
                 c.pending = len;
             } else {
-                std::mem::swap(&mut c.window, &mut c.window_next);
+                c.window_at = 1 - c.window_at;
                 c.pending = 0;
             }
         }
@@ -965,9 +967,9 @@ impl DeviceDeltaNet {
             .forward(rec, &y, n, h, 0, self.w_out.rows(), true)
     }
 
-    /// Keep `keep` of `pending` verify rows: all kept, the spare state and window become the
-    /// committed ones (swaps, no copy); some rejected, the kept rows are replayed on the
-    /// committed state from their raw projections.
+    /// Keep `keep` of `pending` verify rows: all kept, the other copies of the state and window
+    /// become the committed ones (no copy); some rejected, the kept rows are replayed on the
+    /// committed state from their raw projections, the window after them into the other copy.
     fn commit(
         &self,
         rec: &mut Recorder,
@@ -982,8 +984,8 @@ impl DeviceDeltaNet {
             });
         }
         if keep == pending && keep > 0 {
-            std::mem::swap(&mut c.state, &mut c.spare);
-            std::mem::swap(&mut c.window, &mut c.window_next);
+            c.state_at = 1 - c.state_at;
+            c.window_at = 1 - c.window_at;
         } else if keep > 0 {
             let cd = self.conv_dim();
             let hv = self.v_heads;
@@ -992,13 +994,15 @@ impl DeviceDeltaNet {
                 beta_col: u(cd)?,
                 alpha_col: u(cd + hv)?,
             };
+            let ((s0, _), (w0, w1)) = (c.state_offsets(), c.window_offsets());
             let io = StepIo {
-                state: &c.state,
-                spare: &c.spare,
-                window: &c.window,
-                window_out: Some(&c.window_next),
+                states: &c.states,
+                state: s0,
+                state_out: s0,
+                windows: &c.windows,
+                window: w0,
+                window_out: Some(w1),
                 keep: None,
-                verify: false,
             };
             dn_k::step(
                 rec,
@@ -1011,7 +1015,7 @@ impl DeviceDeltaNet {
                 dn_k::Rows::packed(&c.replay_out, u(hv * self.head_dim)?),
             )
             .map_err(gpu_err)?;
-            std::mem::swap(&mut c.window, &mut c.window_next);
+            c.window_at = 1 - c.window_at;
         }
         c.pending = 0;
         Ok(())

@@ -189,7 +189,7 @@ pub fn time_passes(
     // Decode steps one after the other on a copy (the context grows by `reps` tokens), so the
     // cache grows as it does in generation rather than reallocating in every timed step.
     let mut times = Vec::new();
-    let mut dec = at.state.clone();
+    let mut dec = at.state.try_clone()?;
     for i in 0..reps {
         let t = Instant::now();
         model.forward(
