@@ -641,6 +641,12 @@ impl DeviceMatrix {
     pub fn kernels(&self) -> Vec<&'static crate::kernels::Kernel> {
         self.packed.kernels(false)
     }
+
+    /// The kernel that gathers its rows as an embedding table
+    /// ([`crate::kernels::matvec::embed_rows`]).
+    pub fn embed_kernel(&self) -> Option<&'static crate::kernels::Kernel> {
+        self.packed.format.family.embed.as_ref()
+    }
 }
 
 /// A MoE expert stack on the device: `n_expert` matrices of `rows x cols`, stored one after

@@ -83,6 +83,7 @@ fn argmax_rows_follow_the_host_rule() {
             width as u32,
             rows as u32,
             &out,
+            0,
         )
         .unwrap();
         rec.submit(false).unwrap();

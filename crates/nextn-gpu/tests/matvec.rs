@@ -9,7 +9,7 @@
 //! weight bit for bit.
 
 use nextn_gguf::GgmlType;
-use nextn_gpu::kernels::matvec::{matvec, matvec_experts};
+use nextn_gpu::kernels::matvec::{embed_rows, matvec, matvec_experts, DEVICE_TOKEN};
 use nextn_gpu::validation::{assert_clean, test_device};
 use nextn_gpu::{is_device_type, DeviceExperts, DeviceMatrix, Gpu, GpuError, Recorder};
 use nextn_quant::formats;
@@ -273,6 +273,88 @@ fn dequantization_is_exact() {
         for i in 0..cols {
             for r in 0..rows {
                 assert_eq!(y[i * rows + r], w[r * cols + i], "{ty}: weight ({r}, {i})");
+            }
+        }
+    }
+    assert_clean(&gpu);
+}
+
+/// Rows of an embedding table gathered on the device are the host's dequantized rows (bit for
+/// bit but for the sign of a zero), for every type, from a matrix split over several buffers
+/// too; ids standing for a drafted token are looked up in the drafts, and an id past the table
+/// gives zeros.
+#[test]
+fn embedding_rows_are_the_dequantized_rows() {
+    let Some(gpu) = f32_device() else { return };
+    for (t, ty) in TYPES.into_iter().enumerate() {
+        let rows = 19;
+        let cols = match ty.block_size() {
+            1 => 13,
+            32 => 64,
+            _ => 256,
+        };
+        let data = weights(ty, rows, cols, 700 + t as u64);
+        let w = dequantized(ty, rows, cols, &data);
+        let row_bytes = ty.row_bytes(cols as u64).unwrap();
+        // Whole, and split into buffers of a few rows each.
+        for limit in [u64::MAX, 5 * row_bytes + 64] {
+            let m =
+                DeviceMatrix::upload_with_limit(&gpu, "token_embd", ty, rows, cols, &data, limit)
+                    .unwrap();
+            // Draft pair 1 names row 4; DEVICE_TOKEN + 0 names no row (a draft with no token).
+            let drafts: Vec<u32> = vec![u32::MAX, 0, 4, 0];
+            let ids: Vec<u32> = vec![7, 0, 18, DEVICE_TOKEN + 1, 7, rows as u32, DEVICE_TOKEN];
+            let (ib, db) = (
+                gpu.upload("ids", bytemuck::cast_slice(&ids)).unwrap(),
+                gpu.upload("drafts", bytemuck::cast_slice(&drafts)).unwrap(),
+            );
+            let stride = cols + 3;
+            let out = gpu
+                .upload(
+                    "out",
+                    bytemuck::cast_slice(&vec![9.0f32; 2 + ids.len() * stride]),
+                )
+                .unwrap();
+            let mut rec = Recorder::new(&gpu);
+            embed_rows(
+                &mut rec,
+                &m,
+                &ib,
+                0,
+                &db,
+                ids.len() as u32,
+                &out,
+                2,
+                stride as u32,
+            )
+            .unwrap();
+            rec.submit(false).unwrap();
+            let got = gpu.read_f32(&out, 0, 2 + ids.len() * stride).unwrap();
+            for (i, &id) in ids.iter().enumerate() {
+                let id = if id >= DEVICE_TOKEN {
+                    drafts[2 * (id - DEVICE_TOKEN) as usize]
+                } else {
+                    id
+                };
+                let want: Vec<f32> = if (id as usize) < rows {
+                    w[id as usize * cols..(id as usize + 1) * cols].to_vec()
+                } else {
+                    vec![0.0; cols]
+                };
+                // Zeros as +0: the sign of a zero is the one thing the decoders may lose.
+                let bits = |r: &[f32]| -> Vec<u32> {
+                    r.iter()
+                        .map(|&v| if v == 0.0 { 0 } else { v.to_bits() })
+                        .collect()
+                };
+                let row = &got[2 + i * stride..][..cols];
+                assert_eq!(
+                    bits(row),
+                    bits(&want),
+                    "{ty}: row {i} (id {id}), buffers of {limit} bytes"
+                );
+                // The gap between rows is left alone.
+                assert_eq!(got[2 + i * stride + cols], 9.0);
             }
         }
     }

@@ -32,6 +32,7 @@ fn rms_norm_matches_the_definition() {
             &xb,
             0,
             width as u32,
+            width as u32,
             rows as u32,
             1,
             width as u32,

@@ -71,11 +71,61 @@ impl LogitRows {
     }
 }
 
+/// Ids at or above this stand for a token the device drafted and has not read back (the head's
+/// greedy top-1 in a head pass recorded without a read-back): the target pass that takes them
+/// gathers their embeddings on the device and hands back what they were
+/// ([`ForwardOutput::tokens`]). Above every vocabulary and below image placeholder ids.
+pub const DEVICE_TOKEN: u32 = nextn_gpu::kernels::matvec::DEVICE_TOKEN;
+
+/// Whether `id` stands for a token drafted on the device and not read back yet.
+pub fn is_device_token(id: u32) -> bool {
+    (DEVICE_TOKEN..DEVICE_TOKEN + DEVICE_TOKENS).contains(&id)
+}
+
+/// How many drafted tokens a step's head passes may leave on the device.
+pub const DEVICE_TOKENS: u32 = 4096;
+
+/// Post-norm hidden rows a device head pass left on the device without reading them back: rows
+/// `first..first + count` of the head pass numbered `pass`. Only the head's next pass can take
+/// them (its own rows overwrite them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceRows {
+    pub pass: u64,
+    pub first: usize,
+    pub count: usize,
+}
+
+impl DeviceRows {
+    /// The last of the rows.
+    pub fn last(self) -> DeviceRows {
+        DeviceRows {
+            pass: self.pass,
+            first: self.first + self.count.saturating_sub(1),
+            count: self.count.min(1),
+        }
+    }
+}
+
+/// The hidden states a head pass pairs with its tokens: rows of the host's, or rows the
+/// head's previous pass left on the device (a chained draft).
+#[derive(Clone, Copy, Debug)]
+pub enum HiddenPrev<'a> {
+    Host(&'a [f32]),
+    Device(DeviceRows),
+}
+
 /// What a forward pass returns.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
-    /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed.
+    /// Post-final-norm hidden state of every row (`n × n_embd`): the NextN head's seed. Empty
+    /// when the rows stayed on the device (`device_hidden`).
     pub hidden: Vec<f32>,
+    /// Where the hidden rows are when a device head pass left them there.
+    pub device_hidden: Option<DeviceRows>,
+    /// The rows' tokens as the pass took them, when some were drafted on the device
+    /// ([`DEVICE_TOKEN`]): each id read back, `None` for a draft that came to no token (every
+    /// logit NaN or −∞); empty when the rows held no such token.
+    pub tokens: Vec<Option<u32>>,
     /// Logits of the requested rows (`rows × n_vocab`), in row order; empty when they came back
     /// as `top1`.
     pub logits: Vec<f32>,
@@ -90,6 +140,8 @@ impl ForwardOutput {
     pub(crate) fn empty(n_vocab: usize) -> ForwardOutput {
         ForwardOutput {
             hidden: Vec::new(),
+            device_hidden: None,
+            tokens: Vec::new(),
             logits: Vec::new(),
             n_vocab,
             top1: Vec::new(),
@@ -111,7 +163,7 @@ impl ForwardOutput {
 /// head's own for a chained draft).
 pub struct HeadBatchItem<'a> {
     pub tokens: &'a [u32],
-    pub hidden_prev: &'a [f32],
+    pub hidden_prev: HiddenPrev<'a>,
     pub start_pos: usize,
     /// Cache rows earlier images took beyond the rotary positions they advanced: row `i` sits
     /// at rotary position `start_pos + i - rope_shift`, as in the trunk.
@@ -146,6 +198,8 @@ pub(crate) fn finish_pass(
         .zip(&ranges)
         .map(|(&(start, len, _), &(lr, count))| ForwardOutput {
             hidden: hidden[start * e..(start + len) * e].to_vec(),
+            device_hidden: None,
+            tokens: Vec::new(),
             logits: logits[lr * n_vocab..(lr + count) * n_vocab].to_vec(),
             n_vocab,
             top1: Vec::new(),

@@ -26,7 +26,10 @@ pub mod synth;
 pub mod validate;
 pub mod weights;
 
-pub use batch::{BatchItem, ForwardOutput, HeadBatchItem, LogitRows, Readback, RowTop1};
+pub use batch::{
+    is_device_token, BatchItem, DeviceRows, ForwardOutput, HeadBatchItem, HiddenPrev, LogitRows,
+    Readback, RowTop1, DEVICE_TOKEN, DEVICE_TOKENS,
+};
 pub use cache::{
     ImageSpan, KvRows, KvType, LayerCache, RecurrentSnapshot, RecurrentState, SequenceState,
     StateCodecError, StateReader, StateWriter,

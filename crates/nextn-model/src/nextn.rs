@@ -8,7 +8,9 @@ use std::sync::Arc;
 use nextn_gguf::GgufFile;
 use nextn_quant::kernels::ThreadPool;
 
-use crate::batch::{finish_pass, ForwardOutput, HeadBatchItem, LogitRows, Readback, Segment};
+use crate::batch::{
+    finish_pass, ForwardOutput, HeadBatchItem, HiddenPrev, LogitRows, Readback, Segment,
+};
 use crate::cache::{KvLayer, KvType, LayerCache};
 use crate::config::{LayerKind, Qwen35Config};
 use crate::device::DeviceHead;
@@ -106,15 +108,7 @@ impl NextnHead {
             device: None,
         };
         if let Some(d) = &model.device {
-            let shared = lm_head_shared.then(|| d.lm_head());
-            head.device = Some(DeviceHead::upload(
-                d.gpu().clone(),
-                &head,
-                cfg,
-                shared,
-                d.counters.clone(),
-                d.pass.clone(),
-            )?);
+            head.device = Some(DeviceHead::upload(d, &head, cfg, lm_head_shared)?);
         }
         Ok(head)
     }
@@ -229,7 +223,7 @@ impl NextnHead {
     ) -> Result<ForwardOutput, ModelError> {
         let mut items = [HeadBatchItem {
             tokens,
-            hidden_prev,
+            hidden_prev: HiddenPrev::Host(hidden_prev),
             start_pos,
             rope_shift: 0,
             cache,
@@ -265,9 +259,14 @@ impl NextnHead {
         let mut starts = Vec::with_capacity(items.len());
         let mut at = 0;
         for it in items.iter() {
-            if it.hidden_prev.len() != it.tokens.len() * e {
+            let HiddenPrev::Host(hidden_prev) = it.hidden_prev else {
+                return Err(ModelError::Device(
+                    "hidden rows left on the device went to the head on the CPU".into(),
+                ));
+            };
+            if hidden_prev.len() != it.tokens.len() * e {
                 return Err(ModelError::HiddenLength {
-                    found: it.hidden_prev.len(),
+                    found: hidden_prev.len(),
                     rows: it.tokens.len(),
                     width: e,
                 });
@@ -284,7 +283,7 @@ impl NextnHead {
                 let dst = &mut cat[(at + i) * 2 * e..(at + i + 1) * 2 * e];
                 ops::rms_norm(&row, &self.enorm, self.eps, &mut dst[..e]);
                 ops::rms_norm(
-                    &it.hidden_prev[i * e..(i + 1) * e],
+                    &hidden_prev[i * e..(i + 1) * e],
                     &self.hnorm,
                     self.eps,
                     &mut dst[e..],

@@ -407,7 +407,7 @@ fn top1_rows_are_the_argmax_of_the_whole_rows() {
     let mut items = [
         HeadBatchItem {
             tokens: &toks,
-            hidden_prev: &hidden[..toks.len() * e],
+            hidden_prev: nextn_model::HiddenPrev::Host(&hidden[..toks.len() * e]),
             start_pos: 0,
             rope_shift: 0,
             cache: &mut c_whole,
@@ -416,7 +416,7 @@ fn top1_rows_are_the_argmax_of_the_whole_rows() {
         },
         HeadBatchItem {
             tokens: &toks,
-            hidden_prev: &hidden[..toks.len() * e],
+            hidden_prev: nextn_model::HiddenPrev::Host(&hidden[..toks.len() * e]),
             start_pos: 0,
             rope_shift: 0,
             cache: &mut c_top,

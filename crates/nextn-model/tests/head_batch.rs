@@ -56,7 +56,7 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
         .zip(caches.iter_mut())
         .map(|((t, h), cache)| HeadBatchItem {
             tokens: &t[1..],
-            hidden_prev: &h[n_embd..],
+            hidden_prev: nextn_model::HiddenPrev::Host(&h[n_embd..]),
             start_pos: 1,
             rope_shift: 0,
             cache,

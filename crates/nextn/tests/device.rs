@@ -332,3 +332,126 @@ fn device_profile_accounts_for_every_dispatch() {
         text(&o.stderr)
     );
 }
+
+/// Trunk layers of the 0.8B's plan, which the counters test's model has.
+const PLAN_LAYERS: u64 = 24;
+/// Dispatches of a decode step beside its layers: the embedding rows gathered, the final norm
+/// (with the LM head's row quantized), the LM head, its top-1.
+const TAIL_DISPATCHES: u64 = 4;
+
+/// What a pass costs the host, in steady state (a request's shapes seen), on a model with the
+/// 0.8B's layer plan (24 layers, full attention every 4th, delta-net and attention widths of
+/// the real one's kinds, the Q4_K_M mix) at test size: no buffer, bind group or pipeline made
+/// per pass; a decode step at most ten dispatches a layer plus the tail; and with drafting at
+/// n_max 3 a whole speculative step (the head's three passes, the verify pass and the last
+/// step's commit) is at most two submissions with one wait for the device (it is one of each).
+#[test]
+fn a_steady_state_allocates_nothing_and_a_speculative_step_is_one_submission() {
+    let Some(dev) = lavapipe() else { return };
+    let dir = std::env::temp_dir().join(format!("nextn-counters-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("plan-0.8b.gguf");
+    let o = bin()
+        .args([
+            "synth",
+            "--preset",
+            "0.8b",
+            "--hidden",
+            "256",
+            "--ff",
+            "512",
+            "--heads",
+            "2",
+            "--kv-heads",
+            "1",
+            "--head-dim",
+            "256",
+            "--ssm-k-heads",
+            "2",
+            "--ssm-v-heads",
+            "4",
+            "--ssm-head-dim",
+            "128",
+            "--vocab",
+            "4096",
+            "--type",
+            "Q4_K_M",
+            "-o",
+        ])
+        .arg(&model)
+        .output()
+        .expect("run nextn synth");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        [
+            json!({"name": "code", "prompt": "def fib(n):\n    if n < 2:\n        return n\n"}),
+            json!({"name": "prose", "prompt": "The quick brown fox jumps over the lazy dog. "}),
+        ]
+        .iter()
+        .map(|v| v.to_string() + "\n")
+        .collect::<String>(),
+    )
+    .unwrap();
+    let out = dir.join("bench.json");
+    let o = bin()
+        .args(["bench", "-m"])
+        .arg(&model)
+        .args([
+            "-dev",
+            &dev,
+            "-c",
+            "512",
+            "-n",
+            "40",
+            "--spec-draft-n-max",
+            "0,3",
+        ])
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--json")
+        .arg(&out)
+        .output()
+        .expect("run nextn bench");
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("json")).expect("parse");
+    let _ = std::fs::remove_dir_all(&dir);
+    let runs = v["runs"].as_array().expect("runs");
+    let run = |n_max: u64| {
+        runs.iter()
+            .find(|r| r["n_max"].as_u64() == Some(n_max))
+            .unwrap_or_else(|| panic!("no run at n_max {n_max}: {v}"))["device"]
+            .clone()
+    };
+    let num =
+        |d: &serde_json::Value, k: &str| d[k].as_f64().unwrap_or_else(|| panic!("no {k} in {d}"));
+    for n_max in [0, 3] {
+        let d = run(n_max);
+        assert!(num(&d, "steady_steps") >= 40.0, "{d}");
+        for k in [
+            "buffers_created_per_pass",
+            "bind_groups_created_per_pass",
+            "pipelines_created_per_pass",
+        ] {
+            assert_eq!(num(&d, k), 0.0, "n_max {n_max}: {k} in {d}");
+        }
+        assert!(
+            num(&d, "dispatches") > 0.0 && num(&d, "passes") > 0.0,
+            "{d}"
+        );
+    }
+    let plain = run(0);
+    let per_step = num(&plain, "dispatches_per_step");
+    assert!(
+        per_step <= (10 * PLAN_LAYERS + TAIL_DISPATCHES) as f64,
+        "{per_step} dispatches a decode step for {PLAN_LAYERS} layers: {plain}"
+    );
+    assert_eq!(num(&plain, "submissions_per_step"), 1.0, "{plain}");
+    assert_eq!(num(&plain, "read_backs_per_step"), 1.0, "{plain}");
+    let spec = run(3);
+    assert!(num(&spec, "submissions_per_step") <= 2.0, "{spec}");
+    assert!(num(&spec, "read_backs_per_step") <= 1.0, "{spec}");
+}

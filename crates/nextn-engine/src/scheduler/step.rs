@@ -573,6 +573,7 @@ impl<'e> Core<'e> {
         let Some(slot) = self.slots[i].as_mut() else {
             return Ok(None);
         };
+        let rows = resolve_drafts(rows, out);
         let verify = VerifyRows {
             n_past,
             rows: &rows,
@@ -820,6 +821,25 @@ impl<'e> Core<'e> {
         m.requests_processing = busy;
         Emitted::Gone
     }
+}
+
+/// The verified rows `[id_last, drafts…]` with the drafts the device drafted and kept there
+/// replaced by what the target pass read back ([`ForwardOutput::tokens`]), the chain cut before a
+/// draft that came to no token (its row and those after it stay unused and uncommitted).
+fn resolve_drafts(mut rows: Vec<u32>, out: &ForwardOutput) -> Vec<u32> {
+    if out.tokens.is_empty() {
+        return rows;
+    }
+    for i in 0..rows.len() {
+        match out.tokens.get(i).copied().flatten() {
+            Some(t) => rows[i] = t,
+            None => {
+                rows.truncate(i.max(1));
+                break;
+            }
+        }
+    }
+    rows
 }
 
 /// The end of a request whose grammar admits no token after what was accepted.

@@ -314,6 +314,8 @@ mod tests {
         let out = ForwardOutput {
             logits,
             hidden: Vec::new(),
+            device_hidden: None,
+            tokens: Vec::new(),
             n_vocab,
             top1: Vec::new(),
         };

@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use nextn_model::{
-    ForwardOutput, HeadBatchItem, KvRows, KvType, LayerCache, LogitRows, ModelError, NextnHead,
-    Readback, StateCodecError, StateReader, StateWriter,
+    DeviceRows, ForwardOutput, HeadBatchItem, HiddenPrev, KvRows, KvType, LayerCache, LogitRows,
+    ModelError, NextnHead, Readback, StateCodecError, StateReader, StateWriter,
 };
 use nextn_quant::kernels::ThreadPool;
 
@@ -153,7 +153,7 @@ impl HeadState {
             head.forward_batch(
                 &mut [HeadBatchItem {
                     tokens: &self.lag_tokens,
-                    hidden_prev: &self.lag_hidden,
+                    hidden_prev: HiddenPrev::Host(&self.lag_hidden),
                     start_pos: self.pos,
                     rope_shift: self.rope_shift,
                     cache: &mut self.cache,
@@ -382,7 +382,7 @@ pub fn draft(
                 let h = &mut *job.head;
                 HeadBatchItem {
                     tokens: &h.lag_tokens[..rows],
-                    hidden_prev: &h.lag_hidden[..rows * h.n_embd],
+                    hidden_prev: HiddenPrev::Host(&h.lag_hidden[..rows * h.n_embd]),
                     start_pos: h.pos,
                     rope_shift: h.rope_shift,
                     cache: &mut h.cache,
@@ -408,7 +408,7 @@ pub fn draft(
         }
     }
     // The chain's hidden state of each drafting job.
-    let mut chain: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
+    let mut chain: Vec<Chain> = vec![Chain::default(); jobs.len()];
     for (k, (job, out)) in jobs.iter_mut().zip(&outs).enumerate() {
         job.head.consume_lag(rows_run[k]);
         if drafting[k] {
@@ -444,7 +444,7 @@ pub fn draft(
                 };
                 items.push(HeadBatchItem {
                     tokens: token,
-                    hidden_prev: &chain[k],
+                    hidden_prev: chain[k].as_prev(),
                     start_pos: job.n_past + depth,
                     rope_shift: job.head.rope_shift,
                     cache: &mut job.head.cache,
@@ -522,7 +522,7 @@ fn extend_chain(
     depth: usize,
     p_min: f32,
     drafts: &mut Drafts,
-    chain: &mut Vec<f32>,
+    chain: &mut Chain,
 ) {
     if let Some(top) = out.top1(0) {
         // A row read back as its top-1 (see `draft_readback`): `top_token` without a mask,
@@ -573,7 +573,7 @@ fn push_draft(
     pick: u32,
     mask: Option<TokenMask>,
     drafts: &mut Drafts,
-    chain: &mut Vec<f32>,
+    chain: &mut Chain,
 ) {
     if let Some(g) = job.grammar.as_mut() {
         if g.consume(pick).is_err() {
@@ -588,10 +588,33 @@ fn push_draft(
         drafts.masks.push(m);
     }
     drafts.tokens.push(pick);
-    // The hidden state of the row just drafted from (the last row of the pass).
+    // The hidden state of the row just drafted from (the last row of the pass), on the host or
+    // where a device pass left it.
     let e = job.head.n_embd;
-    chain.clear();
-    chain.extend_from_slice(&out.hidden[out.hidden.len() - e..]);
+    *chain = match out.device_hidden {
+        Some(rows) if out.hidden.is_empty() => Chain::Device(rows.last()),
+        _ => Chain::Host(out.hidden[out.hidden.len().saturating_sub(e)..].to_vec()),
+    };
+}
+
+/// The hidden state a draft chain feeds its next depth: the head's last row, read back or left
+/// on the device by its pass.
+#[derive(Clone, Debug, Default)]
+enum Chain {
+    #[default]
+    None,
+    Host(Vec<f32>),
+    Device(DeviceRows),
+}
+
+impl Chain {
+    fn as_prev(&self) -> HiddenPrev<'_> {
+        match self {
+            Chain::None => HiddenPrev::Host(&[]),
+            Chain::Host(v) => HiddenPrev::Host(v),
+            Chain::Device(rows) => HiddenPrev::Device(*rows),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -93,7 +93,9 @@ impl ForcedAcceptance {
             if i < kept {
                 drafts[i] = plain;
             } else {
-                if drafts[i] == plain {
+                // A draft still on the device may turn out to be the plain token: it is
+                // replaced like one that is.
+                if drafts[i] == plain || nextn_model::is_device_token(drafts[i]) {
                     drafts[i] = ((plain as usize + 1) % n_vocab.max(2)) as u32;
                 }
                 return;

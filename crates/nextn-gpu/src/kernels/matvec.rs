@@ -49,6 +49,9 @@ pub struct Family {
     pub experts: Kernel,
     pub pair_rows: [Kernel; 8],
     pub pair_tile: Kernel,
+    /// Rows of the matrix dequantized, as an embedding table (f32-activation families: every
+    /// type has one).
+    pub embed: Option<Kernel>,
 }
 
 /// How a type's int8 path quantizes the activations (`kind` in quantize_q8.wgsl).
@@ -151,7 +154,7 @@ macro_rules! rows {
 }
 
 macro_rules! family {
-    ($id:ident, $label:literal, $skel:literal, $experts:literal, $file:literal) => {
+    ($id:ident, $label:literal, $skel:literal, $experts:literal, $file:literal, $embed:expr) => {
         pub static $id: Family = Family {
             rows: rows!("matvec_", $label, $skel, $file, 1),
             tile: Kernel {
@@ -170,10 +173,25 @@ macro_rules! family {
                 source: source!($skel, $file, 32, 1, 8, 2),
                 entry: "matvec",
             },
+            embed: $embed,
         };
     };
     ($id:ident, $label:literal, $file:literal) => {
-        family!($id, $label, "matvec.wgsl", "matvec_experts.wgsl", $file);
+        family!(
+            $id,
+            $label,
+            "matvec.wgsl",
+            "matvec_experts.wgsl",
+            $file,
+            Some(Kernel {
+                name: concat!("embed_", $label),
+                source: concat!(
+                    include_str!("../shaders/embed.wgsl"),
+                    include_str!(concat!("../shaders/", $file))
+                ),
+                entry: "embed_rows",
+            })
+        );
     };
     (int8 $id:ident, $label:literal, $file:literal) => {
         family!(
@@ -181,7 +199,8 @@ macro_rules! family {
             $label,
             "matvec_i8.wgsl",
             "matvec_i8_experts.wgsl",
-            $file
+            $file,
+            None
         );
     };
 }
@@ -235,6 +254,7 @@ pub fn kernels() -> Vec<&'static Kernel> {
                 .chain([&f.tile, &f.experts])
                 .chain(f.pair_rows.iter())
                 .chain([&f.pair_tile])
+                .chain(f.embed.as_ref())
         })
         .chain(std::iter::once(&QUANTIZE_Q8))
         .collect()
@@ -704,6 +724,83 @@ pub fn product(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Ids at or above this stand for a token a device pass drafted and has not read back:
+/// `DEVICE_TOKEN + k` is the id in the first word of pair `k` of the drafts buffer
+/// ([`embed_rows`]). Above every vocabulary, below the engine's image placeholder ids.
+pub const DEVICE_TOKEN: u32 = 0x7F00_0000;
+
+/// Rows of `m` as an embedding table: for `i < n`, row `ids[ids_off + i]` of `m` dequantized
+/// into `out[out_off + i * out_stride ..][..cols]`, each value the host's dequantization of the
+/// same row bit for bit. An id at or above [`DEVICE_TOKEN`] is looked up in `drafts` (u32 pairs
+/// (id, logit bits), as [`crate::kernels::argmax::argmax_rows`] writes them); an id outside the
+/// table gives zeros.
+#[allow(clippy::too_many_arguments)]
+pub fn embed_rows(
+    rec: &mut Recorder,
+    m: &DeviceMatrix,
+    ids: &wgpu::Buffer,
+    ids_off: u32,
+    drafts: &wgpu::Buffer,
+    n: u32,
+    out: &wgpu::Buffer,
+    out_off: u32,
+    out_stride: u32,
+) -> Result<(), GpuError> {
+    let pk = m.packed();
+    if n == 0 {
+        return Ok(());
+    }
+    if pk.pair {
+        return Err(bad(pk, "a gate|up pair is not an embedding table".into()));
+    }
+    let Some(kernel) = pk.format.family.embed.as_ref() else {
+        return Err(bad(pk, format!("{} rows cannot be gathered", pk.ty)));
+    };
+    if pk.rows as u64 >= DEVICE_TOKEN as u64 {
+        return Err(bad(
+            pk,
+            format!("{} rows reach the drafted-token ids", pk.rows),
+        ));
+    }
+    check_extent(
+        pk,
+        "output",
+        out,
+        out_off,
+        out_stride,
+        n as u64,
+        pk.cols as u64,
+    )?;
+    if ids.size() / 4 < ids_off as u64 + n as u64 {
+        return Err(bad(pk, format!("{n} ids from {ids_off} past their buffer")));
+    }
+    let gpu = rec.gpu();
+    if n > gpu.max_groups_x() {
+        return Err(bad(pk, format!("{n} rows gathered in one dispatch")));
+    }
+    let groups = [(pk.cols as u32).div_ceil(256), n, 1];
+    for (i, chunk) in pk.chunks.iter().enumerate() {
+        let params = [
+            chunk.rows as u32,
+            chunk.first_row as u32,
+            pk.units_per_row() as u32,
+            pk.bpr as u32,
+            chunk.aux_off,
+            chunk.aux2_off,
+            pk.cols as u32,
+            n,
+            ids_off,
+            out_off,
+            out_stride,
+            (i == 0) as u32,
+            pk.rows as u32,
+            DEVICE_TOKEN,
+        ];
+        rec.dispatch(kernel, &params, &[&chunk.buffer, ids, drafts, out], groups)?;
     }
     Ok(())
 }

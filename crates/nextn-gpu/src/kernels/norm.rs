@@ -32,9 +32,10 @@ pub struct NormOut<'a> {
     pub picked: Option<(&'a wgpu::Buffer, u32, u32)>,
 }
 
-/// `rows` rows of `parts * width` values of `x` (`x_stride` apart from `x_off`), each part of
-/// `width` values normed on its own with its weights (`w` from `w_off`, `w_stride` apart from one
-/// part to the next), written as `out` says. The f32 results are `x / sqrt(mean(x²) + eps) · w` with the sum of squares an f32 tree over
+/// `rows` rows of `parts * width` values of `x` (`x_stride` apart from `x_off`, part `k` of a row
+/// `k * x_part` further), each part of `width` values normed on its own with its weights (`w`
+/// from `w_off`, `w_stride` apart from one part to the next), written as `out` says (the parts
+/// of an output row side by side). The f32 results are `x / sqrt(mean(x²) + eps) · w` with the sum of squares an f32 tree over
 /// the workgroup (a part's bits depend only on the part) and the
 /// quantized rows those [`crate::kernels::matvec`]'s own quantization makes of them.
 #[allow(clippy::too_many_arguments)]
@@ -43,6 +44,7 @@ pub fn norm_quant(
     x: &wgpu::Buffer,
     x_off: u32,
     x_stride: u32,
+    x_part: u32,
     rows: u32,
     parts: u32,
     width: u32,
@@ -110,6 +112,7 @@ pub fn norm_quant(
             width,
             x_off,
             x_stride,
+            x_part,
             w_off,
             w_stride,
             y_off,

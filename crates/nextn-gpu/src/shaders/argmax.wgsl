@@ -9,6 +9,7 @@ struct Params {
     width: u32,
     stride: u32,
     x_off: u32,
+    out_off: u32,
 }
 
 @group(1) @binding(0) var<uniform> p: Params;
@@ -77,7 +78,7 @@ fn argmax_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     if (lid == 0u) {
         let k = keys[0];
-        out[2u * row] = idxs[0];
-        out[2u * row + 1u] = select(0x7fc00000u, value_of(k), k != 0u);
+        out[p.out_off + 2u * row] = idxs[0];
+        out[p.out_off + 2u * row + 1u] = select(0x7fc00000u, value_of(k), k != 0u);
     }
 }

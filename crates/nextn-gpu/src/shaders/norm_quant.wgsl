@@ -14,6 +14,8 @@ struct Params {
     width: u32,
     x_off: u32,
     x_stride: u32,
+    // Elements from one part of an x row to the next.
+    x_part: u32,
     w_off: u32,
     w_stride: u32,
     y_off: u32,
@@ -51,7 +53,7 @@ fn norm_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     let row = group / p.parts;
     let part = group % p.parts;
-    let xb = p.x_off + row * p.x_stride + part * p.width;
+    let xb = p.x_off + row * p.x_stride + part * p.x_part;
     let wb = p.w_off + part * p.w_stride;
     var s = 0.0;
     for (var i = lid; i < p.width; i += WG) {

@@ -673,6 +673,7 @@ impl DeviceLayer {
                 h,
                 0,
                 eu,
+                eu,
                 nu,
                 1,
                 eu,

@@ -14,7 +14,7 @@ mod nextn;
 
 use std::sync::{Arc, Mutex};
 
-use nextn_gpu::kernels::matvec::{product, Acts, Epilogue};
+use nextn_gpu::kernels::matvec::{embed_rows, product, Acts, Epilogue};
 use nextn_gpu::kernels::norm::{norm_quant, NormOut};
 use nextn_gpu::weights::DeviceMatrix;
 use nextn_gpu::{Gpu, GpuError, ReadBack, ReadSlot, Recorder};
@@ -23,7 +23,10 @@ pub use cache::{DeviceDeltaNetCache, DeviceKvCache};
 pub(crate) use layer::DeviceLayer;
 pub(crate) use nextn::DeviceHead;
 
-use crate::batch::{BatchItem, ForwardOutput, LogitRows, Readback, RowTop1, Segment};
+use crate::batch::{
+    is_device_token, BatchItem, ForwardOutput, LogitRows, Readback, RowTop1, Segment, DEVICE_TOKEN,
+    DEVICE_TOKENS,
+};
 use crate::cache::{KvType, LayerCache, SequenceState};
 use crate::model::Model;
 use crate::weights::Linear;
@@ -76,6 +79,11 @@ impl Mat {
     /// The kernels this matrix's products run.
     pub(crate) fn kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
         out.extend(self.m.kernels());
+    }
+
+    /// The kernel that gathers its rows as an embedding table.
+    pub(crate) fn embed_kernels(&self, out: &mut Vec<&'static nextn_gpu::kernels::Kernel>) {
+        out.extend(self.m.embed_kernel());
     }
 
     pub(crate) fn device_bytes(&self) -> u64 {
@@ -162,6 +170,7 @@ impl Top1Rows {
             u(width)?,
             u(end - first)?,
             &buf,
+            0,
         )
         .map_err(gpu_err)?;
         let slot = rec.read_back(&buf, 0, ((end - first) * 8) as u64);
@@ -275,6 +284,8 @@ pub(crate) struct PassIo {
     pub(crate) rows_q: Option<(layer::QuantRows, usize)>,
     pub(crate) logits: Option<wgpu::Buffer>,
     pub(crate) top1: Option<wgpu::Buffer>,
+    /// The pass's token ids, for the embedding rows gathered on the device.
+    pub(crate) ids: Option<wgpu::Buffer>,
     /// The head's input before its norms, after them, and quantized for its projection.
     pub(crate) raw: Option<wgpu::Buffer>,
     pub(crate) cat: Option<wgpu::Buffer>,
@@ -298,6 +309,9 @@ pub(crate) fn grow_quant<'a>(
         .ok_or_else(|| ModelError::Device("no quantized rows".into()))
 }
 
+/// Where each part's logits rows sit among a pass's picked rows: (first, count).
+pub(crate) type PartRows = Vec<(usize, usize)>;
+
 /// What the end of a pass reads back, recorded by [`record_tail`].
 pub(crate) struct TailSlots {
     pub(crate) hidden: ReadSlot,
@@ -306,11 +320,19 @@ pub(crate) struct TailSlots {
     pub(crate) ranges: Vec<(usize, usize)>,
 }
 
+/// Where the end of a pass leaves its results: read back (`ReadBack`, each part as its
+/// [`Readback`] says), or, for a head pass whose rows with logits are all greedy drafts, their
+/// top-1 pairs into the drafted tokens on the device from pair `at` (`Drafts`) and nothing read.
+pub(crate) enum TailOut<'a> {
+    ReadBack(&'a [Readback]),
+    Drafts { buf: &'a wgpu::Buffer, at: u32 },
+}
+
 /// The end of a pass over `n` rows of `h` (`e` wide): the final norm of every row into
-/// `io.hidden` (the head's seed; read back), in the same dispatch the rows that need logits
-/// picked and quantized for the LM head, one LM-head product over them, the top-1 reduction of
-/// the parts read back so, and the read-backs of the rest. `parts`: each part's first row, rows
-/// and which need logits.
+/// `io.hidden` (the head's seed), in the same dispatch the rows that need logits picked and
+/// quantized for the LM head, one LM-head product over them, and their results as `out` says.
+/// `parts`: each part's first row, rows and which need logits. Returns the read-backs (none with
+/// `TailOut::Drafts`) and where each part's logits rows sit among the picked rows.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record_tail(
     rec: &mut Recorder,
@@ -322,8 +344,8 @@ pub(crate) fn record_tail(
     eps: f32,
     lm: &Mat,
     parts: impl Iterator<Item = (usize, usize, LogitRows)>,
-    readbacks: &[Readback],
-) -> Result<TailSlots, ModelError> {
+    out: TailOut,
+) -> Result<(Option<TailSlots>, PartRows), ModelError> {
     let gpu = rec.gpu();
     let (picked, ranges) = logit_rows(parts);
     let n_picked = picked.len();
@@ -339,28 +361,73 @@ pub(crate) fn record_tail(
     let needs = layer::Needs::of(&lm.m);
     let rows_q = grow_quant(gpu, &mut io.rows_q, "picked-rows", n_picked.max(1), e)?;
     let eu = u(e)?;
-    let out = NormOut {
+    let norm_out = NormOut {
         y: Some((&hidden, 0, eu)),
         q8_0: needs.q8_0.then_some(&rows_q.q8_0),
         q8k: needs.q8k.then_some(&rows_q.q8k),
         pick: Some((&pick, 0)),
         picked: Some((&rows, 0, eu)),
     };
-    norm_quant(rec, h, 0, eu, u(n)?, 1, eu, norm_w, 0, 0, &out, eps).map_err(gpu_err)?;
+    norm_quant(
+        rec,
+        h,
+        0,
+        eu,
+        eu,
+        u(n)?,
+        1,
+        eu,
+        norm_w,
+        0,
+        0,
+        &norm_out,
+        eps,
+    )
+    .map_err(gpu_err)?;
     let logits = grow(gpu, &mut io.logits, "logits", n_picked.max(1) * width)?;
     if n_picked > 0 {
         let acts = rows_q.acts(&rows, eu, needs);
         lm.forward(rec, &acts, n_picked, &logits, 0, width, false)?;
     }
-    let top1 = Top1Rows::record(rec, &logits, &mut io.top1, width, &ranges, readbacks)?;
-    let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
-    let row_slots = read_rows_back(rec, &logits, width, &ranges, readbacks);
-    Ok(TailSlots {
-        hidden: hidden_slot,
-        rows: row_slots,
-        top1,
-        ranges,
-    })
+    match out {
+        TailOut::Drafts { buf, at } => {
+            if n_picked > 0 {
+                nextn_gpu::kernels::argmax::argmax_rows(
+                    rec,
+                    &logits,
+                    0,
+                    u(width)?,
+                    u(width)?,
+                    u(n_picked)?,
+                    buf,
+                    2 * at,
+                )
+                .map_err(gpu_err)?;
+            }
+            Ok((None, ranges))
+        }
+        TailOut::ReadBack(readbacks) => {
+            let top1 = Top1Rows::record(rec, &logits, &mut io.top1, width, &ranges, readbacks)?;
+            let hidden_slot = rec.read_back(&hidden, 0, (n * e * 4) as u64);
+            let row_slots = read_rows_back(rec, &logits, width, &ranges, readbacks);
+            Ok((
+                Some(TailSlots {
+                    hidden: hidden_slot,
+                    rows: row_slots,
+                    top1,
+                    ranges: ranges.clone(),
+                }),
+                ranges,
+            ))
+        }
+    }
+}
+
+/// The tokens head passes drafted and left on the device: (id, logit bits) pairs as the argmax
+/// writes them, `next` of them in use until the target pass that takes them reads them back.
+pub(crate) struct Drafted {
+    pub(crate) buf: wgpu::Buffer,
+    pub(crate) next: u32,
 }
 
 /// Bytes a pass reads back: `hidden` floats, the whole logits rows (`width` floats each, the
@@ -477,6 +544,15 @@ impl Counters {
         }
     }
 
+    /// Count the forward pass in `rec` and leave it to run with the next submission.
+    pub(crate) fn defer(&self, rec: Recorder) -> Result<(), ModelError> {
+        rec.defer().map_err(gpu_err)?;
+        if let Ok(mut s) = self.stats.lock() {
+            s.passes += 1;
+        }
+        Ok(())
+    }
+
     /// Submit the forward pass in `rec` (after any deferred work) and wait for what it reads
     /// back, counting it (`target`: a trunk pass) and timing it when timing is on.
     pub(crate) fn submit_read(&self, rec: Recorder, target: bool) -> Result<ReadBack, ModelError> {
@@ -549,6 +625,14 @@ pub struct DeviceModel {
     /// The activations every pass shares with the head's passes.
     pub(crate) pass: Arc<Mutex<layer::PassBuffers>>,
     io: Mutex<PassIo>,
+    /// The token embedding table on the device, when it is there: the LM head of a tied model,
+    /// or uploaded when a head drafts on the device ([`DeviceModel::embeddings`]). With it the
+    /// passes gather their rows on the device, drafted tokens included.
+    embed: Mutex<Option<Arc<Mat>>>,
+    /// Tokens the head drafted and left on the device, shared with the head.
+    pub(crate) drafted: Arc<Mutex<Drafted>>,
+    /// The name of the embedding tensor (for the head, whose table may be the same one).
+    embed_name: String,
 }
 
 /// A lock that a panic elsewhere poisoned is a device error, not a panic here.
@@ -578,10 +662,18 @@ impl DeviceModel {
             l.kernels(&mut kernels);
         }
         lm_head.kernels(&mut kernels);
+        lm_head.embed_kernels(&mut kernels);
         kernels.extend(fixed_kernels());
         gpu.prepare(&kernels).map_err(gpu_err)?;
         let pass = layer::PassBuffers::new(&gpu, layer::PassWidths::of(cfg), 1)?;
+        // A tied LM head is the embedding table: its rows are gathered on the device for free.
+        let tied = model.lm_head.name == model.token_embd.name;
+        let drafted = gpu
+            .buffer("drafted tokens", (DEVICE_TOKENS as u64) * 8)
+            .map_err(gpu_err)?;
         Ok(DeviceModel {
+            embed: Mutex::new(tied.then(|| lm_head.clone())),
+            embed_name: model.token_embd.name.clone(),
             gpu,
             counters: Arc::new(Counters::default()),
             layers,
@@ -590,7 +682,33 @@ impl DeviceModel {
             bytes,
             pass: Arc::new(Mutex::new(pass)),
             io: Mutex::new(PassIo::default()),
+            drafted: Arc::new(Mutex::new(Drafted {
+                buf: drafted,
+                next: 0,
+            })),
         })
+    }
+
+    /// The embedding table `table` on the device: the model's own (made resident on first need,
+    /// within the memory budget, and kept) when `table` is the model's token embedding, else an
+    /// upload of its own. Returns the matrix and the device bytes this call added.
+    pub(crate) fn embeddings(&self, table: &Linear) -> Result<(Arc<Mat>, u64), ModelError> {
+        if table.name != self.embed_name {
+            let m = Arc::new(Mat::upload(&self.gpu, table)?);
+            let bytes = m.device_bytes();
+            return Ok((m, bytes));
+        }
+        let mut embed = locked(&self.embed)?;
+        if let Some(m) = embed.as_ref() {
+            return Ok((m.clone(), 0));
+        }
+        let m = Arc::new(Mat::upload(&self.gpu, table)?);
+        let bytes = m.device_bytes();
+        let mut kernels = Vec::new();
+        m.embed_kernels(&mut kernels);
+        self.gpu.prepare(&kernels).map_err(gpu_err)?;
+        *embed = Some(m.clone());
+        Ok((m, bytes))
     }
 
     /// Device memory the weights take.
@@ -670,13 +788,48 @@ impl DeviceModel {
                 .map(|_| ForwardOutput::empty(n_vocab))
                 .collect());
         }
-        let h_host = model.embed(&tokens)?;
+        let drafted_rows = tokens.iter().any(|&t| is_device_token(t));
+        if let Some(&t) = tokens
+            .iter()
+            .find(|&&t| !is_device_token(t) && t as usize >= n_vocab)
+        {
+            return Err(ModelError::TokenOutOfRange {
+                token: t as u64,
+                n_vocab,
+            });
+        }
+        let table = locked(&self.embed)?.clone();
         let mut io = locked(&self.io)?;
         let mut pass = locked(&self.pass)?;
+        let mut drafted = locked(&self.drafted)?;
         pass.reserve(n)?;
         let h = grow(gpu, &mut io.h, "h", n * e)?;
         let mut rec = Recorder::new(gpu);
-        rec.upload(&h, 0, bytemuck::cast_slice(&h_host));
+        match &table {
+            // The rows gathered on the device, drafted tokens among them.
+            Some(table) => {
+                let ids = grow(gpu, &mut io.ids, "token ids", n)?;
+                rec.upload(&ids, 0, bytemuck::cast_slice(&tokens));
+                embed_rows(
+                    &mut rec,
+                    &table.m,
+                    &ids,
+                    0,
+                    &drafted.buf,
+                    u(n)?,
+                    &h,
+                    0,
+                    u(e)?,
+                )
+                .map_err(gpu_err)?;
+            }
+            None if drafted_rows => {
+                return Err(ModelError::Device(
+                    "drafted tokens on the device, and no embedding table there".into(),
+                ))
+            }
+            None => rec.upload(&h, 0, bytemuck::cast_slice(&model.embed(&tokens)?)),
+        }
         for (il, layer) in self.layers.iter().enumerate() {
             let mut segments = Vec::new();
             for (it, &s) in items.iter_mut().zip(&starts) {
@@ -695,7 +848,7 @@ impl DeviceModel {
         }
         drop(pass);
         let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
-        let tail = record_tail(
+        let (tail, _) = record_tail(
             &mut rec,
             &mut io,
             &h,
@@ -708,14 +861,30 @@ impl DeviceModel {
                 .iter()
                 .zip(&starts)
                 .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
-            &readbacks,
+            TailOut::ReadBack(&readbacks),
         )?;
+        let tail = tail.ok_or_else(|| ModelError::Device("no read-back recorded".into()))?;
+        // What the drafted tokens these rows took were.
+        let drafts_slot = (drafted_rows && drafted.next > 0)
+            .then(|| rec.read_back(&drafted.buf, 0, drafted.next as u64 * 8));
         let mut back = self.counters.submit_read(rec, true)?;
+        // The drafts are read: the next step's head passes may draft anew.
+        drafted.next = 0;
+        drop(drafted);
+        let pairs = drafts_slot.map(|s| back.u32s(s)).unwrap_or_default();
         let hidden_host = back.f32s(tail.hidden);
         let rows_back = rows_read_back(&mut back, tail.rows, &tail.ranges, None);
         let top1 = tail.top1.read(&mut back);
         self.counters
-            .read_back(read_bytes(n * e, &tail.ranges, &readbacks, n_vocab));
+            .read_back(read_bytes(n * e, &tail.ranges, &readbacks, n_vocab) + pairs.len() * 4);
+        let resolve = |t: u32| -> Option<u32> {
+            if !is_device_token(t) {
+                return Some(t);
+            }
+            let k = (t - DEVICE_TOKEN) as usize;
+            let (id, logit) = (*pairs.get(2 * k)?, f32::from_bits(*pairs.get(2 * k + 1)?));
+            ((id as usize) < n_vocab && logit > f32::NEG_INFINITY).then_some(id)
+        };
         let mut outs = Vec::with_capacity(items.len());
         let back = rows_back.into_iter().zip(top1);
         for ((it, &s), (logits, top1)) in items.iter_mut().zip(&starts).zip(back) {
@@ -724,8 +893,15 @@ impl DeviceModel {
             if it.verify {
                 it.state.pending_rows = len;
             }
+            let tokens = if it.tokens.iter().any(|&t| is_device_token(t)) {
+                it.tokens.iter().map(|&t| resolve(t)).collect()
+            } else {
+                Vec::new()
+            };
             outs.push(ForwardOutput {
                 hidden: hidden_host[s * e..(s + len) * e].to_vec(),
+                device_hidden: None,
+                tokens,
                 logits,
                 n_vocab,
                 top1,

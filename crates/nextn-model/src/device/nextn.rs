@@ -5,15 +5,22 @@
 
 use std::sync::{Arc, Mutex};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nextn_gpu::kernels::matvec::embed_rows;
 use nextn_gpu::kernels::norm::norm_quant;
 use nextn_gpu::{Gpu, Recorder};
 
 use super::layer::Needs;
 use super::layer::{DeviceLayer, PassBuffers};
 use super::{
-    gpu_err, grow, grow_quant, locked, record_tail, rows_read_back, u, vector, Mat, PassIo,
+    gpu_err, grow, grow_quant, locked, record_tail, rows_read_back, u, vector, Drafted, Mat,
+    PassIo, TailOut,
 };
-use crate::batch::{ForwardOutput, HeadBatchItem, Readback, Segment};
+use crate::batch::{
+    is_device_token, DeviceRows, ForwardOutput, HeadBatchItem, HiddenPrev, LogitRows, Readback,
+    RowTop1, Segment, DEVICE_TOKEN, DEVICE_TOKENS,
+};
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
@@ -36,19 +43,29 @@ pub(crate) struct DeviceHead {
     /// The activations, shared with the trunk's passes.
     pass: Arc<Mutex<PassBuffers>>,
     io: Mutex<PassIo>,
+    /// The head's embedding table on the device (the trunk's when they are one tensor).
+    embed: Arc<Mat>,
+    /// The drafted tokens left on the device, shared with the trunk.
+    drafted: Arc<Mutex<Drafted>>,
+    /// Passes so far: the number of the last, whose hidden rows the next pass may take.
+    passes: AtomicU64,
+    /// Device memory of the embedding table when the head uploaded it.
+    embed_bytes: u64,
 }
 
 impl DeviceHead {
-    /// Upload `head`'s weights; `trunk_lm_head` is reused when the head's LM head is the trunk's.
+    /// Upload `head`'s weights beside the trunk's; the trunk's LM head is reused when the head's
+    /// is the trunk's (`lm_head_shared`), and so is its embedding table when the head's is the
+    /// same tensor (made resident on the device if the trunk had it on the host only).
     pub(crate) fn upload(
-        gpu: Arc<Gpu>,
+        trunk: &super::DeviceModel,
         head: &NextnHead,
         cfg: &Qwen35Config,
-        trunk_lm_head: Option<Arc<Mat>>,
-        counters: Arc<super::Counters>,
-        pass: Arc<Mutex<PassBuffers>>,
+        lm_head_shared: bool,
     ) -> Result<DeviceHead, ModelError> {
-        let lm_head_shared = trunk_lm_head.is_some();
+        let gpu = trunk.gpu.clone();
+        let trunk_lm_head = lm_head_shared.then(|| trunk.lm_head());
+        let (embed, embed_bytes) = trunk.embeddings(&head.embed)?;
         let lm_head = match trunk_lm_head {
             Some(m) => m,
             None => Arc::new(Mat::upload(&gpu, &head.lm_head)?),
@@ -67,22 +84,29 @@ impl DeviceHead {
             draft: None,
             config: cfg.clone(),
             gpu,
-            counters,
-            pass,
+            counters: trunk.counters.clone(),
+            pass: trunk.pass.clone(),
             io: Mutex::new(PassIo::default()),
+            embed,
+            drafted: trunk.drafted.clone(),
+            passes: AtomicU64::new(0),
+            embed_bytes,
         };
         d.gpu.check().map_err(gpu_err)?;
         let mut kernels = Vec::new();
         d.eh_proj.kernels(&mut kernels);
         d.layer.kernels(&mut kernels);
         d.lm_head.kernels(&mut kernels);
+        d.embed.embed_kernels(&mut kernels);
         d.gpu.prepare(&kernels).map_err(gpu_err)?;
         Ok(d)
     }
 
-    /// Device memory of the head's own weights (an LM head shared with the trunk not counted).
+    /// Device memory of the head's own weights (an LM head shared with the trunk not counted;
+    /// the embedding table when it had to be put on the device for the head).
     pub(crate) fn weight_bytes(&self) -> u64 {
-        self.eh_proj.device_bytes()
+        self.embed_bytes
+            + self.eh_proj.device_bytes()
             + self.layer.device_bytes()
             + if self.lm_head_shared {
                 0
@@ -133,7 +157,13 @@ impl DeviceHead {
         )?))
     }
 
-    /// [`NextnHead::forward_batch`] on the device.
+    /// [`NextnHead::forward_batch`] on the device. The rows' embeddings are gathered on the
+    /// device (drafted tokens among them) and hidden rows the head's previous pass left there are
+    /// copied on the device. When every row that needs logits is a greedy draft (its top-1 is
+    /// all that is asked) and the drafted tokens have room, nothing is read back: the pass is
+    /// recorded to run with the next submission, its drafts stand as [`DEVICE_TOKEN`] ids and its
+    /// hidden rows stay on the device ([`ForwardOutput::device_hidden`]), so a chain of drafts
+    /// and the target pass that verifies them are one submission and one wait.
     pub(crate) fn forward_batch(
         &self,
         head: &NextnHead,
@@ -150,35 +180,78 @@ impl DeviceHead {
                 .map(|_| ForwardOutput::empty(n_vocab))
                 .collect());
         }
-        // [embedding row ‖ previous hidden row] per row, normed on the device.
-        let mut cat_raw = vec![0.0f32; n * 2 * e];
         let mut starts = Vec::with_capacity(items.len());
-        let mut at = 0;
+        let mut tokens = Vec::with_capacity(n);
         for it in items.iter() {
-            if it.hidden_prev.len() != it.tokens.len() * e {
-                return Err(ModelError::HiddenLength {
-                    found: it.hidden_prev.len(),
-                    rows: it.tokens.len(),
-                    width: e,
-                });
+            starts.push(tokens.len());
+            for &t in it.tokens {
+                if !is_device_token(t) && t as usize >= n_vocab {
+                    return Err(ModelError::TokenOutOfRange {
+                        token: t as u64,
+                        n_vocab,
+                    });
+                }
             }
-            starts.push(at);
-            for (i, &t) in it.tokens.iter().enumerate() {
-                // An id outside the table is refused here (TokenOutOfRange).
-                let dst = &mut cat_raw[(at + i) * 2 * e..(at + i + 1) * 2 * e];
-                head.embed.dequantize_row(t as usize, &mut dst[..e])?;
-                dst[e..].copy_from_slice(&it.hidden_prev[i * e..(i + 1) * e]);
-            }
-            at += it.tokens.len();
+            tokens.extend_from_slice(it.tokens);
         }
         let mut io = locked(&self.io)?;
         let mut pass = locked(&self.pass)?;
+        let mut drafted = locked(&self.drafted)?;
+        let this_pass = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
+        // The hidden rows of the head's last pass, which a chained draft pairs with its token.
+        let previous = io.hidden.clone();
         pass.reserve(n)?;
+        // [embedding rows (n × e) | previous hidden rows (n × e)], normed half by half.
         let raw = grow(gpu, &mut io.raw, "nextn-in", n * 2 * e)?;
         let cat = grow(gpu, &mut io.cat, "nextn-cat", n * 2 * e)?;
         let h = grow(gpu, &mut io.h, "nextn-h", n * e)?;
+        let ids = grow(gpu, &mut io.ids, "nextn token ids", n)?;
         let mut rec = Recorder::new(gpu);
-        rec.upload(&raw, 0, bytemuck::cast_slice(&cat_raw));
+        rec.upload(&ids, 0, bytemuck::cast_slice(&tokens));
+        embed_rows(
+            &mut rec,
+            &self.embed.m,
+            &ids,
+            0,
+            &drafted.buf,
+            u(n)?,
+            &raw,
+            0,
+            u(e)?,
+        )
+        .map_err(gpu_err)?;
+        for (it, &s) in items.iter().zip(&starts) {
+            let rows = it.tokens.len();
+            let at = ((n + s) * e * 4) as u64;
+            match it.hidden_prev {
+                HiddenPrev::Host(hidden) => {
+                    if hidden.len() != rows * e {
+                        return Err(ModelError::HiddenLength {
+                            found: hidden.len(),
+                            rows,
+                            width: e,
+                        });
+                    }
+                    rec.upload(&raw, at, bytemuck::cast_slice(hidden));
+                }
+                HiddenPrev::Device(d) => {
+                    let prev = previous.as_ref().filter(|_| d.pass + 1 == this_pass);
+                    let Some(prev) = prev.filter(|_| d.count == rows) else {
+                        return Err(ModelError::Device(format!(
+                            "hidden rows of head pass {} given to head pass {this_pass} for {rows} rows",
+                            d.pass
+                        )));
+                    };
+                    rec.copy(
+                        prev,
+                        (d.first * e * 4) as u64,
+                        &raw,
+                        at,
+                        (rows * e * 4) as u64,
+                    );
+                }
+            }
+        }
         let (nu, eu, e2) = (u(n)?, u(e)?, u(2 * e)?);
         // Both halves normed on their own in one dispatch, quantized whole for eh_proj.
         let needs = Needs::of(&self.eh_proj.m);
@@ -187,7 +260,8 @@ impl DeviceHead {
             &mut rec,
             &raw,
             0,
-            e2,
+            eu,
+            u(n * e)?,
             nu,
             2,
             eu,
@@ -218,8 +292,69 @@ impl DeviceHead {
         drop(pass);
         let lm = self.draft.as_ref().unwrap_or(&self.lm_head);
         let width = lm.rows();
+        let parts = || {
+            items
+                .iter()
+                .zip(&starts)
+                .map(|(it, &s)| (s, it.tokens.len(), it.logits))
+        };
+        let logit_rows: usize = items
+            .iter()
+            .map(|it| it.logits.span(it.tokens.len()).1)
+            .sum();
+        // A trimmed LM head's top-1 is an index into its own rows, which the host maps to ids.
+        let defer = self.draft.is_none()
+            && items
+                .iter()
+                .all(|it| it.logits == LogitRows::None || it.readback == Readback::Top1)
+            && drafted.next as usize + logit_rows <= DEVICE_TOKENS as usize;
+        if defer {
+            let at = drafted.next;
+            let (_, ranges) = record_tail(
+                &mut rec,
+                &mut io,
+                &h,
+                n,
+                e,
+                &self.shared_head_norm,
+                eps,
+                lm,
+                parts(),
+                TailOut::Drafts {
+                    buf: &drafted.buf,
+                    at,
+                },
+            )?;
+            drafted.next += u(logit_rows)?;
+            self.counters.defer(rec)?;
+            return Ok(items
+                .iter()
+                .zip(&starts)
+                .zip(&ranges)
+                .map(|((it, &s), &(first, count))| ForwardOutput {
+                    hidden: Vec::new(),
+                    device_hidden: Some(DeviceRows {
+                        pass: this_pass,
+                        first: s,
+                        count: it.tokens.len(),
+                    }),
+                    tokens: Vec::new(),
+                    logits: Vec::new(),
+                    n_vocab,
+                    // The drafts stand for themselves until the target pass reads them; their
+                    // logits are not known, so nothing here stops a chain.
+                    top1: (first..first + count)
+                        .map(|k| RowTop1 {
+                            id: Some(DEVICE_TOKEN + at + k as u32),
+                            logit: f32::INFINITY,
+                        })
+                        .collect(),
+                })
+                .collect());
+        }
+        drop(drafted);
         let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();
-        let tail = record_tail(
+        let (tail, _) = record_tail(
             &mut rec,
             &mut io,
             &h,
@@ -228,12 +363,10 @@ impl DeviceHead {
             &self.shared_head_norm,
             eps,
             lm,
-            items
-                .iter()
-                .zip(&starts)
-                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
-            &readbacks,
+            parts(),
+            TailOut::ReadBack(&readbacks),
         )?;
+        let tail = tail.ok_or_else(|| ModelError::Device("no read-back recorded".into()))?;
         let mut back = self.counters.submit_read(rec, false)?;
         let hidden_host = back.f32s(tail.hidden);
         // A trimmed LM head's rows and top-1 are in its own ids; the sampler sees the full
@@ -255,6 +388,8 @@ impl DeviceHead {
             .zip(logits.into_iter().zip(top1))
             .map(|((it, &s), (logits, top1))| ForwardOutput {
                 hidden: hidden_host[s * e..(s + it.tokens.len()) * e].to_vec(),
+                device_hidden: None,
+                tokens: Vec::new(),
                 logits,
                 n_vocab,
                 top1,
