@@ -34,6 +34,10 @@ pub const TILE_ROWS: u32 = 32;
 /// activation load when few activation rows are in flight.
 const ROWS_PER_THREAD: [u32; 8] = [4, 4, 2, 2, 2, 2, 2, 2];
 
+/// The same for a gate|up pair, of each of its two matrices: half as many, so a thread holds
+/// as many weight rows and partial sums as in a single product.
+const PAIR_ROWS_PER_THREAD: [u32; 8] = [2, 2, 1, 1, 1, 1, 1, 1];
+
 /// Weight rows per thread in a tile, and the outputs it reduces per round (its workgroup
 /// memory is `WG * TILE_RED` floats, as large as the 8-row module's).
 const TILE_R: u32 = 1;
@@ -98,58 +102,27 @@ macro_rules! source {
 }
 
 /// The eight mat-vec modules of one weight type, path and P (1: one matrix; 2: a gate|up pair
-/// with SwiGLU), named `{prefix}{label}_n{N}`. A pair keeps twice the partial sums in workgroup
-/// memory, so its largest modules reduce fewer outputs per round (RED) to stay within 16 KB.
+/// with SwiGLU), named `{prefix}{label}_n{N}`. A pair's thread carries half the weight rows of
+/// each matrix ([`PAIR_ROWS_PER_THREAD`]), so that it holds as many rows and partial sums as a
+/// single product's and the pair launches twice the workgroups.
 macro_rules! rows {
     ($prefix:literal, $label:literal, $skel:literal, $file:literal, 1) => {
-        rows!(@ $prefix, $label, $skel, $file, 1, [16])
+        rows!(@ $prefix, $label, $skel, $file, 1,
+            [(1, 4, 4), (2, 4, 8), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (7, 2, 14), (8, 2, 16)])
     };
     ($prefix:literal, $label:literal, $skel:literal, $file:literal, 2) => {
-        rows!(@ $prefix, $label, $skel, $file, 2, [8])
+        rows!(@ $prefix, $label, $skel, $file, 2,
+            [(1, 2, 2), (2, 2, 4), (3, 1, 3), (4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (8, 1, 8)])
     };
-    (@ $prefix:literal, $label:literal, $skel:literal, $file:literal, $p:literal, [$red8:literal]) => {
-        [
+    (@ $prefix:literal, $label:literal, $skel:literal, $file:literal, $p:literal,
+        [$(($n:literal, $r:literal, $red:literal)),*]) => {
+        [$(
             Kernel {
-                name: concat!($prefix, $label, "_n1"),
-                source: source!($skel, $file, 1, 4, 4, $p),
+                name: concat!($prefix, $label, "_n", $n),
+                source: source!($skel, $file, $n, $r, $red, $p),
                 entry: "matvec",
             },
-            Kernel {
-                name: concat!($prefix, $label, "_n2"),
-                source: source!($skel, $file, 2, 4, 8, $p),
-                entry: "matvec",
-            },
-            Kernel {
-                name: concat!($prefix, $label, "_n3"),
-                source: source!($skel, $file, 3, 2, 6, $p),
-                entry: "matvec",
-            },
-            Kernel {
-                name: concat!($prefix, $label, "_n4"),
-                source: source!($skel, $file, 4, 2, 8, $p),
-                entry: "matvec",
-            },
-            Kernel {
-                name: concat!($prefix, $label, "_n5"),
-                source: source!($skel, $file, 5, 2, 10, $p),
-                entry: "matvec",
-            },
-            Kernel {
-                name: concat!($prefix, $label, "_n6"),
-                source: source!($skel, $file, 6, 2, 12, $p),
-                entry: "matvec",
-            },
-            Kernel {
-                name: concat!($prefix, $label, "_n7"),
-                source: source!($skel, $file, 7, 2, 14, $p),
-                entry: "matvec",
-            },
-            Kernel {
-                name: concat!($prefix, $label, "_n8"),
-                source: source!($skel, $file, 8, 2, $red8, $p),
-                entry: "matvec",
-            },
-        ]
+        )*]
     };
 }
 
@@ -290,10 +263,11 @@ impl Module {
             Module::Tile => TILE_ROWS,
         }
     }
-    fn rows_per_thread(self) -> u32 {
-        match self {
-            Module::Rows(n) => ROWS_PER_THREAD[n as usize - 1],
-            Module::Tile => TILE_R,
+    fn rows_per_thread(self, pair: bool) -> u32 {
+        match (self, pair) {
+            (Module::Rows(n), false) => ROWS_PER_THREAD[n as usize - 1],
+            (Module::Rows(n), true) => PAIR_ROWS_PER_THREAD[n as usize - 1],
+            (Module::Tile, _) => TILE_R,
         }
     }
 }
@@ -329,8 +303,8 @@ fn plan(n: u32, max_z: u32) -> Vec<Step> {
     steps
 }
 
-fn rows_per_group(module: Module, tpr_log2: u32) -> u32 {
-    (WG >> tpr_log2) * module.rows_per_thread()
+fn rows_per_group(module: Module, pair: bool, tpr_log2: u32) -> u32 {
+    (WG >> tpr_log2) * module.rows_per_thread(pair)
 }
 
 fn bad(m: &Packed, why: String) -> GpuError {
@@ -655,7 +629,7 @@ pub fn product(
             chunk.first_row
         } as u32;
         for step in &steps {
-            let blocks = rows.div_ceil(rows_per_group(step.module, tl));
+            let blocks = rows.div_ceil(rows_per_group(step.module, pair, tl));
             let mut groups = crate::groups_1d(gpu, blocks);
             groups[2] = step.z;
             match &quantized {
@@ -869,7 +843,7 @@ pub fn matvec_experts(
     };
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, x_rows);
-    let blocks = (pk.rows as u32).div_ceil(rows_per_group(Module::Rows(1), tl));
+    let blocks = (pk.rows as u32).div_ceil(rows_per_group(Module::Rows(1), false, tl));
     let one = 1f32.to_bits();
     for chunk in &pk.chunks {
         let mut pair0 = 0u64;
@@ -964,14 +938,18 @@ mod tests {
                     n * r
                 );
                 assert!(k.source.starts_with(&head), "{}", k.name);
-                // A pair reduces at most 14 outputs a round: twice its partial sums fit 16 KB.
+                // A pair's thread carries half the rows of each matrix, and reduces them all
+                // in one round: twice its partial sums fit 16 KB.
                 let pk = &f.pair_rows[i];
-                let red = if n * r > 14 { 8 } else { n * r };
+                let r = PAIR_ROWS_PER_THREAD[i];
+                assert_eq!(r * 2, ROWS_PER_THREAD[i].max(2));
                 let head = format!(
-                    "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {red}u;\nconst P: u32 = 2u;\n"
+                    "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {}u;\nconst P: u32 = 2u;\n",
+                    n * r
                 );
                 assert!(pk.source.starts_with(&head), "{}", pk.name);
-                assert!((n * r).is_multiple_of(red) && 128 * red * 2 * 4 <= 16384);
+                assert!(128 * n * r * 2 * 4 <= 16384);
+                assert_eq!(pk.name, format!("swiglu_{}", &k.name["matvec_".len()..]));
                 assert!(k.source.contains(&format!("const WG: u32 = {WG}u;")));
             }
             let head = format!(
