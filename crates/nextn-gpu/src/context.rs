@@ -916,6 +916,18 @@ impl Gpu {
         Ok(Pipeline { compute, storage })
     }
 
+    /// Make the bind group a later dispatch of `kernel` over `buffers` will use, so that making
+    /// it is not on that dispatch's path (a sequence's first commit replay, say).
+    pub fn bind_ahead(
+        &self,
+        kernel: &'static Kernel,
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<(), GpuError> {
+        let pipeline = self.pipeline(kernel)?;
+        self.bind_group(kernel.name, &pipeline.storage, buffers)
+            .map(|_| ())
+    }
+
     /// The pipeline of `kernel`, built on first use (a model builds all of its own at load,
     /// [`Gpu::prepare`]).
     pub(crate) fn pipeline(&self, kernel: &'static Kernel) -> Result<Arc<Pipeline>, GpuError> {

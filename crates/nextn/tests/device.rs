@@ -407,6 +407,10 @@ fn a_steady_state_allocates_nothing_and_a_speculative_step_is_one_submission() {
             "40",
             "--spec-draft-n-max",
             "0,3",
+            // Drafts accepted as a trained head's are: whole and partial acceptances both
+            // come in the steady state, so commits swap copies and replay kept rows there.
+            "--force-acceptance",
+            "0.95,0.86,0.75",
         ])
         .arg("--prompts")
         .arg(&prompts)
@@ -430,7 +434,10 @@ fn a_steady_state_allocates_nothing_and_a_speculative_step_is_one_submission() {
         |d: &serde_json::Value, k: &str| d[k].as_f64().unwrap_or_else(|| panic!("no {k} in {d}"));
     for n_max in [0, 3] {
         let d = run(n_max);
-        assert!(num(&d, "steady_steps") >= 40.0, "{d}");
+        // The steady state starts at each request's 8th piece of text: 32 plain steps of the
+        // two 40-token requests, and some 3.6 tokens a speculative step.
+        let least = if n_max == 0 { 60.0 } else { 10.0 };
+        assert!(num(&d, "steady_steps") >= least, "{d}");
         for k in [
             "buffers_created_per_pass",
             "bind_groups_created_per_pass",
@@ -452,6 +459,6 @@ fn a_steady_state_allocates_nothing_and_a_speculative_step_is_one_submission() {
     assert_eq!(num(&plain, "submissions_per_step"), 1.0, "{plain}");
     assert_eq!(num(&plain, "read_backs_per_step"), 1.0, "{plain}");
     let spec = run(3);
-    assert!(num(&spec, "submissions_per_step") <= 2.0, "{spec}");
-    assert!(num(&spec, "read_backs_per_step") <= 1.0, "{spec}");
+    assert_eq!(num(&spec, "submissions_per_step"), 1.0, "{spec}");
+    assert_eq!(num(&spec, "read_backs_per_step"), 1.0, "{spec}");
 }

@@ -19,7 +19,7 @@
 
 use super::matvec::{quant_layout, ActBlocks, QuantLayout, QuantOut};
 use super::Kernel;
-use crate::{GpuError, Recorder};
+use crate::{Gpu, GpuError, Recorder};
 
 /// The conv, norms, gates and recurrence of a delta-net layer's rows.
 pub static STEP: Kernel = Kernel {
@@ -261,9 +261,8 @@ pub fn step(
         need(k, n as u64 * keep_stride as u64, "delta-net kept rows")?;
     }
     let gpu = rec.gpu();
-    let unused = gpu.scratch("unused-2", 16)?;
+    let unused = gpu.scratch(UNUSED, 16)?;
     let flags = (io.keep.is_some() as u32) << 1 | (io.window_out.is_some() as u32) << 2;
-    let keep = io.keep.unwrap_or(&unused);
     let tiles = shape.value_head.div_ceil(STEP_COLS);
     let groups = crate::groups_1d(gpu, hv * tiles);
     let scale = 1.0 / (shape.key_head as f32).sqrt();
@@ -295,16 +294,44 @@ pub fn step(
             eps.to_bits(),
             scale.to_bits(),
         ],
-        &[
-            raw.rows.buffer,
-            w.buffer,
-            io.states,
-            io.windows,
-            keep,
-            out.buffer,
-        ],
+        &step_buffers(raw.rows.buffer, w, io, out.buffer, &unused),
         groups,
     )
+}
+
+/// The scratch buffer bound where a [`step`] keeps no rows.
+const UNUSED: &str = "unused-2";
+
+/// What a [`step`] binds, in the shader's order.
+fn step_buffers<'a>(
+    raw: &'a wgpu::Buffer,
+    weights: &StepWeights<'a>,
+    io: &StepIo<'a>,
+    out: &'a wgpu::Buffer,
+    unused: &'a wgpu::Buffer,
+) -> [&'a wgpu::Buffer; 6] {
+    [
+        raw,
+        weights.buffer,
+        io.states,
+        io.windows,
+        io.keep.unwrap_or(unused),
+        out,
+    ]
+}
+
+/// Make the bind group of a [`step`] reading raw rows from `raw` and writing to `out`, ahead of
+/// it: a verify pass makes the one its commit's replay will use, so a sequence's first partial
+/// acceptance creates nothing.
+pub fn prepare_step(
+    gpu: &Gpu,
+    raw: &wgpu::Buffer,
+    weights: &StepWeights,
+    io: &StepIo,
+    out: &wgpu::Buffer,
+) -> Result<(), GpuError> {
+    let unused = gpu.scratch(UNUSED, 16)?;
+    gpu.bind_ahead(&STEP, &step_buffers(raw, weights, io, out, &unused))
 }
 
 /// Value columns a [`step`] workgroup takes (`COLS` in the shader).

@@ -147,6 +147,11 @@ impl Drop for DeviceKvCache {
 
 /// Device bytes of one verify row's kept inputs: raw projections ([q|k|v], β, α) and the
 /// replay's discarded outputs.
+/// Verify rows a delta-net cache has room for from the start: the default draft depth's
+/// (3 drafts and the row before them), so a speculative request's passes bind the same buffers
+/// from its first step.
+const VERIFY_ROWS_AT_START: usize = 4;
+
 fn verify_row_bytes(conv_dim: usize, v_heads: usize, inner: usize) -> usize {
     (conv_dim + 2 * v_heads + inner) * 4
 }
@@ -212,7 +217,7 @@ impl DeviceDeltaNetCache {
         inner: usize,
     ) -> Result<Self, ModelError> {
         let b = |label: &str, n: usize| gpu.buffer(label, (n * 4) as u64).map_err(gpu_err);
-        let capacity = 1;
+        let capacity = VERIFY_ROWS_AT_START;
         let fixed = gpu
             .reserve(
                 "a delta-net layer's recurrent state",
@@ -254,11 +259,13 @@ impl DeviceDeltaNetCache {
         (at * wl, (1 - at) * wl)
     }
 
-    /// Room for `n` verify rows.
+    /// Room for `n` verify rows, grown to a power of two so that a request's deeper drafts
+    /// (new buffers, so new bind groups) come once, not at each new depth.
     pub(crate) fn reserve(&mut self, n: usize) -> Result<(), ModelError> {
         if n <= self.capacity {
             return Ok(());
         }
+        let n = n.next_power_of_two();
         let g = &self.gpu;
         let b = |label: &str, m: usize| g.buffer(label, (m * 4) as u64).map_err(gpu_err);
         // The old rows' memory stays reserved until the new rows' is: both exist for a moment.

@@ -940,6 +940,9 @@ impl DeviceDeltaNet {
             )
             .map_err(gpu_err)?;
             if seg.verify {
+                let (_, io) = self.replay(c)?;
+                dn_k::prepare_step(rec.gpu(), &c.keep, &weights, &io, &c.replay_out)
+                    .map_err(gpu_err)?;
                 c.pending = len;
             } else {
                 c.window_at = 1 - c.window_at;
@@ -988,23 +991,7 @@ impl DeviceDeltaNet {
             c.state_at = 1 - c.state_at;
             c.window_at = 1 - c.window_at;
         } else if keep > 0 {
-            let cd = self.conv_dim();
-            let hv = self.v_heads;
-            let raw = RawRows {
-                rows: dn_k::Rows::packed(&c.keep, u(cd + 2 * hv)?),
-                beta_col: u(cd)?,
-                alpha_col: u(cd + hv)?,
-            };
-            let ((s0, _), (w0, w1)) = (c.state_offsets(), c.window_offsets());
-            let io = StepIo {
-                states: &c.states,
-                state: s0,
-                state_out: s0,
-                windows: &c.windows,
-                window: w0,
-                window_out: Some(w1),
-                keep: None,
-            };
+            let (raw, io) = self.replay(c)?;
             dn_k::step(
                 rec,
                 &self.shape()?,
@@ -1013,13 +1000,39 @@ impl DeviceDeltaNet {
                 &io,
                 u(keep)?,
                 self.eps,
-                dn_k::Rows::packed(&c.replay_out, u(hv * self.head_dim)?),
+                dn_k::Rows::packed(&c.replay_out, u(self.v_heads * self.head_dim)?),
             )
             .map_err(gpu_err)?;
             c.window_at = 1 - c.window_at;
         }
         c.pending = 0;
         Ok(())
+    }
+
+    /// A commit's replay of kept verify rows: their raw projections, and the committed state
+    /// updated in place with the window after them going to the other copy.
+    fn replay<'a>(
+        &self,
+        c: &'a DeviceDeltaNetCache,
+    ) -> Result<(RawRows<'a>, StepIo<'a>), ModelError> {
+        let cd = self.conv_dim();
+        let hv = self.v_heads;
+        let raw = RawRows {
+            rows: dn_k::Rows::packed(&c.keep, u(cd + 2 * hv)?),
+            beta_col: u(cd)?,
+            alpha_col: u(cd + hv)?,
+        };
+        let ((s0, _), (w0, w1)) = (c.state_offsets(), c.window_offsets());
+        let io = StepIo {
+            states: &c.states,
+            state: s0,
+            state_out: s0,
+            windows: &c.windows,
+            window: w0,
+            window_out: Some(w1),
+            keep: None,
+        };
+        Ok((raw, io))
     }
 }
 

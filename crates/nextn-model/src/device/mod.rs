@@ -3,10 +3,12 @@
 //!
 //! `Model::offload` uploads the trunk; from then on `Model::forward_batch`, `Model::commit` and
 //! `Model::new_sequence` run here, and `NextnHead::load` uploads the head beside it. The engine
-//! does not know which path runs. One pass is one submission: the token embeddings go up (the
-//! embedding table stays in host memory, as llama.cpp keeps it), and what comes back is what the
-//! sampler and the head need: the logits of the rows asked for, and every row's post-norm hidden
-//! state (`n × n_embd` floats) that seeds the head.
+//! does not know which path runs. The passes of a step are recorded into one submission with one
+//! read-back. Token embeddings are gathered on the device when the table is there (the LM head of a
+//! tied model, or the table a head that drafts on the device uploaded); otherwise the host gathers
+//! them from its table and uploads the rows. What comes back is what the sampler and the head
+//! need: the logits (or only the top-1) of the rows asked for, the tokens the head drafted on the
+//! device, and every row's post-norm hidden state (`n × n_embd` floats) that seeds the head.
 
 mod cache;
 mod layer;
@@ -479,7 +481,8 @@ pub struct DeviceStats {
     pub runtime: nextn_gpu::Counters,
     /// Bytes the forward passes read back: hidden rows, logits rows and top-1 rows.
     pub read_back_bytes: u64,
-    pub timed_passes: u64,
+    /// Submissions timed by timestamp queries (one a step: the passes of a step go in one).
+    pub timed_submissions: u64,
     pub gpu_seconds: f64,
     /// With profiling on: device time by kernel over the passes whose dispatches were timed.
     pub kernels: std::collections::BTreeMap<&'static str, KernelTime>,
@@ -569,7 +572,7 @@ impl Counters {
             s.passes += 1;
             s.target_passes += u64::from(target);
             if let Some(t) = &back.time {
-                s.timed_passes += 1;
+                s.timed_submissions += 1;
                 s.gpu_seconds += t.seconds;
                 if !t.dispatches.is_empty() {
                     s.profiled_seconds += t.seconds;
@@ -642,8 +645,8 @@ pub(crate) fn locked<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, Mo
 }
 
 impl DeviceModel {
-    /// Upload every trunk weight of `model` (the embedding table stays in host memory) and
-    /// build every pipeline its passes use.
+    /// Upload every trunk weight of `model` and build every pipeline its passes use. An untied
+    /// embedding table stays in host memory until a head that drafts on the device needs it.
     pub fn upload(model: &Model, gpu: Arc<Gpu>) -> Result<DeviceModel, ModelError> {
         let cfg = &model.config;
         let mut bytes = 0;

@@ -213,12 +213,13 @@ fn device_report(
     let info = &device.gpu().info;
     let per_pass = |x: f64| x / s.passes.max(1) as f64;
     let tok = tokens.max(1) as f64;
-    let gpu_ms = (s.timed_passes > 0).then(|| s.gpu_seconds * 1e3 / s.timed_passes as f64);
+    let gpu_ms =
+        (s.timed_submissions > 0).then(|| s.gpu_seconds * 1e3 / s.timed_submissions as f64);
     let r = &steady.runtime;
     let passes = steady.passes.max(1) as f64;
     let steps = steady.target_passes.max(1) as f64;
     let line = format!(
-        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per pass, host CPU {} per token\n  \
+        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
          steady state ({} steps, {} passes): per step {:.0} dispatches, {:.2} submissions, {:.2} waits for the device; per pass {:.2} buffers, {:.2} bind groups and {:.2} pipelines created",
         info.name,
         if info.software { " (software: its times are CPU times)" } else { "" },
@@ -243,14 +244,14 @@ fn device_report(
     kernels.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
     if !kernels.is_empty() {
         let profiled = s.profiled_seconds.max(1e-12);
-        let passes = s.timed_passes.max(1) as f64;
+        let passes = s.timed_submissions.max(1) as f64;
         line.push_str(&format!(
-            "\n  device time by kernel ({:.2} ms per pass; a dispatch's time runs from the end of the one before it):\n  {:<28} {:>10} {:>10} {:>12} {:>7}",
+            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it):\n  {:<28} {:>10} {:>10} {:>12} {:>7}",
             profiled * 1e3 / passes,
             "kernel",
-            "per pass",
+            "per subm.",
             "us each",
-            "ms per pass",
+            "ms per subm.",
             "share"
         ));
         for (k, t) in &kernels {
@@ -276,9 +277,13 @@ fn device_report(
         "passes": s.passes,
         "target_passes": s.target_passes,
         "dispatches": s.runtime.dispatches,
+        "submissions": s.runtime.submissions,
+        "read_backs": s.runtime.read_backs,
+        "buffers_created": s.runtime.buffers_created,
+        "bind_groups_created": s.runtime.bind_groups_created,
         "dispatches_per_token": s.runtime.dispatches as f64 / tok,
         "read_back_bytes_per_token": s.read_back_bytes as f64 / tok,
-        "device_ms_per_pass": gpu_ms,
+        "device_ms_per_submission": gpu_ms,
         "host_cpu_ms_per_token": cpu_seconds.map(|c| c * 1e3 / tok),
         "steady_steps": steady.target_passes,
         "steady_passes": steady.passes,
