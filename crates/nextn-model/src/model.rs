@@ -183,9 +183,17 @@ impl Model {
         v_type: KvType,
     ) -> Result<(), ModelError> {
         if let Some(d) = &self.device {
+            let before = d.gpu().memory_budget().1;
             let caches = d.new_caches(self, n_ctx, k_type, v_type)?;
             d.gpu().check().map_err(crate::device::gpu_err)?;
+            let bytes = d.gpu().memory_budget().1.saturating_sub(before);
             drop(caches);
+            d.note_sequence(crate::device::CheckedSequence {
+                n_ctx,
+                k_type,
+                v_type,
+                bytes,
+            })?;
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ pub struct NextnHead {
     n_embd: usize,
     eps: f32,
     /// Kv heads and their dimension, for the head's own cache.
-    kv_heads: (usize, usize),
+    pub(crate) kv_heads: (usize, usize),
     /// The head on the device, when the trunk is there.
     device: Option<DeviceHead>,
 }
@@ -111,6 +111,29 @@ impl NextnHead {
             head.device = Some(DeviceHead::upload(d, &head, cfg, lm_head_shared)?);
         }
         Ok(head)
+    }
+
+    /// The embedding rows of `tokens` from the head's table (`n × n_embd`).
+    pub(crate) fn embed_rows(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let e = self.n_embd;
+        let mut out = vec![0.0f32; tokens.len() * e];
+        for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(e)) {
+            if t as usize >= self.embed.rows {
+                return Err(ModelError::TokenOutOfRange {
+                    token: t as u64,
+                    n_vocab: self.embed.rows,
+                });
+            }
+            self.embed.dequantize_row(t as usize, row)?;
+        }
+        Ok(out)
+    }
+
+    /// On the device: whether greedy drafts stay there until the verify pass (one submission a
+    /// step), or come back to the host after each draft because the device had no room for the
+    /// embedding table. `None` on the CPU.
+    pub fn device_drafts_stay(&self) -> Option<bool> {
+        self.device.as_ref().map(|d| d.drafts_stay())
     }
 
     /// Device memory of the head's own weights, when it runs on the device.
@@ -255,7 +278,6 @@ impl NextnHead {
         let n_vocab = self.n_vocab();
         let n: usize = items.iter().map(|it| it.tokens.len()).sum();
         let mut cat = vec![0.0f32; n * 2 * e];
-        let mut row = vec![0.0f32; e];
         let mut starts = Vec::with_capacity(items.len());
         let mut at = 0;
         for it in items.iter() {
@@ -272,16 +294,10 @@ impl NextnHead {
                 });
             }
             starts.push(at);
-            for (i, &t) in it.tokens.iter().enumerate() {
-                if t as usize >= self.embed.rows {
-                    return Err(ModelError::TokenOutOfRange {
-                        token: t as u64,
-                        n_vocab: self.embed.rows,
-                    });
-                }
-                self.embed.dequantize_row(t as usize, &mut row)?;
+            let rows = self.embed_rows(it.tokens)?;
+            for (i, row) in rows.chunks_exact(e).enumerate() {
                 let dst = &mut cat[(at + i) * 2 * e..(at + i + 1) * 2 * e];
-                ops::rms_norm(&row, &self.enorm, self.eps, &mut dst[..e]);
+                ops::rms_norm(row, &self.enorm, self.eps, &mut dst[..e]);
                 ops::rms_norm(
                     &hidden_prev[i * e..(i + 1) * e],
                     &self.hnorm,

@@ -462,3 +462,92 @@ fn a_steady_state_allocates_nothing_and_a_speculative_step_is_one_submission() {
     assert_eq!(num(&spec, "submissions_per_step"), 1.0, "{spec}");
     assert_eq!(num(&spec, "read_backs_per_step"), 1.0, "{spec}");
 }
+
+/// An untied model whose token embedding table does not fit on the device beside the weights and
+/// a sequence's caches keeps the table in host memory and drafts as before (each draft comes
+/// back to the host), with the same text as when the table is on the device; with room, the
+/// table goes up and the note is not printed.
+#[test]
+fn an_embedding_table_without_room_stays_on_the_host() {
+    let Some(dev) = lavapipe() else { return };
+    let dir = std::env::temp_dir().join(format!("nextn-untied-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("untied.gguf");
+    // 4 layers at width 256 and a 32k vocabulary: the table is about 4.5 MiB of 15 MB.
+    let o = bin()
+        .args([
+            "synth",
+            "--preset",
+            "0.8b",
+            "--hidden",
+            "256",
+            "--ff",
+            "512",
+            "--heads",
+            "2",
+            "--kv-heads",
+            "1",
+            "--head-dim",
+            "256",
+            "--ssm-k-heads",
+            "2",
+            "--ssm-v-heads",
+            "4",
+            "--ssm-head-dim",
+            "128",
+            "--vocab",
+            "32768",
+            "--layers",
+            "4",
+            "--untied",
+            "--type",
+            "Q4_K_M",
+            "-o",
+        ])
+        .arg(&model)
+        .output()
+        .expect("run nextn synth");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let run = |budget: Option<u32>| {
+        let mut c = bin();
+        if let Some(b) = budget {
+            c.env("NEXTN_GPU_MEMORY_MIB", b.to_string());
+        }
+        c.arg("run")
+            .arg("-m")
+            .arg(&model)
+            .args([
+                "-dev",
+                &dev,
+                "-c",
+                "256",
+                "-p",
+                "hello world",
+                "-n",
+                "12",
+                "--temp",
+                "0",
+                "--spec-type",
+                "nextn",
+            ])
+            .output()
+            .expect("run nextn")
+    };
+    const NOTE: &str = "the token embedding table does not fit on the device";
+    let roomy = run(None);
+    assert!(roomy.status.success(), "{}", text(&roomy.stderr));
+    assert!(
+        !text(&roomy.stderr).contains(NOTE),
+        "{}",
+        text(&roomy.stderr)
+    );
+    // The largest budget below the roomy one's needs at which the table is left on the host
+    // while the run goes through.
+    let tight = (8..=20)
+        .rev()
+        .map(|mib| run(Some(mib)))
+        .find(|o| o.status.success() && text(&o.stderr).contains(NOTE));
+    let _ = std::fs::remove_dir_all(&dir);
+    let tight = tight.expect("no budget left the table on the host and ran");
+    assert_eq!(text(&tight.stdout), text(&roomy.stdout));
+}

@@ -636,6 +636,19 @@ pub struct DeviceModel {
     pub(crate) drafted: Arc<Mutex<Drafted>>,
     /// The name of the embedding tensor (for the head, whose table may be the same one).
     embed_name: String,
+    /// The largest sequence [`Model::check_sequence`] made room for: its context, cache types
+    /// and device bytes, which the embedding table leaves free.
+    checked: Mutex<Option<CheckedSequence>>,
+}
+
+/// A sequence the device was checked to hold ([`Model::check_sequence`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CheckedSequence {
+    pub(crate) n_ctx: usize,
+    pub(crate) k_type: KvType,
+    pub(crate) v_type: KvType,
+    /// Device bytes of its trunk caches.
+    pub(crate) bytes: u64,
 }
 
 /// A lock that a panic elsewhere poisoned is a device error, not a panic here.
@@ -677,6 +690,7 @@ impl DeviceModel {
         Ok(DeviceModel {
             embed: Mutex::new(tied.then(|| lm_head.clone())),
             embed_name: model.token_embd.name.clone(),
+            checked: Mutex::new(None),
             gpu,
             counters: Arc::new(Counters::default()),
             layers,
@@ -692,26 +706,69 @@ impl DeviceModel {
         })
     }
 
-    /// The embedding table `table` on the device: the model's own (made resident on first need,
-    /// within the memory budget, and kept) when `table` is the model's token embedding, else an
-    /// upload of its own. Returns the matrix and the device bytes this call added.
-    pub(crate) fn embeddings(&self, table: &Linear) -> Result<(Arc<Mat>, u64), ModelError> {
+    /// Note that the device holds a sequence of `bytes` of trunk caches (the largest kept).
+    pub(crate) fn note_sequence(&self, seq: CheckedSequence) -> Result<(), ModelError> {
+        let mut checked = locked(&self.checked)?;
+        if checked.is_none_or(|c| c.bytes < seq.bytes) {
+            *checked = Some(seq);
+        }
+        Ok(())
+    }
+
+    /// The largest sequence the device was checked to hold.
+    pub(crate) fn checked_sequence(&self) -> Result<Option<CheckedSequence>, ModelError> {
+        Ok(*locked(&self.checked)?)
+    }
+
+    /// The embedding table `table` on the device: the model's own (made resident on first need
+    /// and kept) when `table` is the model's token embedding, else an upload of its own. Returns
+    /// the matrix and the device bytes this call added, or `None` when the device's memory
+    /// cannot hold it and still leave `keep_free` bytes (a sequence's caches): the rows are then
+    /// gathered on the host.
+    pub(crate) fn embeddings(
+        &self,
+        table: &Linear,
+        keep_free: u64,
+    ) -> Result<Option<(Arc<Mat>, u64)>, ModelError> {
+        let fits = || match self.gpu.memory_budget() {
+            (Some(limit), used) => {
+                used.saturating_add(table.bytes().len() as u64)
+                    .saturating_add(keep_free)
+                    <= limit
+            }
+            (None, _) => true,
+        };
+        let upload = || match fits().then(|| Mat::upload(&self.gpu, table)) {
+            None => Ok(None),
+            Some(Ok(m)) => Ok(Some(Arc::new(m))),
+            Some(Err(ModelError::DeviceMemory(_))) => Ok(None),
+            Some(Err(e)) => Err(e),
+        };
         if table.name != self.embed_name {
-            let m = Arc::new(Mat::upload(&self.gpu, table)?);
-            let bytes = m.device_bytes();
-            return Ok((m, bytes));
+            return Ok(upload()?.map(|m| {
+                let bytes = m.device_bytes();
+                (m, bytes)
+            }));
         }
         let mut embed = locked(&self.embed)?;
         if let Some(m) = embed.as_ref() {
-            return Ok((m.clone(), 0));
+            return Ok(Some((m.clone(), 0)));
         }
-        let m = Arc::new(Mat::upload(&self.gpu, table)?);
+        let Some(m) = upload()? else {
+            return Ok(None);
+        };
         let bytes = m.device_bytes();
         let mut kernels = Vec::new();
         m.embed_kernels(&mut kernels);
         self.gpu.prepare(&kernels).map_err(gpu_err)?;
         *embed = Some(m.clone());
-        Ok((m, bytes))
+        Ok(Some((m, bytes)))
+    }
+
+    /// Whether the trunk's passes gather their embedding rows on the device (and so can take
+    /// drafted tokens that stayed there).
+    pub(crate) fn gathers_embeddings(&self) -> Result<bool, ModelError> {
+        Ok(locked(&self.embed)?.is_some())
     }
 
     /// Device memory the weights take.

@@ -43,8 +43,11 @@ pub(crate) struct DeviceHead {
     /// The activations, shared with the trunk's passes.
     pass: Arc<Mutex<PassBuffers>>,
     io: Mutex<PassIo>,
-    /// The head's embedding table on the device (the trunk's when they are one tensor).
-    embed: Arc<Mat>,
+    /// The head's embedding table on the device (the trunk's when they are one tensor), unless
+    /// the device had no room for it: then the host gathers the rows and uploads them.
+    embed: Option<Arc<Mat>>,
+    /// Whether greedy drafts may stay on the device ([`DeviceHead::forward_batch`]).
+    drafts_stay: bool,
     /// The drafted tokens left on the device, shared with the trunk.
     drafted: Arc<Mutex<Drafted>>,
     /// Passes so far: the number of the last, whose hidden rows the next pass may take.
@@ -65,7 +68,31 @@ impl DeviceHead {
     ) -> Result<DeviceHead, ModelError> {
         let gpu = trunk.gpu.clone();
         let trunk_lm_head = lm_head_shared.then(|| trunk.lm_head());
-        let (embed, embed_bytes) = trunk.embeddings(&head.embed)?;
+        // The table leaves room for the largest sequence checked so far, with the head's cache.
+        let keep_free = match trunk.checked_sequence()? {
+            Some(seq) => {
+                let used = gpu.memory_budget().1;
+                let cache = super::DeviceKvCache::new(
+                    &gpu,
+                    seq.k_type,
+                    seq.v_type,
+                    head.kv_heads.0,
+                    head.kv_heads.1,
+                    seq.n_ctx,
+                )?;
+                let head_bytes = gpu.memory_budget().1.saturating_sub(used);
+                drop(cache);
+                seq.bytes + head_bytes
+            }
+            None => 0,
+        };
+        let (embed, embed_bytes) = match trunk.embeddings(&head.embed, keep_free)? {
+            Some((m, bytes)) => (Some(m), bytes),
+            None => (None, 0),
+        };
+        // Drafts stay on the device only when both the head and the verifying trunk can
+        // gather their embeddings there.
+        let drafts_stay = embed.is_some() && trunk.gathers_embeddings()?;
         let lm_head = match trunk_lm_head {
             Some(m) => m,
             None => Arc::new(Mat::upload(&gpu, &head.lm_head)?),
@@ -88,6 +115,7 @@ impl DeviceHead {
             pass: trunk.pass.clone(),
             io: Mutex::new(PassIo::default()),
             embed,
+            drafts_stay,
             drafted: trunk.drafted.clone(),
             passes: AtomicU64::new(0),
             embed_bytes,
@@ -97,9 +125,17 @@ impl DeviceHead {
         d.eh_proj.kernels(&mut kernels);
         d.layer.kernels(&mut kernels);
         d.lm_head.kernels(&mut kernels);
-        d.embed.embed_kernels(&mut kernels);
+        if let Some(m) = &d.embed {
+            m.embed_kernels(&mut kernels);
+        }
         d.gpu.prepare(&kernels).map_err(gpu_err)?;
         Ok(d)
+    }
+
+    /// Whether greedy drafts stay on the device between the head's passes and the verify pass
+    /// (false when the device had no room for the embedding table).
+    pub(crate) fn drafts_stay(&self) -> bool {
+        self.drafts_stay
     }
 
     /// Device memory of the head's own weights (an LM head shared with the trunk not counted;
@@ -207,19 +243,24 @@ impl DeviceHead {
         let h = grow(gpu, &mut io.h, "nextn-h", n * e)?;
         let ids = grow(gpu, &mut io.ids, "nextn token ids", n)?;
         let mut rec = Recorder::new(gpu);
-        rec.upload(&ids, 0, bytemuck::cast_slice(&tokens));
-        embed_rows(
-            &mut rec,
-            &self.embed.m,
-            &ids,
-            0,
-            &drafted.buf,
-            u(n)?,
-            &raw,
-            0,
-            u(e)?,
-        )
-        .map_err(gpu_err)?;
+        match &self.embed {
+            Some(table) => {
+                rec.upload(&ids, 0, bytemuck::cast_slice(&tokens));
+                embed_rows(
+                    &mut rec,
+                    &table.m,
+                    &ids,
+                    0,
+                    &drafted.buf,
+                    u(n)?,
+                    &raw,
+                    0,
+                    u(e)?,
+                )
+                .map_err(gpu_err)?;
+            }
+            None => rec.upload(&raw, 0, bytemuck::cast_slice(&head.embed_rows(&tokens)?)),
+        }
         for (it, &s) in items.iter().zip(&starts) {
             let rows = it.tokens.len();
             let at = ((n + s) * e * 4) as u64;
@@ -303,7 +344,8 @@ impl DeviceHead {
             .map(|it| it.logits.span(it.tokens.len()).1)
             .sum();
         // A trimmed LM head's top-1 is an index into its own rows, which the host maps to ids.
-        let defer = self.draft.is_none()
+        let defer = self.drafts_stay
+            && self.draft.is_none()
             && items
                 .iter()
                 .all(|it| it.logits == LogitRows::None || it.readback == Readback::Top1)

@@ -863,6 +863,12 @@ impl SpecArgs {
     pub fn load_head(&self, loaded: &Loaded) -> Result<NextnHead> {
         let mut head = self.load_full_head(loaded)?;
         self.draft_vocab.apply(loaded, &mut head)?;
+        if head.device_drafts_stay() == Some(false) {
+            eprintln!(
+                "note: the token embedding table does not fit on the device beside the weights and a sequence's caches: it \
+                 stays in host memory, and the NextN head's drafts come back to the host after each draft"
+            );
+        }
         Ok(head)
     }
 
