@@ -117,6 +117,9 @@ def main():
     ap.add_argument("--claude", default=CLAUDE)
     ap.add_argument("--max-output-tokens", default="48")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--output-format", choices=["json", "stream-json"], default="json",
+                    help="stream-json runs Claude Code with --verbose, as SDK hosts do (it then asks "
+                         "for thinking.display \"updates\")")
     a = ap.parse_args()
     Recorder.upstream = a.url
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
@@ -135,14 +138,23 @@ def main():
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": a.max_output_tokens, "NO_PROXY": "127.0.0.1,localhost",
     })
     t0 = time.monotonic()
-    run = subprocess.run([a.claude, "-p", "List the files here.", "--output-format", "json"], cwd=work,
-                         env=env, capture_output=True, text=True, timeout=a.timeout)
+    command = [a.claude, "-p", "List the files here.", "--output-format", a.output_format]
+    if a.output_format == "stream-json":
+        command.append("--verbose")
+    run = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=a.timeout)
     wall = time.monotonic() - t0
     proxy.shutdown()
     failures = []
     try:
-        result = json.loads(run.stdout)
-    except ValueError:
+        if a.output_format == "json":
+            result = json.loads(run.stdout)
+        else:
+            # One JSON event a line; the run's outcome is the last, of type "result".
+            events = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+            result = events[-1]
+            if result.get("type") != "result":
+                raise ValueError(f"last event {result.get('type')}")
+    except (ValueError, IndexError):
         result = {}
         failures.append(f"claude printed no JSON result (exit {run.returncode}): {run.stdout[-2000:]} {run.stderr[-2000:]}")
     # A synthesized model writes noise until the token limit; Claude Code then asks for more a
@@ -174,7 +186,7 @@ def main():
         failures.append(f"Claude Code sent {len(messages)} Messages requests; the cache check needs two")
     elif not usages[1].get("cache_read_input_tokens", 0) > 0:
         failures.append(f"the second request read nothing from the prefix cache: {usages[1]}")
-    print(f"claude code {run.returncode}: wall {wall:.2f} s, {len(Recorder.records)} requests, "
+    print(f"claude code ({a.output_format}) {run.returncode}: wall {wall:.2f} s, {len(Recorder.records)} requests, "
           f"ended: {result.get('terminal_reason')} {result.get('api_error') or ''}")
     for r, u in zip(messages, usages):
         ttft = f"{r['ttft']:.3f} s" if r["ttft"] is not None else "-"

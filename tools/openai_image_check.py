@@ -77,6 +77,17 @@ def main():
     assert cold.model_extra["timings"]["images_encoded"] == 1
     assert warm.choices[0].message.content == cold.choices[0].message.content, (warm, cold)
 
+    # `detail`, which the SDK's types ask for, in every value the API defines.
+    for detail in ["low", "high", "auto"]:
+        part = {"type": "image_url", "image_url": {"url": picture, "detail": detail}}
+        r = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, part]}],
+            max_tokens=1, temperature=0)
+        assert r.usage.prompt_tokens == r1.usage.prompt_tokens, (detail, r.usage, r1.usage)
+        r = client.responses.create(model="m", max_output_tokens=1, temperature=0, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": picture, "detail": detail}]}])
+        assert r.status in ("completed", "incomplete") and r.usage.input_tokens > image_rows, (detail, r)
+
     expect_400(client, [user("x", data_uri(b"not a picture at all"))], ["content[1]", "decode"])
     expect_400(client, [user("x", data_uri(png(20000, 1)))], ["20000x1", "16384"])
     expect_400(client, [user("x", "https://example.com/cat.png")], ["not fetched", "--allow-image-urls", "data URI"])

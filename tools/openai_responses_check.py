@@ -13,7 +13,8 @@ own types (pydantic, strictly), and:
 - `previous_response_id` (the stored conversation continued, the prefix cache hit reported in
   `cached_tokens`), `retrieve`, `delete`, and the errors for unknown ids;
 - `input_tokens.count` agreeing with a response's `input_tokens`;
-- a 400 for what the server refuses (an image part on a server without a vision tower, a web_search tool).
+- a hosted `web_search` tool beside a function (Codex's default) left out and the request answered;
+- a 400 for what the server refuses (an image part on a server without a vision tower, a custom tool).
 
   pip install openai jsonschema
   python3 tools/openai_responses_check.py --url http://127.0.0.1:8080/v1 [--api-key KEY]
@@ -254,11 +255,18 @@ def input_tokens(client):
     check(r.usage.input_tokens == n.input_tokens, "input_tokens.count agrees with the response's input_tokens")
 
 
+def hosted_tools(client):
+    r = client.responses.create(model=MODEL, max_output_tokens=4, input="x",
+                                tools=[SET_MODE, {"type": "web_search"}])
+    check(r.status in ("completed", "incomplete"), f"hosted web_search tool: answered ({r.status})")
+    check([t.type for t in r.tools] == ["function", "web_search"], "hosted web_search tool: tools repeated as sent")
+
+
 def refusals(client):
     for what, kw, needle in [
         ("an image part without a vision tower", dict(input=[{"role": "user", "content": [
-            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]), "--mmproj"),
-        ("a web_search tool", dict(input="x", tools=[{"type": "web_search"}]), "web_search"),
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "high"}]}]), "--mmproj"),
+        ("a custom tool", dict(input="x", tools=[{"type": "custom", "name": "apply_patch"}]), "custom"),
     ]:
         try:
             client.responses.create(model=MODEL, max_output_tokens=4, **kw)
@@ -281,6 +289,7 @@ def main():
     structured(client)
     stored(client)
     input_tokens(client)
+    hosted_tools(client)
     refusals(client)
     print("all responses checks passed")
 

@@ -1,9 +1,11 @@
 //! What every endpoint handler shares: the server state it is handed, the request body it reads,
-//! the loaded frontend it needs, the JSON it answers with, the server's request defaults, and the
-//! blocking threads that parse, render and tokenize.
+//! the loaded frontend it needs, the JSON it answers with, the blocking threads that parse, render
+//! and tokenize, and the one way a chat-shaped request goes from its body to what the scheduler
+//! runs ([`chat_pipeline`]).
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -11,6 +13,9 @@ use nextn_engine::scheduler::Phase;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::image_url::fetch_images;
+use crate::request::images::check_image_count;
+use crate::request::{parse_json, ChatRequest};
 use crate::{App, Frontend};
 
 pub(crate) type AppState = Arc<App>;
@@ -48,14 +53,6 @@ pub(crate) fn frontend(app: &App) -> Result<Arc<Frontend>, ApiError> {
     }
 }
 
-/// Fill in the fields a request leaves out from the server's command line (`--temp`, `-n`, ...).
-/// The token budget goes in as `n_predict`, which `max_tokens` and `max_completion_tokens` override.
-pub(crate) fn with_server_defaults(app: &App, o: &mut Map<String, Value>) {
-    for (k, v) in &app.cfg.request_defaults {
-        o.entry(k.clone()).or_insert_with(|| v.clone());
-    }
-}
-
 /// The text/JSON parts of a request that run off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
@@ -63,4 +60,28 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))?
+}
+
+/// A chat-shaped request from its body to `finish`'s result: the body parsed into the typed
+/// request by the API's `parse` off the async threads (with what else the API's answer needs),
+/// its images counted against `--max-images`, its image URLs fetched on the async threads, and
+/// `finish` (preparing it for the scheduler, or counting its tokens) off them again.
+pub(crate) async fn chat_pipeline<X, P>(
+    app: &AppState,
+    body: Bytes,
+    parse: impl FnOnce(&App, Map<String, Value>) -> Result<(ChatRequest, X), ApiError> + Send + 'static,
+    finish: impl FnOnce(&App, &Frontend, ChatRequest) -> Result<P, ApiError> + Send + 'static,
+) -> Result<(Arc<Frontend>, P, X), ApiError>
+where
+    X: Send + 'static,
+    P: Send + 'static,
+{
+    let fe = frontend(app)?;
+    let app2 = app.clone();
+    let (mut req, extra) = blocking(move || parse(&app2, parse_json(&body)?)).await?;
+    check_image_count(&req.images, app.cfg.max_images)?;
+    fetch_images(app, &fe, &mut req.images).await?;
+    let (app2, fe2) = (app.clone(), fe.clone());
+    let done = blocking(move || finish(&app2, &fe2, req)).await?;
+    Ok((fe, done, extra))
 }

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub reasoning: ReasoningFormat,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
+    /// Most images one request may carry (`--max-images`), the conversation it continues included;
+    /// more are refused before any is fetched or decoded.
+    pub max_images: usize,
     /// On SIGTERM / SIGINT, running requests may finish for this long before they are cancelled.
     pub shutdown_grace: Duration,
     /// Log every finished request to stderr.
@@ -121,6 +124,8 @@ pub enum ServeError {
     Load(String),
     #[error("the inference thread ended abnormally")]
     InferenceThread,
+    #[error(transparent)]
+    Sealer(#[from] responses::sealed::SealerError),
 }
 
 /// What the loader hands over once the model is read.
@@ -164,6 +169,8 @@ pub(crate) struct App {
     pub connections: Arc<conn::ConnStats>,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: responses::store::Store,
+    /// Seals reasoning into Responses' `encrypted_content` and draws response ids.
+    pub sealer: Arc<responses::sealed::Sealer>,
     /// Fetches image URLs (`--allow-image-urls`); `None`: they are refused.
     pub image_fetcher: Option<image_url::ImageFetcher>,
 }
@@ -231,6 +238,7 @@ where
         frontend: OnceLock::new(),
         connections: connections.clone(),
         responses: Default::default(),
+        sealer: Arc::new(responses::sealed::Sealer::new()?),
         image_fetcher,
     });
     let router = routes::router(app.clone());

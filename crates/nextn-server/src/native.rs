@@ -114,7 +114,7 @@ pub(crate) async fn apply_template(
     answer((|| {
         let fe = frontend(&app)?;
         let o = body_json(body)?;
-        let req = parse_chat(&o)?;
+        let req = parse_chat(&o, None)?;
         // The template renders an image as its placeholder: nothing needs fetching, but a URL a
         // generating request would refuse is refused here too.
         crate::image_url::check_allowed(&app, &req.images)?;

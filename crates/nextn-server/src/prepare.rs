@@ -7,11 +7,10 @@ use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource, ReasoningBudget};
 use nextn_engine::media::{ImageInput, MultimodalPrompt, PromptImage};
 use nextn_vision::decode_image;
-use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::reasoning::{self, prompt_opens_thinking, ReasoningSplitter};
-use crate::request::{flag, BiasKey, ChatImage, ChatRequest, GenParams};
+use crate::request::{BiasKey, ChatImage, ChatRequest, GenParams};
 use crate::respond::Shaping;
 use crate::tools::{call_grammar, Reasoning, ToolCallParser, ToolChoice};
 use crate::{App, Frontend, ReasoningFormat};
@@ -164,13 +163,12 @@ pub(crate) fn resolve_bias(fe: &Frontend, params: &mut GenParams) -> Result<(), 
     Ok(())
 }
 
-/// A chat request (a body with the server's defaults filled in) as what the scheduler runs: the
-/// messages through the template, the grammar for `tool_choice` or the output format, and how
-/// the answer is cut into reasoning, content and tool calls.
+/// A chat request as what the scheduler runs: the messages through the template, the grammar
+/// for `tool_choice` or the output format, and how the answer is cut into reasoning, content and
+/// tool calls.
 pub(crate) fn prepare_chat(
     app: &App,
     fe: &Frontend,
-    o: &Map<String, Value>,
     mut req: ChatRequest,
 ) -> Result<Prepared, ApiError> {
     // Any model name is accepted, as llama-server does: clients hard-code names.
@@ -202,9 +200,13 @@ pub(crate) fn prepare_chat(
                 only.is_none() && req.parallel_tool_calls && !req.legacy_functions,
                 reasoning,
             );
-            Some(compile(fe, &GrammarSource::Grammar(lark), "tool_choice")?)
+            Some(compile(
+                fe,
+                &GrammarSource::Grammar(lark),
+                &req.tool_choice_field,
+            )?)
         }
-        (_, Some(g)) => Some(compile(fe, g, grammar_param(o))?),
+        (_, Some(g)) => Some(compile(fe, g, &req.params.grammar_field)?),
         _ => None,
     };
     let grammar = with_reasoning_budget(
@@ -228,7 +230,7 @@ pub(crate) fn prepare_chat(
         }),
         legacy_functions: req.legacy_functions,
         logprobs: req.params.logprobs.is_some(),
-        return_tokens: flag(o, "return_tokens", false)?,
+        return_tokens: req.params.return_tokens,
         native: None,
     };
     Ok(Prepared {
@@ -241,10 +243,13 @@ pub(crate) fn prepare_chat(
     })
 }
 
-/// Which field gave the request's grammar (for error messages).
-pub(crate) fn grammar_param(o: &Map<String, Value>) -> &'static str {
-    ["response_format", "json_schema", "grammar"]
-        .into_iter()
-        .find(|k| o.get(*k).is_some_and(|v| !v.is_null()))
-        .unwrap_or("grammar")
+/// The prompt tokens a chat request would run (`count_tokens`, `input_tokens`): its messages
+/// through the template, images by the rows they take.
+pub(crate) fn count_chat_tokens(
+    app: &App,
+    fe: &Frontend,
+    req: ChatRequest,
+) -> Result<usize, ApiError> {
+    let text = render_chat(app, fe, &req)?;
+    Ok(tokenize_with_images(fe, &text, &req.images)?.tokens.len())
 }

@@ -418,18 +418,19 @@ pub(crate) async fn started(rx: &mut UnboundedReceiver<Event>) -> Result<(), Api
     }
 }
 
-pub(crate) async fn collect(
-    mut rx: UnboundedReceiver<Event>,
-    mut reply: Reply,
-) -> Result<Response, ApiError> {
-    started(&mut rx).await?;
-    let mut parts = Vec::new();
-    let mut logprobs = Vec::new();
-    let completion = loop {
+/// The events of a request answered whole, every API's: each piece of text to `on_text`, the
+/// log probabilities into `logprobs`, up to the completion (or the failure, as an error).
+pub(crate) async fn collect_events(
+    rx: &mut UnboundedReceiver<Event>,
+    mut on_text: impl FnMut(&str),
+    logprobs: &mut Vec<TokenLogprob>,
+) -> Result<Completion, ApiError> {
+    started(rx).await?;
+    loop {
         match rx.recv().await {
-            Some(Event::Text(t)) => parts.extend(reply.parts(&t)),
+            Some(Event::Text(t)) => on_text(&t),
             Some(Event::Logprobs(l)) => logprobs.extend(l),
-            Some(Event::Done(c)) => break c,
+            Some(Event::Done(c)) => return Ok(c),
             Some(Event::Failed { kind, message }) => return Err(failure(kind, message)),
             Some(Event::Started { .. } | Event::PromptProgress { .. }) => {}
             None => {
@@ -438,7 +439,17 @@ pub(crate) async fn collect(
                 ))
             }
         }
-    };
+    }
+}
+
+pub(crate) async fn collect(
+    mut rx: UnboundedReceiver<Event>,
+    mut reply: Reply,
+) -> Result<Response, ApiError> {
+    let mut parts = Vec::new();
+    let mut logprobs = Vec::new();
+    let completion =
+        collect_events(&mut rx, |t| parts.extend(reply.parts(t)), &mut logprobs).await?;
     parts.extend(reply.finish_parts());
     reply.log(&completion);
     let (mut reasoning, mut content) = (String::new(), String::new());
@@ -542,6 +553,15 @@ fn native_final(reply: &Reply, c: &Completion, content: String) -> Value {
     v
 }
 
+/// Work a stream runs off the async threads before its next frame (storing a finished
+/// response, say), so the frame that tells the client it is done comes after it.
+pub(crate) type BlockingJob = Box<dyn FnOnce() + Send>;
+
+/// How long a stream may go without a frame before it sends one that says it is alive: proxies
+/// commonly cut connections idle for 60-100 s, and a long prefill or a thinking phase whose text
+/// is not shown sends nothing.
+pub(crate) const IDLE_FRAME_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The state of one server-sent-events answer: frames ready to send, whether it has ended, and
 /// the request's event channel, whose events `on_event` turns into frames in the API's shape.
 pub(crate) trait SseFrames: Send + 'static {
@@ -549,20 +569,40 @@ pub(crate) trait SseFrames: Send + 'static {
     fn finished(&self) -> bool;
     fn events(&mut self) -> &mut UnboundedReceiver<Event>;
     fn on_event(&mut self, event: Option<Event>);
+    /// Nothing happened for [`IDLE_FRAME_AFTER`]: queue the API's keep-alive frame.
+    fn idle(&mut self);
+    /// Work to finish before the next frame goes out.
+    fn take_blocking(&mut self) -> Option<BlockingJob> {
+        None
+    }
+}
+
+/// An SSE comment: every SSE reader skips it, and the connection carries bytes.
+pub(crate) fn keep_alive_comment() -> Bytes {
+    Bytes::from_static(b": keep-alive\n\n")
 }
 
 /// A streamed answer: the frames of `state` as they are made, until it has ended.
 pub(crate) fn sse_response(state: impl SseFrames) -> Response {
     let body = futures_util::stream::unfold(state, |mut st| async move {
         loop {
+            // A job is queued with the frames that follow it (the last ones, when a finished
+            // response is kept), so it runs before any queued frame goes out.
+            if let Some(job) = st.take_blocking() {
+                // A job that panicked leaves the stream to go on with what it has.
+                let _ = tokio::task::spawn_blocking(job).await;
+                continue;
+            }
             if let Some(f) = st.next_frame() {
                 return Some((Ok::<Bytes, Infallible>(f), st));
             }
             if st.finished() {
                 return None;
             }
-            let ev = st.events().recv().await;
-            st.on_event(ev);
+            match tokio::time::timeout(IDLE_FRAME_AFTER, st.events().recv()).await {
+                Ok(ev) => st.on_event(ev),
+                Err(_) => st.idle(),
+            }
         }
     });
     (
@@ -576,9 +616,21 @@ pub(crate) fn sse_response(state: impl SseFrames) -> Response {
         .into_response()
 }
 
-/// The three fields every API's stream state keeps under the same names.
+/// The three fields every API's stream state keeps under the same names (`frames`, `finished`,
+/// `rx`), its keep-alive frame (`idle_frame`), and with `blocking`, a `blocking` field of work to
+/// finish before the next frame.
 macro_rules! sse_frames {
     ($state:ty) => {
+        $crate::respond::sse_frames!(@impl $state, {});
+    };
+    ($state:ty, blocking) => {
+        $crate::respond::sse_frames!(@impl $state, {
+            fn take_blocking(&mut self) -> Option<$crate::respond::BlockingJob> {
+                self.blocking.take()
+            }
+        });
+    };
+    (@impl $state:ty, { $($extra:tt)* }) => {
         impl $crate::respond::SseFrames for $state {
             fn next_frame(&mut self) -> Option<axum::body::Bytes> {
                 self.frames.pop_front()
@@ -594,6 +646,11 @@ macro_rules! sse_frames {
             fn on_event(&mut self, event: Option<nextn_engine::scheduler::Event>) {
                 <$state>::on_event(self, event)
             }
+            fn idle(&mut self) {
+                let frame = <$state>::idle_frame();
+                self.frames.push_back(frame);
+            }
+            $($extra)*
         }
     };
 }
@@ -613,6 +670,10 @@ struct SseState {
 }
 
 impl SseState {
+    fn idle_frame() -> Bytes {
+        keep_alive_comment()
+    }
+
     fn chunk(&mut self, delta: Value) {
         let logprobs = self.reply.take_logprobs();
         let choice =
@@ -785,4 +846,96 @@ pub(crate) async fn stream(
         state.frames.push_back(sse(&v));
     }
     Ok(sse_response(state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use tokio::time::Instant;
+
+    /// A stream whose events are text frames; its keep-alive frame is `idle`.
+    struct Quiet {
+        rx: UnboundedReceiver<Event>,
+        frames: VecDeque<Bytes>,
+        finished: bool,
+        jobs: Vec<BlockingJob>,
+    }
+
+    impl SseFrames for Quiet {
+        fn next_frame(&mut self) -> Option<Bytes> {
+            self.frames.pop_front()
+        }
+        fn finished(&self) -> bool {
+            self.finished
+        }
+        fn events(&mut self) -> &mut UnboundedReceiver<Event> {
+            &mut self.rx
+        }
+        fn on_event(&mut self, event: Option<Event>) {
+            match event {
+                Some(Event::Text(t)) => self.frames.push_back(Bytes::from(t)),
+                _ => {
+                    self.frames.push_back(Bytes::from_static(b"done"));
+                    self.finished = true;
+                }
+            }
+        }
+        fn idle(&mut self) {
+            self.frames.push_back(Bytes::from_static(b"idle"));
+        }
+        fn take_blocking(&mut self) -> Option<BlockingJob> {
+            self.jobs.pop()
+        }
+    }
+
+    /// A stream with nothing to say sends its API's keep-alive frame every [`IDLE_FRAME_AFTER`]
+    /// (a `ping` for Anthropic's clients, a comment for OpenAI's), and its events as they come.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_sends_a_keep_alive_frame_each_idle_period() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let state = Quiet {
+            rx,
+            frames: VecDeque::new(),
+            finished: false,
+            jobs: Vec::new(),
+        };
+        let mut body = sse_response(state).into_body().into_data_stream();
+        let t0 = Instant::now();
+        for n in 1..=3u32 {
+            assert_eq!(body.next().await.unwrap().unwrap(), "idle");
+            assert_eq!(t0.elapsed(), IDLE_FRAME_AFTER * n);
+        }
+        tx.send(Event::Text("token".into())).unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap(), "token");
+        assert_eq!(t0.elapsed(), IDLE_FRAME_AFTER * 3);
+        drop(tx);
+        assert_eq!(body.next().await.unwrap().unwrap(), "done");
+        assert!(body.next().await.is_none());
+        // The keep-alive frames of the APIs: an SSE comment, Anthropic's ping event.
+        assert_eq!(keep_alive_comment(), ": keep-alive\n\n");
+        let ping = crate::anthropic::answer::ping_frame();
+        assert_eq!(ping, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    }
+
+    /// Work queued with the last frames runs before any of them goes out.
+    #[tokio::test]
+    async fn a_blocking_job_runs_before_the_frames_queued_with_it() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let state = Quiet {
+            rx,
+            frames: VecDeque::from([Bytes::from_static(b"completed")]),
+            finished: true,
+            jobs: vec![Box::new(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            })],
+        };
+        drop(tx);
+        let mut body = sse_response(state).into_body().into_data_stream();
+        assert_eq!(body.next().await.unwrap().unwrap(), "completed");
+        assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    }
 }

@@ -13,23 +13,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use nextn_engine::scheduler::Phase;
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
 use crate::error::ApiError;
-use crate::handler::{
-    blocking, body_error, frontend, json_response, with_server_defaults, AppState,
-};
-use crate::image_url::fetch_images;
+use crate::handler::{blocking, body_error, chat_pipeline, frontend, json_response, AppState};
 use crate::prepare::{
-    compile, grammar_param, prepare_chat, resolve_bias, tokenize_with_images,
-    with_reasoning_budget, Prepared,
+    compile, prepare_chat, resolve_bias, tokenize_with_images, with_reasoning_budget, Prepared,
 };
 use crate::reasoning::prompt_opens_thinking;
-use crate::request::{flag, parse_chat, parse_completion, parse_json, unknown_fields, Prompt};
+use crate::request::images::check_image_count;
+use crate::request::unknown::log_unknown;
+use crate::request::{parse_chat, parse_completion, parse_json, Prompt, KNOWN_FIELDS};
 use crate::respond::{self, Endpoint, Reply, Shaping};
 use crate::submit::{enqueue, Submitted};
 use crate::{anthropic, native, responses, slots, unserved};
-use crate::{prometheus, App, Frontend};
+use crate::{prometheus, Frontend};
 use nextn_engine::media::MultimodalPrompt;
 
 pub(crate) fn router(app: AppState) -> Router {
@@ -90,17 +88,25 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn key_matches(keys: &[String], given: &str) -> bool {
+/// Which of `keys` `given` is.
+fn key_index(keys: &[String], given: &str) -> Option<usize> {
     // Every key is compared, so which key matched is not visible either.
-    keys.iter().fold(false, |ok, k| {
-        constant_time_eq(k.as_bytes(), given.as_bytes()) | ok
+    keys.iter().enumerate().fold(None, |found, (i, k)| {
+        let hit = constant_time_eq(k.as_bytes(), given.as_bytes());
+        found.or(hit.then_some(i))
     })
 }
 
-async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response {
+/// Who sent a request: the index of the API key it gave, `None` where the server takes no keys.
+/// What a request stores (Responses) is that caller's only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Caller(pub Option<usize>);
+
+async fn auth(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     // The chat page holds no data: it asks for the key and sends it with every API call.
     if app.cfg.api_keys.is_empty() || matches!(path, "/" | "/health" | "/v1/health") {
+        req.extensions_mut().insert(Caller(None));
         return next.run(req).await;
     }
     let given = req
@@ -113,12 +119,15 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
         })
         .map(str::trim)
         .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
-    match given {
-        Some(k) if key_matches(&app.cfg.api_keys, k) => next.run(req).await,
-        _ if anthropic::is_messages_path(path) => {
+    match given.and_then(|k| key_index(&app.cfg.api_keys, k)) {
+        Some(i) => {
+            req.extensions_mut().insert(Caller(Some(i)));
+            next.run(req).await
+        }
+        None if anthropic::is_messages_path(path) => {
             anthropic::error_response(ApiError::unauthorized())
         }
-        _ => ApiError::unauthorized().into_response(),
+        None => ApiError::unauthorized().into_response(),
     }
 }
 
@@ -151,15 +160,24 @@ async fn json_bodies_only(req: Request, next: Next) -> Response {
     if empty || value.to_str().is_ok_and(is_json_media_type) {
         return next.run(req).await;
     }
-    ApiError::new(
+    let e = ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "invalid_request_error",
         format!(
             "Content-Type '{}' is not supported: the body must be JSON sent as 'Content-Type: application/json' (with curl: -H 'Content-Type: application/json', or --json)",
             String::from_utf8_lossy(value.as_bytes())
         ),
-    )
-    .into_response()
+    );
+    in_the_apis_shape(req.uri().path(), e)
+}
+
+/// An error answered in the shape of the API whose route was asked for.
+fn in_the_apis_shape(path: &str, e: ApiError) -> Response {
+    if anthropic::is_messages_path(path) {
+        anthropic::error_response(e)
+    } else {
+        e.into_response()
+    }
 }
 
 /// The chat page: one self-contained file, embedded in the binary.
@@ -181,19 +199,16 @@ async fn not_found(req: Request) -> Response {
         req.method(),
         req.uri().path()
     ));
-    if anthropic::is_messages_path(req.uri().path()) {
-        return anthropic::error_response(e);
-    }
-    e.into_response()
+    in_the_apis_shape(req.uri().path(), e)
 }
 
 async fn method_not_allowed(req: Request) -> Response {
-    ApiError::new(
+    let e = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
         format!("{} is not allowed on {}", req.method(), req.uri().path()),
-    )
-    .into_response()
+    );
+    in_the_apis_shape(req.uri().path(), e)
 }
 
 async fn health(State(app): State<AppState>) -> Response {
@@ -263,35 +278,26 @@ async fn chat(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) 
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Name each field this server does not know, once, when debug logging is on.
-pub(crate) fn log_unknown(app: &App, o: &Map<String, Value>) {
-    let unknown = unknown_fields(o);
-    if app.cfg.debug_log && !unknown.is_empty() {
-        eprintln!(
-            "debug: ignoring unknown request fields: {}",
-            unknown.join(", ")
-        );
-    }
-}
-
 async fn chat_inner(
     app: AppState,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let fe = frontend(&app)?;
-    let app2 = app.clone();
-    let (o, mut req) = blocking(move || {
-        let mut o = parse_json(&body)?;
-        log_unknown(&app2, &o);
-        with_server_defaults(&app2, &mut o);
-        let req = parse_chat(&o)?;
-        Ok((o, req))
-    })
+    let (fe, prepared, ()) = chat_pipeline(
+        &app,
+        body,
+        |app, o| {
+            log_unknown(
+                app.cfg.debug_log,
+                "/v1/chat/completions",
+                &o,
+                &[KNOWN_FIELDS],
+            );
+            Ok((parse_chat(&o, Some(&app.cfg.request_defaults))?, ()))
+        },
+        prepare_chat,
+    )
     .await?;
-    fetch_images(&app, &fe, &mut req.images).await?;
-    let (app2, fe2) = (app.clone(), fe.clone());
-    let prepared = blocking(move || prepare_chat(&app2, &fe2, &o, req)).await?;
     submit(&app, &fe, prepared, Endpoint::Chat).await
 }
 
@@ -320,12 +326,16 @@ async fn completions_inner(
     let fe = frontend(&app)?;
     let app2 = app.clone();
     let fe2 = fe.clone();
+    let path = match endpoint {
+        Endpoint::Native => "/completion",
+        Endpoint::Completion | Endpoint::Chat => "/v1/completions",
+    };
     let prepared = blocking(move || {
         let (app, fe) = (app2, fe2);
-        let mut o = parse_json(&body)?;
-        log_unknown(&app, &o);
-        with_server_defaults(&app, &mut o);
-        let mut req = parse_completion(&o)?;
+        let o = parse_json(&body)?;
+        log_unknown(app.cfg.debug_log, path, &o, &[KNOWN_FIELDS]);
+        let mut req = parse_completion(&o, Some(&app.cfg.request_defaults))?;
+        check_image_count(req.prompt.images(), app.cfg.max_images)?;
         // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
         let MultimodalPrompt { tokens, images } = match &req.prompt {
@@ -337,7 +347,7 @@ async fn completions_inner(
             Prompt::Multimodal { text, images } => tokenize_with_images(&fe, text, images)?,
         };
         let grammar = match &req.params.grammar {
-            Some(g) => Some(compile(&fe, g, grammar_param(&o))?),
+            Some(g) => Some(compile(&fe, g, &req.params.grammar_field)?),
             None => None,
         };
         // A raw prompt reasons where it opened a block or the model opens one itself.
@@ -359,7 +369,7 @@ async fn completions_inner(
             tools: None,
             legacy_functions: false,
             logprobs: req.params.logprobs.is_some(),
-            return_tokens: flag(&o, "return_tokens", false)?,
+            return_tokens: req.params.return_tokens,
             native: (endpoint == Endpoint::Native).then(|| {
                 let p = &req.params;
                 let n_ctx = app.handle.info().map_or(0, |i| i.n_ctx_slot);
@@ -457,7 +467,14 @@ mod tests {
         assert!(!constant_time_eq(b"", b"x"));
         assert!(constant_time_eq(b"", b""));
         let keys = vec!["a".to_string(), "bb".to_string()];
-        assert!(key_matches(&keys, "bb") && key_matches(&keys, "a") && !key_matches(&keys, "c"));
-        assert!(!key_matches(&[], "a"));
+        assert_eq!(
+            (
+                key_index(&keys, "bb"),
+                key_index(&keys, "a"),
+                key_index(&keys, "c")
+            ),
+            (Some(1), Some(0), None)
+        );
+        assert_eq!(key_index(&[], "a"), None);
     }
 }

@@ -101,36 +101,80 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
 }
 
-fn function_of(f: &Value, param: &str) -> Result<Tool, ApiError> {
-    let Some(f) = f.as_object() else {
-        return Err(tool_error(param, format!("'{param}' must be an object")));
-    };
-    let name = match f.get("name") {
+/// A tool named `name` (checked) whose arguments follow `parameters` (a JSON Schema object, or
+/// none: no arguments); `param` is where the request gave it, `schema_key` its schema's field.
+pub(crate) fn named_tool(
+    name: Option<&Value>,
+    parameters: Option<&Value>,
+    param: &str,
+    schema_key: &str,
+) -> Result<Tool, ApiError> {
+    let name = match name {
         Some(Value::String(n)) if valid_name(n) => n.clone(),
         Some(Value::String(n)) => {
             return Err(tool_error(
-                param,
+                &format!("{param}.name"),
                 format!("'{param}.name' '{n}' must be 1-256 letters, digits, '_', '-', '.' or ':'"),
             ))
         }
         _ => {
             return Err(tool_error(
-                param,
+                &format!("{param}.name"),
                 format!("'{param}.name' must be a string"),
             ))
         }
     };
-    let parameters = match f.get("parameters") {
+    let parameters = match parameters {
         None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
             return Err(tool_error(
-                param,
-                format!("'{param}.parameters' must be a JSON Schema object"),
+                &format!("{param}.{schema_key}"),
+                format!("'{param}.{schema_key}' must be a JSON Schema object"),
             ))
         }
     };
     Ok(Tool { name, parameters })
+}
+
+fn function_of(f: &Value, param: &str) -> Result<Tool, ApiError> {
+    let Some(f) = f.as_object() else {
+        return Err(tool_error(param, format!("'{param}' must be an object")));
+    };
+    named_tool(f.get("name"), f.get("parameters"), param, "parameters")
+}
+
+/// Two tools of one name could not be told apart in the model's calls.
+pub(crate) fn check_unique(tools: &[Tool], param: &str) -> Result<(), ApiError> {
+    let mut seen = std::collections::HashSet::new();
+    for t in tools {
+        if !seen.insert(&t.name) {
+            return Err(tool_error(
+                param,
+                format!("two tools are named '{}'", t.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A choice that needs a tool the request does not offer is refused, naming `param`.
+pub(crate) fn check_choice(
+    choice: &ToolChoice,
+    tools: &[Tool],
+    param: &str,
+) -> Result<(), ApiError> {
+    match choice {
+        ToolChoice::Required if tools.is_empty() => Err(tool_error(
+            param,
+            format!("'{param}' is \"required\" but the request offers no tools"),
+        )),
+        ToolChoice::Named(n) if !tools.iter().any(|t| &t.name == n) => Err(tool_error(
+            param,
+            format!("'{param}' names '{n}', which is not one of the request's tools"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The request's tools (`tools`, or legacy `functions`) and the array the chat template gets
@@ -178,15 +222,7 @@ pub fn parse_tools(o: &Map<String, Value>) -> Result<(Vec<Tool>, Value), ApiErro
         }
         Some(_) => return Err(tool_error("functions", "'functions' must be an array")),
     }
-    let mut seen = std::collections::HashSet::new();
-    for t in &tools {
-        if !seen.insert(&t.name) {
-            return Err(tool_error(
-                "tools",
-                format!("two tools are named '{}'", t.name),
-            ));
-        }
-    }
+    check_unique(&tools, "tools")?;
     Ok((tools, Value::Array(for_template)))
 }
 
@@ -232,17 +268,8 @@ pub fn parse_tool_choice(o: &Map<String, Value>, tools: &[Tool]) -> Result<ToolC
             ))
         }
     };
-    match &choice {
-        ToolChoice::Required if tools.is_empty() => Err(tool_error(
-            param,
-            format!("'{param}' is \"required\" but the request offers no tools"),
-        )),
-        ToolChoice::Named(n) if !tools.iter().any(|t| &t.name == n) => Err(tool_error(
-            param,
-            format!("'{param}' names '{n}', which is not one of the request's tools"),
-        )),
-        _ => Ok(choice),
-    }
+    check_choice(&choice, tools, param)?;
+    Ok(choice)
 }
 
 /// OpenAI clients send an assistant message's `function.arguments` as a JSON string; chat

@@ -284,7 +284,7 @@ fn grammars_and_refusals() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(
-        s.log_text().contains("ignoring unknown request fields")
+        s.log_text().contains("ignores unknown request fields")
             && s.log_text().contains("zz_client_specific"),
         "{}",
         s.log_text()
@@ -296,8 +296,10 @@ fn grammars_and_refusals() {
 /// tokenizer and chat template (random weights: the answers are noise, the protocol is what is
 /// tested). `--output-schema` makes the grammar end the answer, so the turn completes instead of
 /// running into the token budget; thinking is off (`--reasoning-budget 0`) so the JSON is the
-/// answer's text. Every request Codex sends must be answered: the run exits 0 with a completed
-/// turn, no error event, and a last message that is the schema's JSON.
+/// answer's text. Codex runs with its default configuration, which adds its hosted web search
+/// tool: the server leaves it out with a warning. Every request Codex sends must be answered:
+/// the run exits 0 with a completed turn, no error event, and a last message that is the
+/// schema's JSON.
 #[test]
 fn codex_cli_exec_over_the_responses_api() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -358,7 +360,6 @@ fn codex_cli_exec_over_the_responses_api() {
         home.join("config.toml"),
         format!(
             "model = \"synth\"\nmodel_provider = \"nextn\"\n\
-             # The server runs function tools only.\nweb_search = \"disabled\"\n\
              [model_providers.nextn]\nname = \"nextn\"\nbase_url = \"http://127.0.0.1:{}/v1\"\n\
              wire_api = \"responses\"\nenv_key = \"NEXTN_TEST_KEY\"\nstream_max_retries = 0\nrequest_max_retries = 0\n",
             s.port
@@ -430,6 +431,10 @@ fn codex_cli_exec_over_the_responses_api() {
     assert!(answer["answer"].is_string(), "{answer} ({context})");
     // Every request Codex made was generated to its end (no budget cut, no failure).
     let log = s.log_text();
+    assert!(
+        log.contains("is a hosted tool of type 'web_search'"),
+        "Codex's default web search tool was expected: {context}"
+    );
     let finished: Vec<&str> = log.lines().filter(|l| l.contains(", finish ")).collect();
     assert!(
         !finished.is_empty() && finished.iter().all(|l| !l.contains("finish length")),

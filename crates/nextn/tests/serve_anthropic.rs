@@ -137,25 +137,31 @@ fn claude_code_print_mode_against_a_synth_model() {
     );
     let m = model.to_str().unwrap().to_string();
     let s = Server::start(&["-m", &m, "-np", "1", "-c", "65536", "--api-key", KEY]);
-    let out = serve_common::run_python_tool(
-        "claude_code_check.py",
-        &[
-            "--url",
-            &format!("http://127.0.0.1:{}", s.port),
-            "--api-key",
-            KEY,
-        ],
-    );
+    // `stream-json` (with --verbose, as SDK hosts run it) asks for `thinking.display: "updates"`:
+    // every request of both runs must be answered.
+    for format in ["json", "stream-json"] {
+        let out = serve_common::run_python_tool(
+            "claude_code_check.py",
+            &[
+                "--url",
+                &format!("http://127.0.0.1:{}", s.port),
+                "--api-key",
+                KEY,
+                "--output-format",
+                format,
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("{stdout}");
+        assert!(
+            out.status.success() && stdout.contains("claude code check passed"),
+            "tools/claude_code_check.py --output-format {format} failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
+            out.status,
+            s.log_text()
+        );
+    }
     let _ = std::fs::remove_file(&model);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success() && stdout.contains("claude code check passed"),
-        "tools/claude_code_check.py failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
-        out.status,
-        s.log_text()
-    );
 }
 
 /// `thinking.budget_tokens`, `output_config.effort` and the Responses API's `reasoning.effort`

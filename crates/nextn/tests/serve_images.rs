@@ -143,4 +143,31 @@ fn messages_and_responses_take_images() {
     );
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(bad.json()["error"]["type"], "invalid_request_error");
+    // Named as the Messages request wrote it, not as a chat completions field.
+    let text = bad.text();
+    assert!(
+        text.contains("messages[0].content[0].source.data") && !text.contains("image_url"),
+        "{text}"
+    );
+
+    // A picture a tool returned (Claude Code's Read tool on an image) reaches the model.
+    let tool_turn = |with_image: bool| {
+        let mut result = vec![json!({"type": "text", "text": "the file:"})];
+        if with_image {
+            result.push(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}));
+        }
+        json!({"model": "m", "max_tokens": 4, "temperature": 0, "thinking": {"type": "disabled"},
+               "tools": [{"name": "Read", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}],
+               "messages": [
+                   {"role": "user", "content": "Read a.png"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a.png"}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]}]})
+    };
+    let (with, without) = (count(&tool_turn(true)), count(&tool_turn(false)));
+    assert!(
+        with > without + 4,
+        "the tool's picture's rows: {with} vs {without}"
+    );
+    let r = s.post("/v1/messages", &tool_turn(true));
+    assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -1,4 +1,10 @@
+use serde_json::{json, Map, Value};
+
+use super::answer::{tool_use_id, Signature};
+use super::request::{normalize_billing_header, parse_messages, Context};
 use super::*;
+use crate::request::ChatRequest;
+use nextn_engine::media::IMAGE_PLACEHOLDER;
 
 fn obj(v: Value) -> Map<String, Value> {
     match v {
@@ -7,13 +13,24 @@ fn obj(v: Value) -> Map<String, Value> {
     }
 }
 
-fn conv(v: Value) -> Result<Converted, ApiError> {
-    convert(&obj(v), false)
+fn cx(vision: bool) -> Context<'static> {
+    Context {
+        defaults: None,
+        count_only: false,
+        vision,
+    }
 }
+
+fn conv(v: Value) -> Result<(ChatRequest, MessagesAnswer), ApiError> {
+    parse_messages(&obj(v), cx(true))
+}
+
+/// A tiny PNG, base64: what an image block carries.
+const PNG_B64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg==";
 
 #[test]
 fn a_conversation_with_tools_becomes_a_chat_request() {
-    let c = conv(json!({
+    let (req, answer) = conv(json!({
         "model": "claude-x", "max_tokens": 2000, "stop_sequences": ["END"], "temperature": 0.5,
         "top_k": 5, "top_p": 0.9, "metadata": {"user_id": "u"},
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
@@ -35,45 +52,45 @@ fn a_conversation_with_tools_becomes_a_chat_request() {
         ]
     }))
     .unwrap();
-    let chat = &c.chat;
-    assert_eq!(chat["max_tokens"], 2000);
-    assert_eq!(chat["stop"], json!(["END"]));
-    assert_eq!(chat["tool_choice"], "required");
-    assert_eq!(chat["parallel_tool_calls"], false);
-    assert_eq!(
-        chat["chat_template_kwargs"],
-        json!({"enable_thinking": true})
-    );
-    assert_eq!(c.deferred, vec!["later".to_string()]);
-    let m = chat["messages"].as_array().unwrap();
-    assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
-    assert_eq!(
-        m[1],
-        json!({"role": "user", "content": "Weather in Paris?"})
-    );
-    assert_eq!(m[2]["reasoning_content"], "Use the tool.");
-    assert_eq!(m[2]["content"], "Checking.");
-    assert_eq!(
-        m[2]["tool_calls"][0]["function"]["arguments"],
-        "{\"city\":\"Paris\"}"
-    );
-    assert_eq!(
-        m[3],
-        json!({"role": "tool", "tool_call_id": "toolu_1", "content": "21 C"})
-    );
-    assert_eq!(m[4]["content"], "Error: boom");
-    assert_eq!(m[5], json!({"role": "user", "content": "And tomorrow?"}));
-    assert_eq!(m.len(), 6);
-    // The chat path takes it as it is.
-    let req = parse_chat(chat).unwrap();
+    assert_eq!(answer.model, "claude-x");
+    assert_eq!(answer.stop_sequences, vec!["END".to_string()]);
+    assert!(answer.show_thinking);
+    assert_eq!(req.params.n_predict, Some(2000));
+    assert_eq!(req.params.stop, vec!["END".to_string()]);
+    assert_eq!(req.params.sampler.top_k, 5);
+    assert_eq!(req.params.reasoning_budget, Some(Some(1024)));
     assert_eq!(req.tool_choice, crate::tools::ToolChoice::Required);
     assert!(!req.parallel_tool_calls);
-    assert_eq!(req.params.n_predict, Some(2000));
-    assert_eq!(req.params.sampler.top_k, 5);
+    assert_eq!(req.template_kwargs, obj(json!({"enable_thinking": true})));
+    // The deferred tool's calls are parsed; the prompt does not show it.
+    assert_eq!(req.tools.len(), 2);
+    assert_eq!(req.tools_for_template.as_array().unwrap().len(), 1);
+    let m = &req.messages;
     assert_eq!(
-        req.messages[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"],
+        (m[0].role.as_str(), m[0].content.as_str()),
+        ("system", "Be brief.")
+    );
+    assert_eq!(
+        (m[1].role.as_str(), m[1].content.as_str()),
+        ("user", "Weather in Paris?")
+    );
+    assert_eq!(m[2].reasoning_content.as_deref(), Some("Use the tool."));
+    assert_eq!(m[2].content, "Checking.");
+    assert_eq!(
+        m[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"],
         json!({"city": "Paris"})
     );
+    assert_eq!(
+        (m[3].role.as_str(), m[3].content.as_str()),
+        ("tool", "21 C")
+    );
+    assert_eq!(m[3].tool_call_id.as_deref(), Some("toolu_1"));
+    assert_eq!(m[4].content, "Error: boom");
+    assert_eq!(
+        (m[5].role.as_str(), m[5].content.as_str()),
+        ("user", "And tomorrow?")
+    );
+    assert_eq!(m.len(), 6);
 }
 
 #[test]
@@ -114,6 +131,23 @@ fn wrong_fields_name_themselves() {
             ),
             "messages[0].content[0].source.type",
         ),
+        // The second block of the first message is named as the client wrote it.
+        (
+            with(
+                "messages",
+                json!([{"role": "user", "content": [
+                    {"type": "text", "text": "see"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "%%%"}}]}]),
+            ),
+            "messages[0].content[1].source.data",
+        ),
+        (
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}]}]),
+            ),
+            "messages[0].content[0].source.url",
+        ),
         (
             with(
                 "messages",
@@ -125,6 +159,13 @@ fn wrong_fields_name_themselves() {
             with(
                 "messages",
                 json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "image"}]}]}]),
+            ),
+            "messages[0].content[0].content[0]",
+        ),
+        (
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "video"}]}]}]),
             ),
             "messages[0].content[0].content[0]",
         ),
@@ -146,23 +187,37 @@ fn wrong_fields_name_themselves() {
         (with("temperature", json!(1.5)), "temperature"),
         (with("stop_sequences", json!("END")), "stop_sequences"),
         (
-            with(
-                "tools",
-                json!([{"type": "web_search_20250305", "name": "web_search"}]),
-            ),
-            "tools[0]",
+            with("tools", json!([{"name": "f"}])),
+            "tools[0].input_schema",
         ),
-        (with("tools", json!([{"name": "f"}])), "tools[0]"),
+        (
+            with("tools", json!([{"input_schema": {"type": "object"}}])),
+            "tools[0].name",
+        ),
         (
             with(
                 "tools",
                 json!([{"name": "f", "input_schema": {}, "strict": true}]),
             ),
-            "tools[0]",
+            "tools[0].strict",
         ),
-        (with("tool_choice", json!({"type": "tool"})), "tool_choice"),
+        (
+            with(
+                "tools",
+                json!([{"name": "f", "input_schema": {}}, {"name": "f", "input_schema": {}}]),
+            ),
+            "tools",
+        ),
+        (
+            with("tool_choice", json!({"type": "tool"})),
+            "tool_choice.name",
+        ),
         (
             with("tool_choice", json!({"type": "sometimes"})),
+            "tool_choice.type",
+        ),
+        (
+            with("tool_choice", json!({"type": "tool", "name": "nope"})),
             "tool_choice",
         ),
         (
@@ -176,7 +231,14 @@ fn wrong_fields_name_themselves() {
             ),
             "thinking.budget_tokens",
         ),
-        (with("thinking", json!({"type": "sometimes"})), "thinking"),
+        (
+            with("thinking", json!({"type": "sometimes"})),
+            "thinking.type",
+        ),
+        (
+            with("thinking", json!({"type": "adaptive", "display": 3})),
+            "thinking.display",
+        ),
         (
             with(
                 "context_management",
@@ -186,7 +248,7 @@ fn wrong_fields_name_themselves() {
         ),
         (
             with("output_config", json!({"format": {"type": "json_schema"}})),
-            "output_config",
+            "output_config.format",
         ),
         (
             with("output_config", json!({"effort": "extreme"})),
@@ -199,6 +261,8 @@ fn wrong_fields_name_themselves() {
         let e = conv(body.clone()).expect_err(&body.to_string());
         assert_eq!(e.status.as_u16(), 400, "{body}");
         assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        // No error speaks of a chat completions field the client never sent.
+        assert!(!e.message.contains("image_url"), "{body}: {}", e.message);
     }
     // What Claude Code sends alongside is accepted.
     let mut b = base();
@@ -206,24 +270,48 @@ fn wrong_fields_name_themselves() {
     b["context_management"] =
         json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]});
     b["output_config"] = json!({"effort": "medium"});
-    let c = conv(b).unwrap();
-    assert!(!c.show_thinking);
-    assert_eq!(
-        c.chat["chat_template_kwargs"],
-        json!({"enable_thinking": true})
-    );
+    let (req, answer) = conv(b).unwrap();
+    assert!(!answer.show_thinking);
+    assert_eq!(req.template_kwargs, obj(json!({"enable_thinking": true})));
+    // With effort "medium", thinking gets its share of max_tokens.
+    assert!(req.params.reasoning_budget.is_some());
+    // `thinking.display` values this server does not produce (Claude Code's stream-json
+    // `updates`) are read as showing the thinking.
+    for display in ["updates", "summarized", "full"] {
+        let mut b = base();
+        b["thinking"] = json!({"type": "adaptive", "display": display});
+        assert!(conv(b).unwrap().1.show_thinking, "{display}");
+    }
     let mut b = base();
     b["thinking"] = json!({"type": "disabled"});
     assert_eq!(
-        conv(b).unwrap().chat["chat_template_kwargs"],
-        json!({"enable_thinking": false})
+        conv(b).unwrap().0.template_kwargs,
+        obj(json!({"enable_thinking": false}))
     );
     // count_tokens has no max_tokens.
-    assert!(convert(
+    let count = Context {
+        count_only: true,
+        ..cx(true)
+    };
+    assert!(parse_messages(
         &obj(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})),
-        true
+        count
     )
     .is_ok());
+}
+
+/// Server tools run on Anthropic's side: the request goes on with its client tools.
+#[test]
+fn server_tools_are_left_out() {
+    let (req, _) = conv(json!({"model": "m", "max_tokens": 8,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                  {"name": "grep", "input_schema": {"type": "object"}},
+                  {"type": "code_execution_20250825", "name": "code_execution"}],
+        "messages": [{"role": "user", "content": "hi"}]}))
+    .unwrap();
+    assert_eq!(req.tools.len(), 1);
+    assert_eq!(req.tools[0].name, "grep");
+    assert_eq!(req.tools_for_template.as_array().unwrap().len(), 1);
 }
 
 #[test]
@@ -242,11 +330,11 @@ fn the_billing_stamp_does_not_change_the_prompt() {
 
 #[test]
 fn tool_references_show_the_tool() {
-    let c = conv(json!({"model": "m", "max_tokens": 8,
+    let (req, _) = conv(json!({"model": "m", "max_tokens": 8,
         "tools": [{"name": "grep", "description": "search", "input_schema": {"type": "object"}, "defer_loading": true}],
         "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "tool_reference", "tool_name": "grep"}]}]}]}))
     .unwrap();
-    let content = c.chat["messages"][0]["content"].as_str().unwrap();
+    let content = &req.messages[0].content;
     assert!(
         content.contains("\"name\":\"grep\"") && content.contains("search"),
         "{content}"
@@ -289,66 +377,70 @@ fn ids_and_signatures() {
     assert_ne!(a.text(), c.text());
 }
 
-/// Image blocks of a user message become chat completions' `image_url` parts in order with its
-/// text: a base64 source as a data URI, a URL source as its URL.
+/// Image blocks of a user message stand in its text where they were, in order: a base64 source
+/// as its bytes, a URL source as an image to fetch, each named by its own field.
 #[test]
-fn image_blocks_become_image_url_parts_in_order() {
-    let base =
-        || json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
-    let mut b = base();
-    b["messages"] = json!([{"role": "user", "content": [
+fn image_blocks_become_images_in_order() {
+    let (req, _) = conv(json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "Compare "},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
         {"type": "text", "text": "with"},
         {"type": "image", "source": {"type": "url", "url": "https://example.com/b.jpg"}},
         {"type": "text", "text": "."},
-    ]}]);
-    let c = conv(b).unwrap();
-    assert_eq!(
-        c.chat["messages"][0]["content"],
-        json!([
-            {"type": "text", "text": "Compare "},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR"}},
-            {"type": "text", "text": "with"},
-            {"type": "image_url", "image_url": {"url": "https://example.com/b.jpg"}},
-            {"type": "text", "text": "."},
-        ])
-    );
-    // Text alone stays a string.
-    assert_eq!(
-        conv(base()).unwrap().chat["messages"][0]["content"],
-        json!("hi")
-    );
-}
-
-/// A `url` image source reaches the chat path as an image to fetch, named by its chat field.
-#[test]
-fn a_url_image_source_is_an_image_to_fetch() {
-    let c = conv(
-        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "url", "url": "https://example.com/b.jpg"}},
-            {"type": "text", "text": "What is it?"},
-        ]}]}),
-    )
+    ]}]}))
     .unwrap();
-    let req = parse_chat(&c.chat).unwrap();
-    assert_eq!(req.images.len(), 1);
     assert_eq!(
-        req.images[0].remote_url(),
+        req.messages[0].content,
+        format!("Compare {IMAGE_PLACEHOLDER}with{IMAGE_PLACEHOLDER}.")
+    );
+    assert_eq!(req.images.len(), 2);
+    assert!(req.images[0].bytes().unwrap().starts_with(b"\x89PNG"));
+    assert_eq!(req.images[0].field, "messages[0].content[1].source.data");
+    assert_eq!(
+        req.images[1].remote_url(),
         Some("https://example.com/b.jpg")
     );
-    assert_eq!(req.images[0].field, "messages[0].content[0].image_url.url");
-    // Other schemes are refused while parsing, as in chat completions.
-    let c = conv(
-        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}},
-        ]}]}),
-    )
-    .unwrap();
-    let e = parse_chat(&c.chat).unwrap_err();
+    assert_eq!(req.images[1].field, "messages[0].content[3].source.url");
+}
+
+/// A picture a tool returned (Claude Code's Read tool on an image) reaches the model with a
+/// vision tower, and is named in the text without one; a text document is read.
+#[test]
+fn images_and_documents_in_tool_results_are_accepted() {
+    let body = json!({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "text", "text": "Here:"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}},
+            {"type": "document", "title": "notes", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}},
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+        ]}]},
+        {"role": "user", "content": "what is in it?"}]});
+    let (req, _) = conv(body.clone()).unwrap();
+    let tool = &req.messages[1];
+    assert_eq!(tool.role, "tool");
     assert!(
-        e.message.contains("only http:// and https://"),
+        tool.content
+            .starts_with(&format!("Here:{IMAGE_PLACEHOLDER}notes\n\nplain words")),
         "{}",
-        e.message
+        tool.content
+    );
+    assert!(
+        tool.content.contains("text documents only"),
+        "{}",
+        tool.content
+    );
+    assert_eq!(req.images.len(), 1);
+    assert_eq!(
+        req.images[0].field,
+        "messages[1].content[0].content[1].source.data"
+    );
+    let (req, _) = parse_messages(&obj(body), cx(false)).unwrap();
+    assert!(req.images.is_empty());
+    assert!(!req.messages[1].content.contains(IMAGE_PLACEHOLDER));
+    assert!(
+        req.messages[1].content.contains("reads no images"),
+        "{}",
+        req.messages[1].content
     );
 }

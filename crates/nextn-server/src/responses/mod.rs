@@ -7,9 +7,9 @@
 //! output items and stream events ([`output`]). Responses are kept in a bounded in-memory store
 //! ([`store`]) unless `store: false`, so `previous_response_id` can continue one.
 
-mod base64;
 mod input;
 mod output;
+pub(crate) mod sealed;
 pub(crate) mod store;
 
 use std::collections::VecDeque;
@@ -20,6 +20,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use nextn_engine::output::FinishReason;
 use nextn_engine::scheduler::{Completion, Event, FailKind};
 use nextn_engine::tokenizer::Tokenizer;
@@ -27,137 +28,103 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
-use crate::handler::{
-    blocking, body_error, frontend, json_response, with_server_defaults, AppState,
-};
-use crate::image_url::fetch_images;
-use crate::prepare::{prepare_chat, Prepared};
+use crate::handler::{blocking, body_error, chat_pipeline, json_response, AppState};
+use crate::prepare::{count_chat_tokens, prepare_chat, Prepared};
 use crate::reasoning::effort_budget;
-use crate::request::{fresh_seed, parse_chat, parse_json, ChatRequest};
-use crate::respond::{failure, sse_response, started, unix_time, Endpoint, Reply};
+use crate::request::unknown::log_unknown;
+use crate::request::ChatRequest;
+use crate::respond::{failure, sse_response, started, unix_time, BlockingJob, Endpoint, Reply};
+use crate::routes::Caller;
 use crate::submit::{enqueue, Submitted};
 use crate::App;
 
 use input::ResponsesRequest;
 use output::Output;
 
-/// Name each field this endpoint does not know, once, when debug logging is on.
-fn log_unknown(app: &App, o: &Map<String, Value>) {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    if !app.cfg.debug_log {
-        return;
-    }
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    let seen = seen.get_or_insert_with(HashSet::new);
-    let unknown: Vec<&str> = o
-        .keys()
-        .filter(|k| {
-            !input::KNOWN_FIELDS.contains(&k.as_str()) && !input::CHAT_FIELDS.contains(&k.as_str())
-        })
-        .filter(|k| seen.insert((*k).clone()))
-        .map(String::as_str)
-        .collect();
-    if !unknown.is_empty() {
-        eprintln!(
-            "debug: /v1/responses ignores unknown request fields: {}",
-            unknown.join(", ")
-        );
-    }
-}
+/// Why a stored response cannot be found, for the 404s of every route that names one.
+const NOT_KEPT: &str = "responses are kept in memory while the server runs, for the API key that made them, unless 'store' is false or the response was too large to keep";
 
-/// An error from the chat path, with the field named as a Responses request names it.
-fn in_responses_terms(mut e: ApiError) -> ApiError {
-    let renamed = match e.param.as_deref() {
-        Some(p) if p.starts_with("messages") => "input",
-        Some("response_format") => "text.format",
-        Some("max_tokens") => "max_output_tokens",
-        Some(p) if p.starts_with("tools[") || p.starts_with("functions") => "tools",
-        _ => return e,
-    };
-    e.param = Some(renamed.into());
-    e
-}
-
-/// The body, its mapping (continuing a stored conversation), the chat body it maps to and that
-/// body parsed (image URLs not yet fetched).
+/// The body read as a Responses request (continuing the caller's stored conversation) into the
+/// chat request, and what the answer needs besides.
 fn parse(
     app: &App,
-    body: &[u8],
-) -> Result<(ResponsesRequest, Map<String, Value>, ChatRequest), ApiError> {
-    let o = parse_json(body)?;
-    log_unknown(app, &o);
-    let previous = match input::previous_id(&o)? {
+    caller: Caller,
+    o: &Map<String, Value>,
+) -> Result<(ChatRequest, ResponsesRequest), ApiError> {
+    log_unknown(
+        app.cfg.debug_log,
+        "/v1/responses",
+        o,
+        &[input::KNOWN_FIELDS, input::CHAT_FIELDS],
+    );
+    let previous = match input::previous_id(o)? {
         None => None,
-        Some(id) => match app.responses.get(id) {
+        Some(id) => match app.responses.get(caller.0, id) {
             Some(stored) => Some(stored.conversation),
             None => {
                 return Err(ApiError::invalid_field(
                     "previous_response_id",
-                    format!("Previous response with id '{id}' not found (responses are kept in memory while the server runs, unless 'store' is false)"),
+                    format!("Previous response with id '{id}' not found ({NOT_KEPT})"),
                 ))
             }
         },
     };
-    let req = input::parse(&o, previous)?;
-    let mut chat = req.chat.clone();
-    with_server_defaults(app, &mut chat);
+    let (mut chat, req) = input::parse(
+        o,
+        input::Context {
+            previous,
+            defaults: Some(&app.cfg.request_defaults),
+            sealer: &app.sealer,
+        },
+    )?;
     // An effort's share of the answer's allowance (`max_output_tokens`, else the server's
     // `--n-predict`, else a slot's context), unless the request sets `thinking_budget_tokens`.
-    let effort = req.echo.get("reasoning").and_then(|r| r.get("effort"));
-    if let Some(effort) = effort.and_then(Value::as_str) {
-        let allowance = ["max_tokens", "n_predict"]
-            .iter()
-            .find_map(|k| chat.get(*k).and_then(Value::as_u64))
+    if let (Some(effort), None) = (&req.effort, chat.params.reasoning_budget) {
+        let allowance = chat
+            .params
+            .n_predict
+            .map(|n| n as u64)
             .or_else(|| app.handle.info().map(|i| i.n_ctx_slot as u64));
         if let Some(budget) = allowance.and_then(|a| effort_budget(effort, a)) {
-            chat.entry("thinking_budget_tokens")
-                .or_insert(json!(budget));
+            chat.params.reasoning_budget = Some(Some(budget as usize));
         }
     }
-    let parsed = parse_chat(&chat).map_err(in_responses_terms)?;
-    Ok((req, chat, parsed))
+    Ok((chat, req))
 }
 
-/// The body, its mapping and the prepared chat request: parsed off the async threads, its image
-/// URLs fetched on them, then prepared off them again.
-async fn prepare(app: &AppState, body: Bytes) -> Result<(ResponsesRequest, Prepared), ApiError> {
-    let fe = frontend(app)?;
-    let app2 = app.clone();
-    let (req, chat, mut parsed) = blocking(move || parse(&app2, &body)).await?;
-    fetch_images(app, &fe, &mut parsed.images)
-        .await
-        .map_err(in_responses_terms)?;
-    let app2 = app.clone();
-    let prepared =
-        blocking(move || prepare_chat(&app2, &fe, &chat, parsed).map_err(in_responses_terms))
-            .await?;
-    Ok((req, prepared))
+/// The body parsed, its image URLs fetched, and `finish` run on the chat request.
+async fn pipeline<P: Send + 'static>(
+    app: &AppState,
+    caller: Caller,
+    body: Bytes,
+    finish: impl FnOnce(&App, &crate::Frontend, ChatRequest) -> Result<P, ApiError> + Send + 'static,
+) -> Result<(Arc<crate::Frontend>, P, ResponsesRequest), ApiError> {
+    chat_pipeline(app, body, move |app, o| parse(app, caller, &o), finish).await
 }
 
 pub(crate) async fn create(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    create_inner(app, body)
+    create_inner(app, caller, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn create_inner(
     app: AppState,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let fe = frontend(&app)?;
-    let (req, prepared) = prepare(&app, body).await?;
+    let (fe, prepared, req): (_, Prepared, _) = pipeline(&app, caller, body, prepare_chat).await?;
     let cache_prompt = prepared.params.cache_prompt;
     let Submitted {
         rx,
         params,
         shaping,
-    } = enqueue(&app, prepared).map_err(in_responses_terms)?;
+    } = enqueue(&app, prepared)?;
     let reply = Reply::new(
         app.clone(),
         fe.tokenizer.clone(),
@@ -165,13 +132,15 @@ async fn create_inner(
         params.include_usage,
         shaping,
     );
-    let stem = format!("{:016x}", fresh_seed());
+    let stem = app.sealer.random_hex();
+    let sealer = req.encrypted_reasoning.then(|| app.sealer.clone());
     let answer = Answer {
         app: app.clone(),
+        owner: caller.0,
         tokenizer: fe.tokenizer.clone(),
         id: format!("resp_{stem}"),
         created_at: unix_time(),
-        output: Output::new(&stem, req.namespaced.clone(), req.encrypted_reasoning),
+        output: Output::new(&stem, req.namespaced.clone(), sealer),
         reply,
         cache_prompt,
         req,
@@ -186,6 +155,8 @@ async fn create_inner(
 /// One response being answered.
 struct Answer {
     app: Arc<App>,
+    /// The API key the response is kept for.
+    owner: store::Owner,
     tokenizer: Arc<Tokenizer>,
     id: String,
     created_at: u64,
@@ -225,9 +196,30 @@ impl Answer {
         self.output.push(parts, self.reply.calls());
     }
 
-    /// The end of generation: the rest of the parts, the open item closed, the final object
-    /// (kept when `store`).
-    fn finish(&mut self, c: &Completion) -> Value {
+    /// Tokens of the answer that were reasoning: those up to and including the one that ends
+    /// the thinking block, all of them when it never ended.
+    fn reasoning_tokens(&self, c: &Completion) -> usize {
+        if self.output.reasoning_text().is_empty() {
+            return 0;
+        }
+        match self.tokenizer.token_id("</think>") {
+            Some(end) => c
+                .tokens
+                .iter()
+                .position(|&t| t == end)
+                .map_or(c.completion_tokens, |i| i + 1),
+            None => self
+                .tokenizer
+                .encode(self.output.reasoning_text(), false)
+                .len(),
+        }
+        .min(c.completion_tokens)
+    }
+
+    /// The end of generation: the rest of the parts, the open item closed, the final object,
+    /// and with `store`, the job that keeps it (run off the async threads: it measures the
+    /// conversation it keeps).
+    fn finish(&mut self, c: &Completion) -> (Value, Option<BlockingJob>) {
         let parts = self.reply.finish_parts();
         self.output.push(parts, self.reply.calls());
         self.reply.log(c);
@@ -239,14 +231,7 @@ impl Answer {
             ("completed", Value::Null)
         };
         self.output.close(status);
-        let reasoning_tokens = if self.output.reasoning_text().is_empty() {
-            0
-        } else {
-            self.tokenizer
-                .encode(self.output.reasoning_text(), false)
-                .len()
-                .min(c.completion_tokens)
-        };
+        let reasoning_tokens = self.reasoning_tokens(c);
         let cached = c.timings.cache_n;
         let usage = json!({
             "input_tokens": c.prompt_tokens,
@@ -263,14 +248,25 @@ impl Answer {
             extra["completed_at"] = json!(unix_time());
         }
         let object = self.object(status, extra);
-        if self.req.store {
-            let mut conversation = self.req.conversation.clone();
+        let keep = self.req.store.then(|| {
+            let mut conversation = std::mem::take(&mut self.req.conversation);
             conversation.extend(self.output.items().iter().cloned());
-            self.app
-                .responses
-                .put(self.id.clone(), object.clone(), conversation);
-        }
-        object
+            let (app, owner, id, response) = (
+                self.app.clone(),
+                self.owner,
+                self.id.clone(),
+                object.clone(),
+            );
+            Box::new(move || {
+                if !app.responses.put(owner, id.clone(), response, conversation) {
+                    eprintln!(
+                        "warning: response {id} is not kept: its conversation is over {} MiB",
+                        store::MAX_ENTRY_BYTES >> 20
+                    );
+                }
+            }) as BlockingJob
+        });
+        (object, keep)
     }
 
     /// The object of a response that failed after it started.
@@ -296,7 +292,14 @@ async fn collect(
         match rx.recv().await {
             Some(Event::Text(t)) => answer.text(&t),
             Some(Event::Done(c)) => {
-                let object = answer.finish(&c);
+                let (object, keep) = answer.finish(&c);
+                if let Some(keep) = keep {
+                    blocking(move || {
+                        keep();
+                        Ok(())
+                    })
+                    .await?;
+                }
                 return Ok(json_response(StatusCode::OK, object));
             }
             Some(Event::Failed { kind, message }) => return Err(failure(kind, message)),
@@ -310,7 +313,7 @@ async fn collect(
     }
 }
 
-crate::respond::sse_frames!(SseState);
+crate::respond::sse_frames!(SseState, blocking);
 
 struct SseState {
     rx: UnboundedReceiver<Event>,
@@ -318,9 +321,15 @@ struct SseState {
     frames: VecDeque<Bytes>,
     sequence: u64,
     finished: bool,
+    /// Keeping the finished response, done before its last event goes out.
+    blocking: Option<BlockingJob>,
 }
 
 impl SseState {
+    fn idle_frame() -> Bytes {
+        crate::respond::keep_alive_comment()
+    }
+
     fn send(&mut self, mut event: Value) {
         event["sequence_number"] = json!(self.sequence);
         self.sequence += 1;
@@ -342,7 +351,8 @@ impl SseState {
                 self.send_item_events();
             }
             Some(Event::Done(c)) => {
-                let object = self.answer.finish(&c);
+                let (object, keep) = self.answer.finish(&c);
+                self.blocking = keep;
                 self.send_item_events();
                 let kind = if object["status"] == "incomplete" {
                     "response.incomplete"
@@ -381,6 +391,7 @@ async fn stream(
         frames: VecDeque::new(),
         sequence: 0,
         finished: false,
+        blocking: None,
     };
     let begun = state.answer.object("in_progress", json!({}));
     state.send(json!({"type": "response.created", "response": begun}));
@@ -391,14 +402,15 @@ async fn stream(
 /// `POST /v1/responses/input_tokens`: the prompt a request would run, counted.
 pub(crate) async fn input_tokens(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = async {
         let body = body.map_err(body_error)?;
-        let (_, prepared) = prepare(&app, body).await?;
+        let (_, n, _) = pipeline(&app, caller, body, count_chat_tokens).await?;
         Ok::<_, ApiError>(json_response(
             StatusCode::OK,
-            json!({"object": "response.input_tokens", "input_tokens": prepared.tokens.len()}),
+            json!({"object": "response.input_tokens", "input_tokens": n}),
         ))
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -408,26 +420,31 @@ fn unknown_response(id: &str) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        format!("Response with id '{id}' not found (responses are kept in memory while the server runs, unless 'store' is false)"),
+        format!("Response with id '{id}' not found ({NOT_KEPT})"),
     );
     e.param = Some("response_id".into());
     e
 }
 
-/// `GET /v1/responses/{id}`.
+/// `GET /v1/responses/{id}`: a response the caller's API key made.
 pub(crate) async fn retrieve(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
     UrlPath(id): UrlPath<String>,
 ) -> Response {
-    match app.responses.get(&id) {
+    match app.responses.get(caller.0, &id) {
         Some(stored) => json_response(StatusCode::OK, stored.response),
         None => unknown_response(&id).into_response(),
     }
 }
 
-/// `DELETE /v1/responses/{id}`.
-pub(crate) async fn delete(State(app): State<AppState>, UrlPath(id): UrlPath<String>) -> Response {
-    if app.responses.remove(&id) {
+/// `DELETE /v1/responses/{id}`: a response the caller's API key made.
+pub(crate) async fn delete(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    UrlPath(id): UrlPath<String>,
+) -> Response {
+    if app.responses.remove(caller.0, &id) {
         json_response(
             StatusCode::OK,
             json!({"id": id, "object": "response", "deleted": true}),

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use crate::respond::Part;
 use crate::tools::ToolCall;
 
-use super::base64;
+use std::sync::Arc;
+
+use super::sealed::Sealer;
 
 /// Where an open item stands.
 enum Open {
@@ -29,6 +31,8 @@ enum Open {
         call_id: String,
         name: String,
         arguments: String,
+        /// Whether an arguments delta has been sent: a call is done only after at least one.
+        streamed: bool,
     },
 }
 
@@ -41,7 +45,9 @@ pub(crate) struct Output {
     /// Events not yet sent (without `sequence_number`).
     events: Vec<Value>,
     namespaced: HashMap<String, (String, String)>,
-    encrypted_reasoning: bool,
+    /// Seals each reasoning item's text into its `encrypted_content`, when the request asked
+    /// for it.
+    sealer: Option<Arc<Sealer>>,
     /// The reasoning text of the whole answer (for `reasoning_tokens`).
     reasoning: String,
 }
@@ -70,7 +76,7 @@ impl Output {
     pub fn new(
         stem: &str,
         namespaced: HashMap<String, (String, String)>,
-        encrypted_reasoning: bool,
+        sealer: Option<Arc<Sealer>>,
     ) -> Self {
         Output {
             stem: stem.to_string(),
@@ -78,7 +84,7 @@ impl Output {
             open: None,
             events: Vec::new(),
             namespaced,
-            encrypted_reasoning,
+            sealer,
             reasoning: String::new(),
         }
     }
@@ -206,6 +212,7 @@ impl Output {
             call_id,
             name,
             arguments: String::new(),
+            streamed: false,
         });
     }
 
@@ -215,11 +222,13 @@ impl Output {
             index: open,
             id,
             arguments,
+            streamed,
             ..
         }) = &mut self.open
         {
             if *open == index {
                 arguments.push_str(&delta);
+                *streamed = true;
                 let id = id.clone();
                 self.event(
                     "response.function_call_arguments.delta",
@@ -264,8 +273,8 @@ impl Output {
                     "type": "reasoning", "id": id, "summary": [],
                     "content": [{"type": "reasoning_text", "text": text}], "status": status,
                 });
-                if self.encrypted_reasoning {
-                    item["encrypted_content"] = json!(base64::encode(text.as_bytes()));
+                if let Some(sealed) = self.sealer.as_ref().and_then(|s| s.seal(&text)) {
+                    item["encrypted_content"] = json!(sealed);
                 }
                 item
             }
@@ -288,8 +297,17 @@ impl Output {
                 call_id,
                 name,
                 arguments,
+                streamed,
                 ..
             } => {
+                // A call parsed whole in one chunk still gets its arguments as one delta, as
+                // clients that build calls from deltas expect.
+                if !streamed {
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        json!({"output_index": output_index, "item_id": id, "delta": arguments}),
+                    );
+                }
                 self.event(
                     "response.function_call_arguments.done",
                     json!({"output_index": output_index, "item_id": id, "arguments": arguments}),
@@ -325,7 +343,7 @@ mod tests {
 
     #[test]
     fn reasoning_text_and_a_call_become_three_items_in_order() {
-        let mut out = Output::new("x", HashMap::new(), false);
+        let mut out = Output::new("x", HashMap::new(), None);
         out.push(
             vec![
                 Part::Reasoning("think".into()),
@@ -401,7 +419,8 @@ mod tests {
             "agents.close".to_string(),
             ("agents".to_string(), "close".to_string()),
         )]);
-        let mut out = Output::new("y", ns, true);
+        let sealer = Arc::new(Sealer::new().unwrap());
+        let mut out = Output::new("y", ns, Some(sealer.clone()));
         out.push(vec![Part::Reasoning("r".into())], &[]);
         out.push(
             vec![Part::CallStart {
@@ -414,7 +433,9 @@ mod tests {
         // Generation stopped inside the call.
         out.close("incomplete");
         let items = out.items();
-        assert_eq!(items[0]["encrypted_content"], base64::encode(b"r"));
+        let sealed = items[0]["encrypted_content"].as_str().unwrap();
+        assert_eq!(sealer.open(sealed).as_deref(), Some("r"));
+        assert!(!sealed.contains('r') || sealer.open(&sealed.replace('r', "s")).is_none());
         assert_eq!(
             (
                 &items[1]["name"],
@@ -423,5 +444,31 @@ mod tests {
             ),
             (&json!("close"), &json!("agents"), &json!("incomplete"))
         );
+    }
+
+    #[test]
+    fn a_call_parsed_in_one_chunk_still_gets_one_arguments_delta() {
+        let mut out = Output::new("z", HashMap::new(), None);
+        let c = call("f", json!({"path": "a.rs"}));
+        out.push(
+            vec![Part::CallStart {
+                index: 0,
+                id: "call_3".into(),
+                name: "f".into(),
+            }],
+            &[("call_3".into(), c)],
+        );
+        let events = out.take_events();
+        assert_eq!(
+            kinds(&events),
+            [
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        );
+        assert_eq!(events[1]["delta"], "{\"path\":\"a.rs\"}");
+        assert_eq!(events[1]["delta"], events[2]["arguments"]);
     }
 }

@@ -1,5 +1,6 @@
-//! Stored responses, for `previous_response_id` and `GET /v1/responses/{id}`: in memory, the
-//! oldest dropped first once there are too many or they take too much room.
+//! Stored responses, for `previous_response_id` and `GET /v1/responses/{id}`: in memory, each
+//! bound to the API key that made it (another key finds nothing), the oldest dropped first once
+//! there are too many or they take too much room, and none larger than [`MAX_ENTRY_BYTES`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -10,6 +11,31 @@ use serde_json::Value;
 const MAX_RESPONSES: usize = 1024;
 /// Most bytes (as JSON) all kept responses and their conversations take together.
 const MAX_BYTES: usize = 256 << 20;
+/// Most bytes one response and its conversation may take: a conversation is sent again on every
+/// turn it continues, so one past this would not be a request the server takes either.
+pub(crate) const MAX_ENTRY_BYTES: usize = 32 << 20;
+
+/// Who made a response: the index of the API key its request gave (`None` where the server
+/// takes no keys).
+pub(crate) type Owner = Option<usize>;
+
+/// The bytes of `v` as JSON, without writing it out.
+pub(crate) fn json_bytes(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a Value into a sink that cannot fail does not fail.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
 
 /// One stored response.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,10 +47,12 @@ pub(crate) struct Stored {
     bytes: usize,
 }
 
+type Key = (Owner, String);
+
 #[derive(Default)]
 struct Inner {
-    order: VecDeque<String>,
-    by_id: HashMap<String, Stored>,
+    order: VecDeque<Key>,
+    by_id: HashMap<Key, Stored>,
     bytes: usize,
 }
 
@@ -32,20 +60,22 @@ pub(crate) struct Store {
     inner: Mutex<Inner>,
     max_responses: usize,
     max_bytes: usize,
+    max_entry: usize,
 }
 
 impl Default for Store {
     fn default() -> Self {
-        Store::with_limits(MAX_RESPONSES, MAX_BYTES)
+        Store::with_limits(MAX_RESPONSES, MAX_BYTES, MAX_ENTRY_BYTES)
     }
 }
 
 impl Store {
-    fn with_limits(max_responses: usize, max_bytes: usize) -> Self {
+    fn with_limits(max_responses: usize, max_bytes: usize, max_entry: usize) -> Self {
         Store {
             inner: Mutex::new(Inner::default()),
             max_responses,
             max_bytes,
+            max_entry,
         }
     }
 
@@ -53,20 +83,19 @@ impl Store {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keep a response under its `id`; a response larger than the whole store is not kept.
-    pub fn put(&self, id: String, response: Value, conversation: Vec<Value>) {
-        let bytes = response.to_string().len()
-            + conversation
-                .iter()
-                .map(|v| v.to_string().len())
-                .sum::<usize>();
-        if bytes > self.max_bytes {
-            return;
+    /// Keep `owner`'s response under its `id`; whether it was kept (one larger than
+    /// [`MAX_ENTRY_BYTES`] is not). Counting its size walks the whole conversation: call it off
+    /// the async threads.
+    pub fn put(&self, owner: Owner, id: String, response: Value, conversation: Vec<Value>) -> bool {
+        let bytes = json_bytes(&response) + conversation.iter().map(json_bytes).sum::<usize>();
+        if bytes > self.max_entry.min(self.max_bytes) {
+            return false;
         }
+        let key = (owner, id);
         let mut s = self.lock();
-        if let Some(old) = s.by_id.remove(&id) {
+        if let Some(old) = s.by_id.remove(&key) {
             s.bytes -= old.bytes;
-            s.order.retain(|k| k != &id);
+            s.order.retain(|k| k != &key);
         }
         while !s.order.is_empty()
             && (s.order.len() >= self.max_responses || s.bytes + bytes > self.max_bytes)
@@ -78,28 +107,31 @@ impl Store {
             }
         }
         s.bytes += bytes;
-        s.order.push_back(id.clone());
+        s.order.push_back(key.clone());
         s.by_id.insert(
-            id,
+            key,
             Stored {
                 response,
                 conversation,
                 bytes,
             },
         );
+        true
     }
 
-    pub fn get(&self, id: &str) -> Option<Stored> {
-        self.lock().by_id.get(id).cloned()
+    /// `owner`'s response `id` (another owner's is not found).
+    pub fn get(&self, owner: Owner, id: &str) -> Option<Stored> {
+        self.lock().by_id.get(&(owner, id.to_string())).cloned()
     }
 
-    /// Forget a response; whether it was stored.
-    pub fn remove(&self, id: &str) -> bool {
+    /// Forget `owner`'s response `id`; whether it was stored.
+    pub fn remove(&self, owner: Owner, id: &str) -> bool {
+        let key = (owner, id.to_string());
         let mut s = self.lock();
-        match s.by_id.remove(id) {
+        match s.by_id.remove(&key) {
             Some(old) => {
                 s.bytes -= old.bytes;
-                s.order.retain(|k| k != id);
+                s.order.retain(|k| k != &key);
                 true
             }
             None => false,
@@ -114,19 +146,35 @@ mod tests {
 
     #[test]
     fn oldest_go_first_by_count_and_by_size() {
-        let s = Store::with_limits(2, 1000);
+        let s = Store::with_limits(2, 1000, 800);
         for id in ["a", "b", "c"] {
-            s.put(id.into(), json!({"id": id}), vec![json!("x")]);
+            assert!(s.put(None, id.into(), json!({"id": id}), vec![json!("x")]));
         }
-        assert!(s.get("a").is_none());
-        assert_eq!(s.get("c").unwrap().response["id"], "c");
-        assert!(s.remove("b") && !s.remove("b"));
+        assert!(s.get(None, "a").is_none());
+        assert_eq!(s.get(None, "c").unwrap().response["id"], "c");
+        assert!(s.remove(None, "b") && !s.remove(None, "b"));
         let big = "y".repeat(600);
-        s.put("d".into(), json!(big), vec![]);
-        s.put("e".into(), json!(big), vec![]);
-        assert!(s.get("d").is_none() && s.get("e").is_some() && s.get("c").is_none());
-        // Larger than the whole store: not kept, nothing else dropped.
-        s.put("f".into(), json!("z".repeat(2000)), vec![]);
-        assert!(s.get("f").is_none() && s.get("e").is_some());
+        s.put(None, "d".into(), json!(big), vec![]);
+        s.put(None, "e".into(), json!(big), vec![]);
+        assert!(
+            s.get(None, "d").is_none() && s.get(None, "e").is_some() && s.get(None, "c").is_none()
+        );
+        // Larger than an entry may be: not kept, nothing else dropped.
+        assert!(!s.put(None, "f".into(), json!("z".repeat(900)), vec![]));
+        assert!(s.get(None, "f").is_none() && s.get(None, "e").is_some());
+        assert_eq!(
+            json_bytes(&json!({"a": [1, "b"]})),
+            json!({"a": [1, "b"]}).to_string().len()
+        );
+    }
+
+    #[test]
+    fn a_response_is_its_owners_only() {
+        let s = Store::default();
+        s.put(Some(0), "r".into(), json!({}), vec![]);
+        assert!(s.get(Some(0), "r").is_some());
+        assert!(s.get(Some(1), "r").is_none() && s.get(None, "r").is_none());
+        assert!(!s.remove(Some(1), "r") && s.get(Some(0), "r").is_some());
+        assert!(s.remove(Some(0), "r"));
     }
 }

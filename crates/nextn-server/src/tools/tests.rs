@@ -656,7 +656,7 @@ fn openai_tool_turns_render_as_the_templates_expect() {
             {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
         ]
     });
-    let req = crate::request::parse_chat(openai_form.as_object().unwrap()).unwrap();
+    let req = crate::request::parse_chat(openai_form.as_object().unwrap(), None).unwrap();
     let mut kwargs = Map::new();
     kwargs.insert("tools".into(), req.tools_for_template.clone());
     let mapping_form: Vec<ChatMessage> = req

@@ -66,6 +66,11 @@ pub struct Args {
     /// Largest request body in bytes (413 above)
     #[arg(long = "max-body-size", default_value_t = 16 << 20)]
     pub max_body_size: usize,
+    /// Most images one request may carry, those of the stored conversation it continues
+    /// included; a request with more is a 400 before any image is fetched or decoded (each image
+    /// also counts its tokens against the context before it is decoded)
+    #[arg(long = "max-images", value_name = "N", default_value_t = 128)]
+    pub max_images: usize,
     /// Fetch http:// and https:// image URLs of image parts (chat image_url, Messages url
     /// sources, Responses input_image) before a request runs; without it only data URIs are read
     /// and an image URL is a 400. The server fetches whatever host it can reach, its own network
@@ -356,6 +361,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         model_id,
         reasoning,
         max_body_bytes: args.max_body_size,
+        max_images: args.max_images,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         log_requests: !args.log_disable,
         debug_log: args.model.verbose,
