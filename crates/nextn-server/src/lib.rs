@@ -94,8 +94,8 @@ pub struct ServerConfig {
     pub forced_acceptance: Option<Vec<f64>>,
     /// Timeouts and the connection cap.
     pub limits: conn::Limits,
-    /// `--allow-image-urls`: http(s) image URLs are fetched within these limits (`None`: they are
-    /// refused with a 400, and only data URIs are read).
+    /// `--allow-image-urls`: http(s) image URLs are fetched within these limits, from the
+    /// addresses they allow (`None`: they are refused with a 400, and only data URIs are read).
     pub image_urls: Option<image_url::ImageUrlLimits>,
 }
 
@@ -193,6 +193,7 @@ where
 {
     let image_fetcher = cfg
         .image_urls
+        .clone()
         .map(image_url::ImageFetcher::new)
         .transpose()
         .map_err(ServeError::ImageClient)?;
@@ -279,11 +280,13 @@ where
         limits.idle.as_secs_f64(),
         limits.write_stall.as_secs_f64()
     );
-    if let Some(l) = app.cfg.image_urls {
+    if let Some(l) = &app.cfg.image_urls {
         eprintln!(
-            "image URLs: fetched (--allow-image-urls), at most {} bytes in {} s each",
+            "image URLs: fetched (--allow-image-urls), at most {} per request, {} bytes in {} s each, from {}",
+            l.max_urls,
             l.max_bytes,
-            l.timeout.as_secs_f64()
+            l.timeout.as_secs_f64(),
+            l.addresses
         );
     }
     eprintln!("listening on http://{local} (model loading; /health answers 503 until ready)");

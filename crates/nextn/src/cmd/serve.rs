@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
 use nextn_engine::speculative::forced::ForcedAcceptance;
 use nextn_model::config::LayerKind;
+use nextn_server::image_url::AddressPolicy;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 use serde_json::json;
 
@@ -67,11 +68,20 @@ pub struct Args {
     #[arg(long = "max-body-size", default_value_t = 16 << 20)]
     pub max_body_size: usize,
     /// Fetch http:// and https:// image URLs of image parts (chat image_url, Messages url
-    /// sources, Responses input_image) before a request runs; without it only data URIs are read
-    /// and an image URL is a 400. The server fetches whatever host it can reach, its own network
-    /// included: allow this for trusted clients only
+    /// sources, Responses input_image) before a request runs, from public addresses only (see
+    /// --image-url-allow-private); without it only data URIs are read and an image URL is a 400
     #[arg(long = "allow-image-urls")]
     pub allow_image_urls: bool,
+    /// Also fetch image URLs at addresses that are not public (loopback, private networks,
+    /// link-local such as cloud metadata, CGNAT, ...; at every redirect too): all of them, or
+    /// with =NET,... only those networks (such as =10.1.0.0/16,192.168.1.20). Anyone who can
+    /// send a request can then make the server fetch from there (with --allow-image-urls)
+    #[arg(long = "image-url-allow-private", value_name = "NET,...", num_args = 0..=1, require_equals = true, default_missing_value = "", requires = "allow_image_urls")]
+    pub image_url_allow_private: Option<String>,
+    /// Most image URLs one request may carry; a request with more is a 400 naming the first one
+    /// over (with --allow-image-urls)
+    #[arg(long = "image-urls-max", value_name = "N", default_value_t = nextn_server::image_url::DEFAULT_MAX_URLS, requires = "allow_image_urls")]
+    pub image_urls_max: usize,
     /// Largest image body fetched from an image URL, in bytes: a larger Content-Length is
     /// refused before reading, a body without one is cut at this size (with --allow-image-urls)
     #[arg(long = "image-url-max-bytes", value_name = "N", default_value_t = nextn_server::image_url::DEFAULT_MAX_BYTES, requires = "allow_image_urls")]
@@ -317,9 +327,18 @@ pub fn image_urls(args: &Args) -> Result<Option<nextn_server::image_url::ImageUr
     if args.image_url_max_bytes == 0 {
         bail!("--image-url-max-bytes 0: expected a number of bytes, at least 1");
     }
+    if args.image_urls_max == 0 {
+        bail!("--image-urls-max 0: expected at least 1 (without --allow-image-urls no image URL is fetched)");
+    }
+    let addresses = match &args.image_url_allow_private {
+        None => AddressPolicy::PublicOnly,
+        Some(list) => AddressPolicy::parse_allowed(list)?,
+    };
     Ok(Some(nextn_server::image_url::ImageUrlLimits {
         max_bytes: args.image_url_max_bytes,
         timeout: timeout("--image-url-timeout", args.image_url_timeout)?,
+        max_urls: args.image_urls_max,
+        addresses,
     }))
 }
 
