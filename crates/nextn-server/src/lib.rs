@@ -17,6 +17,7 @@
 
 mod anthropic;
 pub mod conn;
+pub mod cors;
 pub mod error;
 mod handler;
 pub mod image_url;
@@ -85,8 +86,9 @@ pub struct ServerConfig {
     pub request_defaults: serde_json::Map<String, serde_json::Value>,
     /// The model file, for `/props`.
     pub model_path: String,
-    /// `Access-Control-Allow-Origin`: `*`, `localhost`, or a list (`--cors-origins`).
-    pub cors_origins: String,
+    /// The origins browsers may call from (`--cors-origins`): a listed request `Origin` is echoed
+    /// alone in `Access-Control-Allow-Origin`, others get no CORS headers.
+    pub cors_origins: cors::CorsOrigins,
     /// Allow credentials; with `*` the request's origin is echoed (`--cors-credentials`).
     pub cors_credentials: bool,
     /// `--force-acceptance`: per-position rates at which requests that send their plain output

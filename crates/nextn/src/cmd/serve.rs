@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
 use nextn_engine::speculative::forced::ForcedAcceptance;
 use nextn_model::config::LayerKind;
+use nextn_server::cors::CorsOrigins;
 use nextn_server::image_url::AddressPolicy;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 use serde_json::json;
@@ -164,8 +165,9 @@ pub struct Args {
     /// now.")
     #[arg(long = "reasoning-budget-message", default_value = "")]
     pub reasoning_budget_message: String,
-    /// Origins browsers may call from (CORS): `*`, `localhost` (a localhost Origin is echoed),
-    /// or a comma-separated list
+    /// Origins browsers may call from (CORS): `*`, or a comma-separated list of origins
+    /// (scheme://host[:port]) and `localhost` (any localhost, 127.0.0.1 or [::1] origin); a
+    /// listed request Origin is echoed alone, others get no CORS headers
     #[arg(
         long = "cors-origins",
         visible_alias = "cors-origin",
@@ -381,7 +383,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         slot_save_path: args.slot_save_path.clone(),
         request_defaults: request_defaults(&args)?,
         model_path: path.display().to_string(),
-        cors_origins: args.cors_origins.clone(),
+        cors_origins: CorsOrigins::parse(&args.cors_origins)?,
         cors_credentials: !args.no_cors_credentials,
         forced_acceptance: if args.force_acceptance.is_empty() {
             None
