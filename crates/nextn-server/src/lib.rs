@@ -17,6 +17,7 @@
 
 mod anthropic;
 pub mod conn;
+pub mod cors;
 pub mod error;
 mod handler;
 pub mod image_url;
@@ -88,8 +89,9 @@ pub struct ServerConfig {
     pub request_defaults: serde_json::Map<String, serde_json::Value>,
     /// The model file, for `/props`.
     pub model_path: String,
-    /// `Access-Control-Allow-Origin`: `*`, `localhost`, or a list (`--cors-origins`).
-    pub cors_origins: String,
+    /// The origins browsers may call from (`--cors-origins`): a listed request `Origin` is echoed
+    /// alone in `Access-Control-Allow-Origin`, others get no CORS headers.
+    pub cors_origins: cors::CorsOrigins,
     /// Allow credentials; with `*` the request's origin is echoed (`--cors-credentials`).
     pub cors_credentials: bool,
     /// `--force-acceptance`: per-position rates at which requests that send their plain output
@@ -97,8 +99,8 @@ pub struct ServerConfig {
     pub forced_acceptance: Option<Vec<f64>>,
     /// Timeouts and the connection cap.
     pub limits: conn::Limits,
-    /// `--allow-image-urls`: http(s) image URLs are fetched within these limits (`None`: they are
-    /// refused with a 400, and only data URIs are read).
+    /// `--allow-image-urls`: http(s) image URLs are fetched within these limits, from the
+    /// addresses they allow (`None`: they are refused with a 400, and only data URIs are read).
     pub image_urls: Option<image_url::ImageUrlLimits>,
 }
 
@@ -200,6 +202,7 @@ where
 {
     let image_fetcher = cfg
         .image_urls
+        .clone()
         .map(image_url::ImageFetcher::new)
         .transpose()
         .map_err(ServeError::ImageClient)?;
@@ -287,11 +290,13 @@ where
         limits.idle.as_secs_f64(),
         limits.write_stall.as_secs_f64()
     );
-    if let Some(l) = app.cfg.image_urls {
+    if let Some(l) = &app.cfg.image_urls {
         eprintln!(
-            "image URLs: fetched (--allow-image-urls), at most {} bytes in {} s each",
+            "image URLs: fetched (--allow-image-urls), at most {} per request, {} bytes in {} s each, from {}",
+            l.max_urls,
             l.max_bytes,
-            l.timeout.as_secs_f64()
+            l.timeout.as_secs_f64(),
+            l.addresses
         );
     }
     eprintln!("listening on http://{local} (model loading; /health answers 503 until ready)");

@@ -1,11 +1,10 @@
 //! llama-server's own endpoints besides the OpenAI ones, in its request and response shapes:
-//! `/tokenize`, `/detokenize`, `/apply-template`, `/props`, and CORS for browser front-ends.
+//! `/tokenize`, `/detokenize`, `/apply-template`, `/props`.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
@@ -177,107 +176,4 @@ pub(crate) async fn props(State(app): State<AppState>) -> Response {
             },
         }))
     })())
-}
-
-/// CORS as llama-server does it: `--cors-origins *` (the default) with credentials echoes the
-/// request's `Origin`; `localhost` echoes it only for a localhost origin; otherwise the
-/// configured list is sent. A preflight `OPTIONS` is answered here, before authentication
-/// (browsers send no key with it).
-pub(crate) async fn cors(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let origin = req
-        .headers()
-        .get(header::ORIGIN)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let allow = allowed_origin(
-        &app.cfg.cors_origins,
-        app.cfg.cors_credentials,
-        origin.as_deref(),
-    );
-    let preflight = req.method() == Method::OPTIONS;
-    let mut res = if preflight {
-        StatusCode::OK.into_response()
-    } else {
-        next.run(req).await
-    };
-    let h = res.headers_mut();
-    if let Some(v) = allow.and_then(|a| HeaderValue::from_str(&a).ok()) {
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
-        if origin.is_some() {
-            h.append(header::VARY, HeaderValue::from_static("Origin"));
-        }
-    }
-    if preflight {
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static(if app.cfg.cors_credentials {
-                "true"
-            } else {
-                "false"
-            }),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static("*"),
-        );
-    }
-    res
-}
-
-fn allowed_origin(configured: &str, credentials: bool, origin: Option<&str>) -> Option<String> {
-    match configured {
-        "*" if credentials => origin.map(str::to_string).or_else(|| Some("*".into())),
-        "localhost" => origin.filter(|o| is_localhost(o)).map(str::to_string),
-        other => Some(other.to_string()),
-    }
-}
-
-fn is_localhost(origin: &str) -> bool {
-    let rest = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-        .unwrap_or(origin);
-    let host = match rest.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => rest.split([':', '/']).next().unwrap_or(""),
-    };
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cors_origins_follow_llama_server() {
-        assert_eq!(
-            allowed_origin("*", true, Some("http://a.example")),
-            Some("http://a.example".into())
-        );
-        assert_eq!(allowed_origin("*", true, None), Some("*".into()));
-        assert_eq!(
-            allowed_origin("*", false, Some("http://a.example")),
-            Some("*".into())
-        );
-        assert_eq!(
-            allowed_origin("localhost", true, Some("http://localhost:5173")),
-            Some("http://localhost:5173".into())
-        );
-        assert_eq!(
-            allowed_origin("localhost", true, Some("http://[::1]:80")),
-            Some("http://[::1]:80".into())
-        );
-        assert_eq!(
-            allowed_origin("localhost", true, Some("http://evil.example")),
-            None
-        );
-        assert_eq!(
-            allowed_origin("https://chat.example", true, Some("http://x")),
-            Some("https://chat.example".into())
-        );
-    }
 }

@@ -71,7 +71,10 @@ pub(crate) fn router(app: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
-        .layer(middleware::from_fn_with_state(app.clone(), native::cors))
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            crate::cors::layer,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }

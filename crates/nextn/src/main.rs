@@ -236,7 +236,7 @@ mod tests {
     /// and need the flag.
     #[test]
     fn image_url_flags() {
-        use nextn_server::image_url::ImageUrlLimits;
+        use nextn_server::image_url::{AddressPolicy, ImageUrlLimits};
         use std::time::Duration;
         assert_eq!(
             cmd::serve::image_urls(&serve("serve -m q.gguf")).unwrap(),
@@ -246,22 +246,41 @@ mod tests {
             cmd::serve::image_urls(&serve("serve --allow-image-urls")).unwrap(),
             Some(ImageUrlLimits {
                 max_bytes: 10 << 20,
-                timeout: Duration::from_secs(10)
+                timeout: Duration::from_secs(10),
+                max_urls: 8,
+                addresses: AddressPolicy::PublicOnly,
             })
         );
-        let a =
-            serve("serve --allow-image-urls --image-url-max-bytes 4096 --image-url-timeout 2.5");
+        let a = serve(
+            "serve --allow-image-urls --image-url-max-bytes 4096 --image-url-timeout 2.5 --image-urls-max 2",
+        );
         assert_eq!(
             cmd::serve::image_urls(&a).unwrap(),
             Some(ImageUrlLimits {
                 max_bytes: 4096,
-                timeout: Duration::from_millis(2500)
+                timeout: Duration::from_millis(2500),
+                max_urls: 2,
+                addresses: AddressPolicy::PublicOnly,
             })
+        );
+        let all = serve("serve --allow-image-urls --image-url-allow-private");
+        assert_eq!(
+            cmd::serve::image_urls(&all).unwrap().unwrap().addresses,
+            AddressPolicy::Any
+        );
+        let some =
+            serve("serve --allow-image-urls --image-url-allow-private=127.0.0.1/32,fd00::/8");
+        assert_eq!(
+            cmd::serve::image_urls(&some).unwrap().unwrap().addresses,
+            AddressPolicy::parse_allowed("127.0.0.1/32,fd00::/8").unwrap()
         );
         for line in [
             "serve --allow-image-urls --image-url-max-bytes 0",
             "serve --allow-image-urls --image-url-timeout 0",
             "serve --allow-image-urls --image-url-timeout NaN",
+            "serve --allow-image-urls --image-urls-max 0",
+            "serve --allow-image-urls --image-url-allow-private=10.0.0.0/33",
+            "serve --allow-image-urls --image-url-allow-private=intranet",
         ] {
             assert!(
                 cmd::serve::image_urls(&serve(line)).is_err(),
@@ -271,6 +290,9 @@ mod tests {
         for line in [
             "serve --image-url-max-bytes 4096",
             "serve --image-url-timeout 5",
+            "serve --image-urls-max 2",
+            "serve --image-url-allow-private",
+            "serve --image-url-allow-private=10.0.0.0/8",
         ] {
             let args = std::iter::once("nextn".to_string())
                 .chain(line.split_whitespace().map(str::to_string));

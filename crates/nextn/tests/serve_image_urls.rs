@@ -1,49 +1,70 @@
 //! `nextn serve --allow-image-urls`: image parts given as http:// URLs are fetched from a small
 //! HTTP server in this test process (the ramp picture, a 404, a response slower than
 //! `--image-url-timeout`, bodies over `--image-url-max-bytes` with and without a Content-Length,
-//! redirect chains, a damaged picture), and a server without the flag refuses them naming it.
+//! redirect chains, a damaged picture). Every address here is a loopback one, so the servers run
+//! with `--image-url-allow-private` (only 127.0.0.1/32 where a redirect to 127.0.0.2 must be
+//! refused); without it a loopback URL is refused and the test's server sees no connection.
+//! Failures on the network are one message to the client and the cause in the server's log; a
+//! request with more URLs than `--image-urls-max` fetches none. A server without the flag
+//! refuses image URLs naming it. No test here sends a packet off the machine.
 
 mod serve_common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use nextn_server::image_url::NOT_FETCHED;
 use serde_json::{json, Value};
 
 /// `--image-url-max-bytes` for the tests: above the ramp picture (about 20 KB).
 const CAP: usize = 32768;
 
-/// A loopback HTTP/1.1 server, one thread per connection, that records each request's path and
-/// User-Agent.
+/// A loopback HTTP/1.1 server, one thread per connection, that counts the connections it accepts
+/// and records each request's path and User-Agent.
 struct Origin {
+    ip: &'static str,
     port: u16,
+    connections: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl Origin {
     fn start() -> Origin {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        Origin::start_at("127.0.0.1")
+    }
+
+    /// The server on `ip`, a loopback address.
+    fn start_at(ip: &'static str) -> Origin {
+        let listener = TcpListener::bind((ip, 0)).expect("bind");
         let port = listener.local_addr().expect("addr").port();
+        let connections = Arc::new(AtomicUsize::new(0));
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
+        let (c, s) = (connections.clone(), seen.clone());
         let png = Arc::new(serve_common::ramp_png());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
+                c.fetch_add(1, Ordering::SeqCst);
                 let (s, png) = (s.clone(), png.clone());
                 std::thread::spawn(move || serve_one(conn, &s, &png));
             }
         });
-        Origin { port, seen }
+        Origin {
+            ip,
+            port,
+            connections,
+            seen,
+        }
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("http://{}:{}{path}", self.ip, self.port)
     }
 
     /// How many requests asked for `path`.
@@ -54,6 +75,10 @@ impl Origin {
             .iter()
             .filter(|(p, _)| p == path)
             .count()
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
@@ -130,6 +155,14 @@ fn serve_one(conn: TcpStream, seen: &Mutex<Vec<(String, String)>>, png: &[u8]) {
             "302 Found",
             "Location: file:///etc/passwd\r\nContent-Length: 0\r\n",
         ),
+        p if p.starts_with("/redirect-to/") => {
+            // `/redirect-to/HOST:PORT` sends the fetch on to the ramp picture there.
+            let to = &p["/redirect-to/".len()..];
+            head(
+                "302 Found",
+                &format!("Location: http://{to}/ramp.png\r\nContent-Length: 0\r\n"),
+            )
+        }
         p if p.starts_with("/hops/") => {
             let n: usize = p["/hops/".len()..].parse().unwrap_or(0);
             let next = if n <= 1 {
@@ -157,6 +190,39 @@ fn chat_with(url: &str) -> Value {
 
 const FIELD: &str = "messages[0].content[1].image_url.url";
 
+/// A 400 for `field` with the one message every failed fetch gets, whatever its cause.
+fn assert_not_fetched(r: &serve_common::Response, field: &str) {
+    assert_eq!(r.status, 400, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(v["error"]["param"], field, "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        format!("{field}: {NOT_FETCHED}"),
+        "{v}"
+    );
+}
+
+/// Waits until the server's log has a line with every one of `words` (its stderr is read by
+/// another thread), and fails naming them if none comes.
+fn assert_logged(s: &serve_common::Server, words: &[&str]) {
+    let t0 = Instant::now();
+    loop {
+        let log = s.log_text();
+        if log
+            .lines()
+            .any(|line| words.iter().all(|w| line.contains(w)))
+        {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no log line with {words:?}:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A 400 of the image kind whose message names `field` and every one of `words`.
 fn assert_refused(r: &serve_common::Response, field: &str, words: &[&str]) {
     assert_eq!(r.status, 400, "{}", r.text());
@@ -180,15 +246,21 @@ fn image_urls_are_fetched_within_their_limits() {
         "-c",
         "1024",
         "--allow-image-urls",
+        "--image-url-allow-private=127.0.0.1/32",
+        "--image-urls-max",
+        "3",
         "--image-url-timeout",
         "1",
         "--image-url-max-bytes",
         &cap,
     ]);
-    assert!(
-        s.log_text().contains("image URLs: fetched"),
-        "{}",
-        s.log_text()
+    assert_logged(
+        &s,
+        &[
+            "image URLs: fetched",
+            "at most 3 per request",
+            "127.0.0.1/32 (--image-url-allow-private)",
+        ],
     );
 
     // The fetched picture is the same prompt, and the same answer, as the picture inline.
@@ -229,7 +301,8 @@ fn image_urls_are_fetched_within_their_limits() {
     );
     let (ramp_before, last_before) = (origin.hits("/ramp.png"), origin.hits("/hops/1"));
     let r = s.post("/v1/chat/completions", &chat_with(&origin.url("/hops/6")));
-    assert_refused(&r, FIELD, &["more than 5 redirects"]);
+    assert_not_fetched(&r, FIELD);
+    assert_logged(&s, &[FIELD, "/hops/6", "more than 5 redirects"]);
     // Five of the six redirects were followed, the sixth (from /hops/1) was not.
     assert_eq!(origin.hits("/hops/1"), last_before + 1);
     assert_eq!(
@@ -240,7 +313,8 @@ fn image_urls_are_fetched_within_their_limits() {
 
     let t0 = std::time::Instant::now();
     let r = s.post("/v1/chat/completions", &chat_with(&origin.url("/slow.png")));
-    assert_refused(&r, FIELD, &["took longer than 1 s"]);
+    assert_not_fetched(&r, FIELD);
+    assert_logged(&s, &["/slow.png", "took longer than 1 s"]);
     assert!(
         t0.elapsed() < Duration::from_millis(2800),
         "{:?}",
@@ -252,23 +326,32 @@ fn image_urls_are_fetched_within_their_limits() {
         "/v1/chat/completions",
         &chat_with(&origin.url("/declared-too-large.png")),
     );
-    assert_refused(&r, FIELD, &[&larger, "Content-Length"]);
+    // Not a timeout: the length was refused before the body (which never comes) was awaited.
+    assert_refused(&r, FIELD, &[&larger]);
+    assert_logged(&s, &["/declared-too-large.png", "its Content-Length is"]);
     let r = s.post(
         "/v1/chat/completions",
         &chat_with(&origin.url("/chunked-too-large.png")),
     );
     assert_refused(&r, FIELD, &[&larger]);
 
+    // A 404, a redirect to another scheme and a closed port are one message to the client,
+    // each cause in the server's log.
     let r = s.post(
         "/v1/chat/completions",
         &chat_with(&origin.url("/missing.png")),
     );
-    assert_refused(&r, FIELD, &["404"]);
+    assert_not_fetched(&r, FIELD);
+    assert_logged(&s, &["/missing.png", "HTTP 404"]);
     let r = s.post(
         "/v1/chat/completions",
         &chat_with(&origin.url("/to-file.png")),
     );
-    assert_refused(&r, FIELD, &["'file:'", "only http:// and https://"]);
+    assert_not_fetched(&r, FIELD);
+    assert_logged(
+        &s,
+        &["/to-file.png", "'file:'", "only http:// and https://"],
+    );
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -277,7 +360,31 @@ fn image_urls_are_fetched_within_their_limits() {
         "/v1/chat/completions",
         &chat_with(&format!("http://127.0.0.1:{closed}/a.png")),
     );
-    assert_refused(&r, FIELD, &["cannot connect", "refused"]);
+    assert_not_fetched(&r, FIELD);
+    assert_logged(
+        &s,
+        &[&format!("127.0.0.1:{closed}/a.png"), "cannot connect"],
+    );
+
+    // The picture behind a redirect from the allowed 127.0.0.1 to 127.0.0.2, which the flag does
+    // not list: not followed, and 127.0.0.2 sees no connection.
+    let other = Origin::start_at("127.0.0.2");
+    let to_other = format!("/redirect-to/127.0.0.2:{}", other.port);
+    let r = s.post("/v1/chat/completions", &chat_with(&origin.url(&to_other)));
+    assert_not_fetched(&r, FIELD);
+    assert_eq!(origin.hits(&to_other), 1);
+    assert_eq!(other.connections(), 0, "the redirect was followed");
+    assert_logged(
+        &s,
+        &[
+            &to_other,
+            "a redirect to 127.0.0.2, in 127.0.0.0/8 (loopback)",
+        ],
+    );
+    // Written in the URL, 127.0.0.2 is refused before any connection as well.
+    let r = s.post("/v1/chat/completions", &chat_with(&other.url("/ramp.png")));
+    assert_not_fetched(&r, FIELD);
+    assert_eq!(other.connections(), 0, "127.0.0.2 was fetched");
     // Fetched bytes are checked as inline ones are.
     let r = s.post(
         "/v1/chat/completions",
@@ -297,7 +404,26 @@ fn image_urls_are_fetched_within_their_limits() {
         .unwrap()
         .push(json!({"type": "image_url", "image_url": {"url": origin.url("/missing.png")}}));
     let r = s.post("/v1/chat/completions", &two);
-    assert_refused(&r, "messages[0].content[2].image_url.url", &["404"]);
+    assert_not_fetched(&r, "messages[0].content[2].image_url.url");
+
+    // More URLs than --image-urls-max (3): a 400 naming the first one over, and none fetched.
+    let mut four = chat_with(&origin.url("/ramp.png"));
+    for _ in 2..=4 {
+        four["messages"][0]["content"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "image_url", "image_url": {"url": origin.url("/ramp.png")}}));
+    }
+    let before = origin.connections();
+    let r = s.post("/v1/chat/completions", &four);
+    let over = "messages[0].content[4].image_url.url";
+    assert_refused(&r, over, &["more than 3 image URLs", "--image-urls-max"]);
+    assert_eq!(origin.connections(), before, "images were fetched");
+    // Three are fetched.
+    four["messages"][0]["content"].as_array_mut().unwrap().pop();
+    let r = s.post("/v1/chat/completions", &four);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["timings"]["images_encoded"], 3, "{}", r.text());
 
     // Messages `url` sources and Responses `input_image` URLs take the same path.
     let message = |source: Value| {
@@ -325,7 +451,7 @@ fn image_urls_are_fetched_within_their_limits() {
         &message(json!({"type": "url", "url": origin.url("/missing.png")})),
     );
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("404"), "{}", r.text());
+    assert!(r.text().contains(NOT_FETCHED), "{}", r.text());
     let input = |image_url: String| {
         json!({"model": "m", "max_output_tokens": 4, "temperature": 0,
                "input": [{"role": "user", "content": [
@@ -343,7 +469,51 @@ fn image_urls_are_fetched_within_their_limits() {
     );
     let r = s.post("/v1/responses", &input(origin.url("/slow.png")));
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("took longer than 1 s"), "{}", r.text());
+    assert!(r.text().contains(NOT_FETCHED), "{}", r.text());
+}
+
+/// Without `--image-url-allow-private` a loopback URL, however it is written, is refused before
+/// anything is sent: one message, and the test's server never sees a connection. With the flag
+/// the same URL is fetched.
+#[test]
+fn loopback_urls_need_image_url_allow_private() {
+    let origin = Origin::start();
+    let s = serve_common::start_with_mmproj(&["-np", "1", "-c", "1024", "--allow-image-urls"]);
+    assert_logged(&s, &["image URLs: fetched", "public addresses only"]);
+    for url in [
+        origin.url("/ramp.png"),
+        format!("http://2130706433:{}/ramp.png", origin.port),
+        format!("http://[::ffff:127.0.0.1]:{}/ramp.png", origin.port),
+        format!("http://[::1]:{}/ramp.png", origin.port),
+    ] {
+        let r = s.post("/v1/chat/completions", &chat_with(&url));
+        assert_not_fetched(&r, FIELD);
+    }
+    // A redirect's target is never reached either: the first URL is already refused.
+    let r = s.post("/v1/chat/completions", &chat_with(&origin.url("/hops/1")));
+    assert_not_fetched(&r, FIELD);
+    assert_eq!(origin.connections(), 0, "a loopback URL was fetched");
+    assert_logged(
+        &s,
+        &[
+            &origin.url("/ramp.png"),
+            "127.0.0.1 is in 127.0.0.0/8 (loopback)",
+        ],
+    );
+    drop(s);
+
+    let allowed = serve_common::start_with_mmproj(&[
+        "-np",
+        "1",
+        "-c",
+        "1024",
+        "--allow-image-urls",
+        "--image-url-allow-private",
+    ]);
+    let r = allowed.post("/v1/chat/completions", &chat_with(&origin.url("/ramp.png")));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["timings"]["images_encoded"], 1, "{}", r.text());
+    assert_eq!(origin.hits("/ramp.png"), 1);
 }
 
 #[test]

@@ -9,6 +9,8 @@ use anyhow::{bail, Result};
 use nextn_engine::scheduler::{DraftPolicy, Engine, PrefixCacheConfig, SchedulerConfig};
 use nextn_engine::speculative::forced::ForcedAcceptance;
 use nextn_model::config::LayerKind;
+use nextn_server::cors::CorsOrigins;
+use nextn_server::image_url::AddressPolicy;
 use nextn_server::{Loaded, ReasoningFormat, ServerConfig};
 use serde_json::json;
 
@@ -72,11 +74,20 @@ pub struct Args {
     #[arg(long = "max-images", value_name = "N", default_value_t = 128)]
     pub max_images: usize,
     /// Fetch http:// and https:// image URLs of image parts (chat image_url, Messages url
-    /// sources, Responses input_image) before a request runs; without it only data URIs are read
-    /// and an image URL is a 400. The server fetches whatever host it can reach, its own network
-    /// included: allow this for trusted clients only
+    /// sources, Responses input_image) before a request runs, from public addresses only (see
+    /// --image-url-allow-private); without it only data URIs are read and an image URL is a 400
     #[arg(long = "allow-image-urls")]
     pub allow_image_urls: bool,
+    /// Also fetch image URLs at addresses that are not public (loopback, private networks,
+    /// link-local such as cloud metadata, CGNAT, ...; at every redirect too): all of them, or
+    /// with =NET,... only those networks (such as =10.1.0.0/16,192.168.1.20). Anyone who can
+    /// send a request can then make the server fetch from there (with --allow-image-urls)
+    #[arg(long = "image-url-allow-private", value_name = "NET,...", num_args = 0..=1, require_equals = true, default_missing_value = "", requires = "allow_image_urls")]
+    pub image_url_allow_private: Option<String>,
+    /// Most image URLs one request may carry; a request with more is a 400 naming the first one
+    /// over (with --allow-image-urls)
+    #[arg(long = "image-urls-max", value_name = "N", default_value_t = nextn_server::image_url::DEFAULT_MAX_URLS, requires = "allow_image_urls")]
+    pub image_urls_max: usize,
     /// Largest image body fetched from an image URL, in bytes: a larger Content-Length is
     /// refused before reading, a body without one is cut at this size (with --allow-image-urls)
     #[arg(long = "image-url-max-bytes", value_name = "N", default_value_t = nextn_server::image_url::DEFAULT_MAX_BYTES, requires = "allow_image_urls")]
@@ -159,8 +170,9 @@ pub struct Args {
     /// now.")
     #[arg(long = "reasoning-budget-message", default_value = "")]
     pub reasoning_budget_message: String,
-    /// Origins browsers may call from (CORS): `*`, `localhost` (a localhost Origin is echoed),
-    /// or a comma-separated list
+    /// Origins browsers may call from (CORS): `*`, or a comma-separated list of origins
+    /// (scheme://host[:port]) and `localhost` (any localhost, 127.0.0.1 or [::1] origin); a
+    /// listed request Origin is echoed alone, others get no CORS headers
     #[arg(
         long = "cors-origins",
         visible_alias = "cors-origin",
@@ -322,9 +334,18 @@ pub fn image_urls(args: &Args) -> Result<Option<nextn_server::image_url::ImageUr
     if args.image_url_max_bytes == 0 {
         bail!("--image-url-max-bytes 0: expected a number of bytes, at least 1");
     }
+    if args.image_urls_max == 0 {
+        bail!("--image-urls-max 0: expected at least 1 (without --allow-image-urls no image URL is fetched)");
+    }
+    let addresses = match &args.image_url_allow_private {
+        None => AddressPolicy::PublicOnly,
+        Some(list) => AddressPolicy::parse_allowed(list)?,
+    };
     Ok(Some(nextn_server::image_url::ImageUrlLimits {
         max_bytes: args.image_url_max_bytes,
         timeout: timeout("--image-url-timeout", args.image_url_timeout)?,
+        max_urls: args.image_urls_max,
+        addresses,
     }))
 }
 
@@ -368,7 +389,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         slot_save_path: args.slot_save_path.clone(),
         request_defaults: request_defaults(&args)?,
         model_path: path.display().to_string(),
-        cors_origins: args.cors_origins.clone(),
+        cors_origins: CorsOrigins::parse(&args.cors_origins)?,
         cors_credentials: !args.no_cors_credentials,
         forced_acceptance: if args.force_acceptance.is_empty() {
             None
