@@ -68,6 +68,7 @@ pub(crate) struct Shaping {
 }
 
 /// One part of the answer, in order.
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Part {
     Reasoning(String),
     Content(String),

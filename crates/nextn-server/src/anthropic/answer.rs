@@ -14,6 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::error_body;
 use crate::error::ApiError;
 use crate::respond::{collect_events, failure, sse_response, started, Part, Reply};
+use crate::tools::ToolCall;
 
 /// Anthropic's keep-alive event, sent when a stream opens and whenever it has been quiet for
 /// `respond::IDLE_FRAME_AFTER` (a thinking phase with `display: "omitted"` sends nothing else).
@@ -103,6 +104,63 @@ impl Answer {
     }
 }
 
+/// A content block of a whole answer, while its text grows.
+enum Block {
+    Thinking(String),
+    Text(String),
+    ToolUse(Value),
+}
+
+/// The content blocks of a whole answer from its parts, in the order they were generated: runs
+/// of reasoning and of text are one block each, a call's block stands where the model began
+/// writing it (a call whose markup was cut off came back as text and has no block). Thinking
+/// blocks carry the digest of all the reasoning as their signature; their text is empty when it
+/// is not shown.
+fn content_blocks(
+    parts: Vec<Part>,
+    calls: &[(String, ToolCall)],
+    show_thinking: bool,
+) -> Vec<Value> {
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut signature = Signature::new();
+    for p in parts {
+        match (p, blocks.last_mut()) {
+            (Part::Reasoning(r), last) => {
+                signature.add(&r);
+                let shown = if show_thinking { r } else { String::new() };
+                match last {
+                    Some(Block::Thinking(t)) => t.push_str(&shown),
+                    _ => blocks.push(Block::Thinking(shown)),
+                }
+            }
+            (Part::Content(c), Some(Block::Text(t))) => t.push_str(&c),
+            (Part::Content(c), _) => blocks.push(Block::Text(c)),
+            (Part::CallStart { index, .. }, _) => {
+                if let Some((id, call)) = calls.get(index) {
+                    blocks.push(Block::ToolUse(json!({
+                        "type": "tool_use",
+                        "id": tool_use_id(id),
+                        "name": call.name,
+                        "input": Value::Object(call.arguments.clone()),
+                    })));
+                }
+            }
+            (Part::CallArguments { .. }, _) => {}
+        }
+    }
+    let signature = signature.text();
+    blocks
+        .into_iter()
+        .map(|b| match b {
+            Block::Thinking(t) => {
+                json!({"type": "thinking", "thinking": t, "signature": signature})
+            }
+            Block::Text(t) => json!({"type": "text", "text": t}),
+            Block::ToolUse(v) => v,
+        })
+        .collect()
+}
+
 pub(crate) async fn collect(
     mut rx: UnboundedReceiver<Event>,
     mut a: Answer,
@@ -112,49 +170,7 @@ pub(crate) async fn collect(
         collect_events(&mut rx, |t| parts.extend(a.reply.parts(t)), &mut Vec::new()).await?;
     parts.extend(a.reply.finish_parts());
     a.reply.log(&completion);
-    let mut content: Vec<Value> = Vec::new();
-    let mut signature = Signature::new();
-    for p in parts {
-        match p {
-            Part::Reasoning(r) => {
-                signature.add(&r);
-                let shown = if a.show_thinking { r } else { String::new() };
-                match content.last_mut() {
-                    Some(b) if b["type"] == "thinking" => {
-                        let t = b["thinking"].as_str().unwrap_or_default().to_string() + &shown;
-                        b["thinking"] = json!(t);
-                    }
-                    _ => content
-                        .push(json!({"type": "thinking", "thinking": shown, "signature": ""})),
-                }
-            }
-            Part::Content(c) => match content.last_mut() {
-                Some(b) if b["type"] == "text" => {
-                    let t = b["text"].as_str().unwrap_or_default().to_string() + &c;
-                    b["text"] = json!(t);
-                }
-                _ => content.push(json!({"type": "text", "text": c})),
-            },
-            // A call's block stands where the model began writing it; a call whose markup was
-            // cut off came back as text and has no block.
-            Part::CallStart { index, .. } => {
-                if let Some((id, call)) = a.reply.calls().get(index) {
-                    content.push(json!({
-                        "type": "tool_use",
-                        "id": tool_use_id(id),
-                        "name": call.name,
-                        "input": Value::Object(call.arguments.clone()),
-                    }));
-                }
-            }
-            Part::CallArguments { .. } => {}
-        }
-    }
-    for b in &mut content {
-        if b["type"] == "thinking" {
-            b["signature"] = json!(signature.text());
-        }
-    }
+    let content = content_blocks(parts, a.reply.calls(), a.show_thinking);
     let stop = a.stop(&completion);
     let body = a.message(content, stop, usage(&completion));
     Ok(crate::handler::json_response(StatusCode::OK, body))
@@ -350,4 +366,63 @@ pub(crate) async fn stream(
         finished: false,
     };
     Ok(sse_response(state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str, args: Value) -> ToolCall {
+        let Value::Object(arguments) = args else {
+            unreachable!()
+        };
+        ToolCall {
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    /// Text after a call stays after it: the blocks are in the order the model wrote them, as a
+    /// stream sends them.
+    #[test]
+    fn blocks_come_in_generation_order() {
+        let calls = vec![
+            ("call_a".to_string(), call("read", json!({"path": "a"}))),
+            ("call_b".to_string(), call("read", json!({"path": "b"}))),
+        ];
+        let start = |index: usize| Part::CallStart {
+            index,
+            id: calls[index].0.clone(),
+            name: "read".into(),
+        };
+        let parts = vec![
+            Part::Reasoning("plan".into()),
+            Part::Reasoning(" more".into()),
+            Part::Content("First ".into()),
+            Part::Content("a.".into()),
+            start(0),
+            Part::CallArguments {
+                index: 0,
+                text: "{}".into(),
+            },
+            Part::Content("Then b.".into()),
+            start(1),
+        ];
+        let blocks = content_blocks(parts.clone(), &calls, true);
+        let kinds: Vec<&str> = blocks.iter().map(|b| b["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use", "text", "tool_use"]);
+        assert_eq!(blocks[0]["thinking"], "plan more");
+        assert_eq!(blocks[1]["text"], "First a.");
+        assert_eq!(blocks[2]["id"], "toolu_a");
+        assert_eq!(blocks[2]["input"], json!({"path": "a"}));
+        assert_eq!(blocks[3]["text"], "Then b.");
+        assert_eq!(blocks[4]["input"], json!({"path": "b"}));
+        let mut digest = Signature::new();
+        digest.add("plan more");
+        assert_eq!(blocks[0]["signature"], digest.text());
+        // Hidden thinking keeps its block and signature, without its text.
+        let hidden = content_blocks(parts, &calls, false);
+        assert_eq!(hidden[0]["thinking"], "");
+        assert_eq!(hidden[0]["signature"], digest.text());
+    }
 }

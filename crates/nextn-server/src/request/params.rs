@@ -388,9 +388,11 @@ fn parse_grammar(f: &Fields) -> Result<Option<(GrammarSource, String)>, ApiError
                     Some(schema) => {
                         found.push((at.clone(), GrammarSource::JsonSchema(schema.clone())))
                     }
-                    None => return Err(bad(&format!(
+                    None => {
+                        return Err(bad(&format!(
                         "'{at}' of type json_schema needs 'json_schema': {{\"schema\": {{...}}}}"
-                    ))),
+                    )))
+                    }
                 }
             }
             Some(other) => {

@@ -411,12 +411,14 @@ fn parse_text(
     match text.get("verbosity") {
         None | Some(Value::Null) => {}
         Some(v) if v == "medium" => {}
-        Some(v) => return Err(bad(
-            "text.verbosity",
-            format!(
+        Some(v) => {
+            return Err(bad(
+                "text.verbosity",
+                format!(
                 "'text.verbosity' {v} is not supported: only \"medium\" (the model's own length)"
             ),
-        )),
+            ))
+        }
     }
     let format = match text.get("format") {
         None | Some(Value::Null) => return Ok(Value::Object(text.clone())),
@@ -438,12 +440,14 @@ fn parse_text(
                 })?;
             Some(GrammarSource::JsonSchema(schema.clone()))
         }
-        Some(other) => return Err(bad(
-            "text.format.type",
-            format!(
+        Some(other) => {
+            return Err(bad(
+                "text.format.type",
+                format!(
                 "'text.format' type '{other}' must be \"text\", \"json_object\" or \"json_schema\""
             ),
-        )),
+            ))
+        }
         None => return Err(bad("text.format.type", "'text.format' needs a 'type'")),
     };
     if let Some(g) = grammar {
