@@ -995,3 +995,15 @@ pub fn call_grammar(
 
 #[cfg(test)]
 mod tests;
+
+/// A complete call of `name` with the arguments object `args`, for tests of what answers carry.
+#[cfg(test)]
+pub(crate) fn test_call(name: &str, args: Value) -> ToolCall {
+    let Value::Object(arguments) = args else {
+        panic!("a call's arguments are an object, not {args}")
+    };
+    ToolCall {
+        name: name.into(),
+        arguments,
+    }
+}

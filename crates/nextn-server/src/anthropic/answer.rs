@@ -372,15 +372,7 @@ pub(crate) async fn stream(
 mod tests {
     use super::*;
 
-    fn call(name: &str, args: Value) -> ToolCall {
-        let Value::Object(arguments) = args else {
-            unreachable!()
-        };
-        ToolCall {
-            name: name.into(),
-            arguments,
-        }
-    }
+    use crate::tools::test_call as call;
 
     /// Text after a call stays after it: the blocks are in the order the model wrote them, as a
     /// stream sends them.

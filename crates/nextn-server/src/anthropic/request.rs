@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::reasoning::effort_budget;
-use crate::request::chat::{check_grammar_and_choice, ChatRequest};
+use crate::request::chat::ChatRequest;
 use crate::request::fields::{Fields, Names};
 use crate::request::images::{image_from_base64, image_from_url, ChatImage, MessageText};
 use crate::request::params::parse_params;
@@ -795,13 +795,13 @@ pub(crate) fn parse_messages(
     // The first progress event carries the prefix-cache hit for `message_start`.
     params.return_progress = params.stream;
     let stop_sequences = params.stop.clone();
-    let mut req = ChatRequest::new(params, messages, images);
+    let mut req = ChatRequest::new(params, messages, images).with_tools(
+        tools.tools,
+        tools.for_template,
+        choice,
+        parallel,
+    )?;
     req.template_kwargs = template_kwargs;
-    req.tools = tools.tools;
-    req.tools_for_template = Value::Array(tools.for_template);
-    req.tool_choice = choice;
-    req.parallel_tool_calls = parallel;
-    check_grammar_and_choice(&req)?;
     Ok((
         req,
         MessagesAnswer {

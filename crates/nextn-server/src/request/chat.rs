@@ -174,6 +174,25 @@ pub fn parse_chat(
     Ok(req)
 }
 
+impl ChatRequest {
+    /// The request with its tools (`for_template` as the template shows them), the choice among
+    /// them and whether several calls may come at once, checked against its output format.
+    pub(crate) fn with_tools(
+        mut self,
+        tools: Vec<Tool>,
+        for_template: Vec<Value>,
+        choice: ToolChoice,
+        parallel: bool,
+    ) -> Result<Self, ApiError> {
+        self.tools = tools;
+        self.tools_for_template = Value::Array(for_template);
+        self.tool_choice = choice;
+        self.parallel_tool_calls = parallel;
+        check_grammar_and_choice(&self)?;
+        Ok(self)
+    }
+}
+
 /// A required or named tool call has its own grammar: it cannot be combined with an output
 /// format.
 pub(crate) fn check_grammar_and_choice(req: &ChatRequest) -> Result<(), ApiError> {

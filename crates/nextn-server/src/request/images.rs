@@ -74,7 +74,6 @@ impl MessageText {
 /// An image given as a URL: a `data:image/...;base64,...` URI decoded here, or an `http://` /
 /// `https://` URL kept for the handler to fetch (or refuse, without `--allow-image-urls`).
 pub fn image_from_url(url: &str, field: &str) -> Result<ChatImage, ApiError> {
-    use base64::Engine as _;
     let Some(rest) = strip_prefix_ignore_case(url, "data:") else {
         return remote_image(url, field);
     };
@@ -90,12 +89,7 @@ pub fn image_from_url(url: &str, field: &str) -> Result<ChatImage, ApiError> {
             "the data URI must be base64-encoded (data:image/...;base64,...)",
         ));
     }
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(data.trim())
-        .map_err(|e| {
-            ApiError::invalid_field(field, format!("the image's base64 data is invalid: {e}"))
-        })?;
-    Ok(ChatImage::inline(bytes, field))
+    image_from_base64(data, field)
 }
 
 /// Base64 data of an image given inline (Anthropic's `source.data`, llama-server's

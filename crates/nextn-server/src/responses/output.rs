@@ -327,15 +327,7 @@ impl Output {
 mod tests {
     use super::*;
 
-    fn call(name: &str, args: Value) -> ToolCall {
-        let Value::Object(arguments) = args else {
-            unreachable!()
-        };
-        ToolCall {
-            name: name.into(),
-            arguments,
-        }
-    }
+    use crate::tools::test_call as call;
 
     fn kinds(events: &[Value]) -> Vec<&str> {
         events.iter().map(|e| e["type"].as_str().unwrap()).collect()

@@ -14,7 +14,7 @@ use nextn_engine::grammar::GrammarSource;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::request::chat::{check_grammar_and_choice, ChatRequest};
+use crate::request::chat::ChatRequest;
 use crate::request::fields::{Fields, Names};
 use crate::request::params::parse_params;
 
@@ -256,13 +256,13 @@ pub(crate) fn parse(
     echo.insert("store".into(), json!(store));
 
     let stream = params.stream;
-    let mut req = ChatRequest::new(params, messages, images);
+    let mut req = ChatRequest::new(params, messages, images).with_tools(
+        tools.tools,
+        tools.for_template,
+        tool_choice,
+        parallel,
+    )?;
     req.template_kwargs = template_kwargs;
-    req.tools = tools.tools;
-    req.tools_for_template = Value::Array(tools.for_template);
-    req.tool_choice = tool_choice;
-    req.parallel_tool_calls = parallel;
-    check_grammar_and_choice(&req)?;
     Ok((
         req,
         ResponsesRequest {
