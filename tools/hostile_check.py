@@ -182,10 +182,10 @@ def main():
     t0 = time.monotonic()
     refused = {}
     for what, method, path, key, body, statuses, words in reqs:
+        kind = what.split(" (")[0]
         status, payload = c.send(method, path, key, body)
         param, message = error_of(payload)
         named = all(w in param or w in message for w in words)
-        kind = what.split(" (")[0]
         ok = status in statuses and named
         refused.setdefault(kind, []).append(ok)
         if not ok and not a.measure_only:
