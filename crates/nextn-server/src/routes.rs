@@ -22,7 +22,7 @@ use crate::handler::{
 use crate::image_url::fetch_images;
 use crate::prepare::{
     compile, grammar_param, prepare_chat, resolve_bias, tokenize_with_images,
-    with_reasoning_budget, Prepared,
+    tokenize_within_context, with_reasoning_budget, Prepared,
 };
 use crate::reasoning::prompt_opens_thinking;
 use crate::request::{flag, parse_chat, parse_completion, parse_json, unknown_fields, Prompt};
@@ -334,7 +334,9 @@ async fn completions_inner(
                 tokens: t.clone(),
                 images: Vec::new(),
             },
-            Prompt::Multimodal { text, images } => tokenize_with_images(&fe, text, images)?,
+            Prompt::Multimodal { text, images } => {
+                tokenize_within_context(&app, &fe, text, images)?
+            }
         };
         let grammar = match &req.params.grammar {
             Some(g) => Some(compile(&fe, g, grammar_param(&o))?),

@@ -407,6 +407,7 @@ fn resize_bicubic(img: &RgbImage, tw: u32, th: u32) -> RgbImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::synth::png_declaring;
 
     #[test]
     fn target_size_keeps_the_grid_and_bounds() {
@@ -431,43 +432,6 @@ mod tests {
         assert!(r.pixels.chunks(3).all(|p| p == [10, 20, 30]));
     }
 
-    /// CRC-32 (ISO-HDLC, as PNG chunks carry it), bit by bit.
-    fn crc32(bytes: &[u8]) -> u32 {
-        let mut crc = !0u32;
-        for &b in bytes {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 != 0 {
-                    (crc >> 1) ^ 0xedb8_8320
-                } else {
-                    crc >> 1
-                };
-            }
-        }
-        !crc
-    }
-
-    /// A PNG of a few dozen bytes whose header declares `width x height` pixels of 8-bit colour
-    /// type `color` (2: RGB, 6: RGBA) and `depth` bits, with an empty image data chunk: whatever
-    /// decoding it would take, nothing but the header is there.
-    fn png_claiming(width: u32, height: u32, color: u8, depth: u8) -> Vec<u8> {
-        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-        let mut chunk = |kind: &[u8], data: &[u8]| {
-            png.extend((data.len() as u32).to_be_bytes());
-            let body = [kind, data].concat();
-            png.extend(&body);
-            png.extend(crc32(&body).to_be_bytes());
-        };
-        let mut ihdr = Vec::new();
-        ihdr.extend(width.to_be_bytes());
-        ihdr.extend(height.to_be_bytes());
-        ihdr.extend([depth, color, 0, 0, 0]);
-        chunk(b"IHDR", &ihdr);
-        chunk(b"IDAT", &[]);
-        chunk(b"IEND", &[]);
-        png
-    }
-
     /// A lossless WebP whose header declares `width x height` pixels, with no image data after it.
     fn webp_claiming(width: u32, height: u32) -> Vec<u8> {
         // VP8L: signature, then 14 bits each of width - 1 and height - 1, alpha, version 0.
@@ -487,7 +451,7 @@ mod tests {
 
     #[test]
     fn the_size_comes_from_the_header_alone() {
-        let png = png_claiming(2048, 1536, 2, 8);
+        let png = png_declaring(2048, 1536, 2, 8);
         assert!(png.len() < 100);
         assert_eq!(image_size(&png, "claim.png").unwrap(), (2048, 1536));
         // Its pixels are not there: decoding fails, reading the size did not need them.
@@ -515,8 +479,8 @@ mod tests {
     fn declared_sizes_over_the_bounds_are_refused_before_decoding() {
         // Tiny files declaring huge pictures: refused from the header, naming size and file.
         for (bytes, name) in [
-            (png_claiming(20000, 20000, 2, 8), "huge.png"),
-            (png_claiming(16385, 2, 6, 8), "wide.png"),
+            (png_declaring(20000, 20000, 2, 8), "huge.png"),
+            (png_declaring(16385, 2, 6, 8), "wide.png"),
         ] {
             for e in [
                 image_size(&bytes, name).unwrap_err(),
@@ -536,11 +500,11 @@ mod tests {
             }
         }
         // 8-bit RGB comes out of the decoder as it is: 16384 x 16384 of it fits in 768 MiB.
-        let rgb = png_claiming(16384, 16384, 2, 8);
+        let rgb = png_declaring(16384, 16384, 2, 8);
         assert_eq!(image_size(&rgb, "rgb.png").unwrap(), (16384, 16384));
         // RGBA of 14000 x 14000 decodes to 784 MB, under the limit by itself; its RGB copy (588
         // MB) alive beside it is not, so it is refused from the header.
-        let rgba = png_claiming(14000, 14000, 6, 8);
+        let rgba = png_declaring(14000, 14000, 6, 8);
         let e = image_size(&rgba, "rgba.png").unwrap_err();
         match &e {
             VisionError::DecodeMemory {
@@ -561,14 +525,14 @@ mod tests {
             Err(VisionError::DecodeMemory { .. })
         ));
         // 16-bit RGB: six bytes a pixel decoded, three more for the copy.
-        let deep = png_claiming(12000, 12000, 2, 16);
+        let deep = png_declaring(12000, 12000, 2, 16);
         assert!(matches!(
             image_size(&deep, "deep.png"),
             Err(VisionError::DecodeMemory { needed, .. }) if needed == 12000 * 12000 * 9
         ));
         // A header with no pixels.
         assert!(matches!(
-            image_size(&png_claiming(0, 5, 2, 8), "empty.png"),
+            image_size(&png_declaring(0, 5, 2, 8), "empty.png"),
             Err(VisionError::ImageEmpty { .. }) | Err(VisionError::Decode { .. })
         ));
     }
