@@ -51,7 +51,7 @@ pub(crate) fn placeholder_ids(hash: u64, n: usize) -> impl Iterator<Item = u32> 
     })
 }
 
-/// A decoded picture resized and normalised for the tower, with its token grid.
+/// A decoded picture resized for the tower (8-bit RGB until it is encoded), with its token grid.
 #[derive(Clone, Debug)]
 pub struct ImageInput {
     image: Arc<PreparedImage>,
@@ -128,33 +128,82 @@ pub enum MediaError {
     PlaceholderCount { found: usize, expected: usize },
 }
 
+/// A prompt's text tokenized around its image placeholders, before any image is decoded: with
+/// the images' token counts from their headers (`nextn_vision::image_size`,
+/// `VisionTower::token_grid_for_size`) the prompt's length is known, so a prompt too long for
+/// the context is refused without decoding a picture; [`PromptText::with_images`] then lays the
+/// decoded images in.
+#[derive(Clone, Debug)]
+pub struct PromptText {
+    /// The tokens of the text before the first image, then of the text after each image.
+    pieces: Vec<Vec<u32>>,
+}
+
+impl PromptText {
+    /// Tokenizes `text` around its [`IMAGE_PAD`]s, which must be `n_images`; the text around
+    /// each (with the start and end markers) is tokenized piece by piece, as mtmd does.
+    /// `parse_special` as in [`Tokenizer::encode`].
+    pub fn tokenize(
+        tokenizer: &Tokenizer,
+        text: &str,
+        parse_special: bool,
+        n_images: usize,
+    ) -> Result<PromptText, MediaError> {
+        let pieces: Vec<&str> = text.split(IMAGE_PAD).collect();
+        if pieces.len() != n_images + 1 {
+            return Err(MediaError::PlaceholderCount {
+                found: pieces.len() - 1,
+                expected: n_images,
+            });
+        }
+        let mut tokens = Vec::with_capacity(pieces.len());
+        tokens.push(tokenizer.encode(pieces[0], parse_special));
+        for piece in &pieces[1..] {
+            tokens.push(tokenizer.encode_continuation(piece, parse_special));
+        }
+        Ok(PromptText { pieces: tokens })
+    }
+
+    /// Images the text has placeholders for.
+    pub fn n_images(&self) -> usize {
+        self.pieces.len() - 1
+    }
+
+    /// Tokens of the text alone.
+    pub fn n_text_tokens(&self) -> usize {
+        self.pieces.iter().map(Vec::len).sum()
+    }
+
+    /// The prompt with `images[k]` at the `k`-th placeholder.
+    pub fn with_images(self, images: Vec<ImageInput>) -> Result<MultimodalPrompt, MediaError> {
+        if images.len() != self.n_images() {
+            return Err(MediaError::PlaceholderCount {
+                found: self.n_images(),
+                expected: images.len(),
+            });
+        }
+        let mut pieces = self.pieces.into_iter();
+        let mut out = MultimodalPrompt {
+            tokens: pieces.next().unwrap_or_default(),
+            images: Vec::with_capacity(images.len()),
+        };
+        for (img, piece) in images.into_iter().zip(pieces) {
+            out.push_image(img);
+            out.tokens.extend(piece);
+        }
+        Ok(out)
+    }
+}
+
 impl MultimodalPrompt {
-    /// Tokenizes `text` with `images[k]` at the `k`-th [`IMAGE_PAD`]; the text around it (with
-    /// the start and end markers) is tokenized piece by piece, as mtmd does. `parse_special` as
-    /// in [`Tokenizer::encode`].
+    /// Tokenizes `text` with `images[k]` at the `k`-th [`IMAGE_PAD`] ([`PromptText`] in one go).
     pub fn tokenize(
         tokenizer: &Tokenizer,
         text: &str,
         parse_special: bool,
         images: Vec<ImageInput>,
     ) -> Result<MultimodalPrompt, MediaError> {
-        let pieces: Vec<&str> = text.split(IMAGE_PAD).collect();
-        if pieces.len() != images.len() + 1 {
-            return Err(MediaError::PlaceholderCount {
-                found: pieces.len() - 1,
-                expected: images.len(),
-            });
-        }
-        let mut out = MultimodalPrompt {
-            tokens: tokenizer.encode(pieces[0], parse_special),
-            images: Vec::with_capacity(images.len()),
-        };
-        for (img, piece) in images.into_iter().zip(&pieces[1..]) {
-            out.push_image(img);
-            out.tokens
-                .extend(tokenizer.encode_continuation(piece, parse_special));
-        }
-        Ok(out)
+        PromptText::tokenize(tokenizer, text, parse_special, images.len())?.with_images(images)
     }
 
     /// Appends an image's rows.

@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use common::{Collect, Loaded, Setup};
 use nextn_engine::media::{ImageInput, MultimodalPrompt};
@@ -18,7 +18,11 @@ use nextn_model::LogitRows;
 use nextn_vision::synth::{write_mmproj, TowerSpec};
 use nextn_vision::{RgbImage, VisionTower};
 
-fn tower(l: &Loaded) -> VisionTower {
+fn tower(l: &Loaded) -> Arc<VisionTower> {
+    Arc::new(tower_of(l))
+}
+
+fn tower_of(l: &Loaded) -> VisionTower {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("nextn-images-{}-{k}", std::process::id()));
@@ -50,7 +54,7 @@ fn prompt_with(l: &Loaded, t: &VisionTower, text: &str, img: &RgbImage) -> Multi
         .expect("one placeholder, one image")
 }
 
-fn engine<'a>(l: &'a Loaded, t: &'a VisionTower, head: bool) -> EngineRef<'a> {
+fn engine<'a>(l: &'a Loaded, t: &'a Arc<VisionTower>, head: bool) -> EngineRef<'a> {
     EngineRef {
         vision: Some(t),
         ..l.engine(head)
@@ -404,8 +408,9 @@ fn a_slot_file_with_an_image_continues_as_a_cold_run() {
     );
 
     // Another tower (other token bounds), or none, did not encode these rows.
-    let mut bounded = tower(&l);
+    let mut bounded = tower_of(&l);
     bounded.set_token_bounds(None, Some(8)).expect("bounds");
+    let bounded = Arc::new(bounded);
     let e = scheduler(engine(&l, &bounded, true), &setup)
         .load_prefix(&bytes)
         .unwrap_err();
@@ -449,4 +454,149 @@ fn a_slot_file_with_an_image_continues_as_a_cold_run() {
             "field {k} = {value}: {e}"
         );
     }
+}
+
+/// A tower slow enough that its encode takes a good part of a second: 8 blocks of width 256 on
+/// 16-pixel patches, for pictures scaled to at least 192 tokens.
+fn slow_tower() -> Arc<VisionTower> {
+    let dir = std::env::temp_dir().join(format!("nextn-images-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("mmproj.gguf");
+    let spec = TowerSpec {
+        n_embd: 256,
+        n_ff: 1024,
+        n_layer: 8,
+        n_head: 4,
+        patch_size: 16,
+        ..TowerSpec::fixture(256)
+    };
+    write_mmproj(&spec, &path).expect("write mmproj");
+    let mut t = VisionTower::load(&path).expect("load mmproj");
+    std::fs::remove_dir_all(&dir).ok();
+    t.set_token_bounds(Some(192), Some(256)).expect("bounds");
+    Arc::new(t)
+}
+
+/// Reports its listener gone once `after` has passed since the request started.
+struct LeavesAfter {
+    after: std::time::Duration,
+    started: Option<std::time::Instant>,
+    tx: mpsc::Sender<Event>,
+}
+
+impl nextn_engine::scheduler::EventSink for LeavesAfter {
+    fn send(&mut self, event: Event) -> bool {
+        if matches!(event, Event::Started { .. }) {
+            self.started = Some(std::time::Instant::now());
+        }
+        self.tx.send(event).is_ok()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.started.is_some_and(|t| t.elapsed() >= self.after)
+    }
+}
+
+/// A request whose client goes away while its picture is being encoded stops the encode: the
+/// encoder counts it cancelled, not encoded, well before a whole encode's time; the next
+/// request's picture is encoded as usual.
+#[test]
+fn a_cancelled_request_stops_its_encode() {
+    let l = common::bundled(2);
+    let t = slow_tower();
+    let p = prompt(&l, &t, "Look:", 5);
+    assert!(p.images[0].n_tokens() >= 192);
+    // What one encode takes here, with the encoder's threads (one slot: the pool's two).
+    let t0 = std::time::Instant::now();
+    t.encode(&p.images[0].image, &l.pool).expect("encode");
+    let full = t0.elapsed();
+    let setup = Setup {
+        n_ctx: 1024,
+        ..Setup::plain()
+    };
+    let mut s = scheduler(engine(&l, &t, false), &setup);
+    let (tx, rx) = mpsc::channel();
+    s.submit(Request {
+        prompt: p.tokens.clone(),
+        images: p.images.clone(),
+        sampler: SamplerConfig::greedy(),
+        n_predict: Some(4),
+        stop: Vec::new(),
+        ignore_eos: true,
+        trace: false,
+        grammar: None,
+        logprobs: None,
+        cache_prompt: false,
+        cache_points: Vec::new(),
+        forced_acceptance: None,
+        prompt_progress: false,
+        sink: Box::new(LeavesAfter {
+            after: full / 8,
+            started: None,
+            tx,
+        }),
+    });
+    // Returns once the request is gone: the loop waited for the encoder meanwhile.
+    s.run();
+    let gone = std::time::Instant::now();
+    assert!(
+        rx.try_iter()
+            .all(|e| !matches!(e, Event::Done(_) | Event::Text(_))),
+        "the request ended before its picture was encoded"
+    );
+    while s.metrics().image_encodes_cancelled_total == 0 {
+        assert!(
+            gone.elapsed() < full,
+            "the encode did not stop within a whole encode's time ({full:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let stopped_after = gone.elapsed();
+    let m = s.metrics();
+    assert_eq!(
+        (m.images_encoded_total, m.image_encodes_cancelled_total),
+        (0, 1)
+    );
+    eprintln!("a whole encode: {full:?}; stopped {stopped_after:?} after the request went away");
+    assert!(
+        stopped_after < full / 2,
+        "stopped {stopped_after:?} after the request went away, a whole encode takes {full:?}"
+    );
+    // The encoder goes on with the next request.
+    let done = run(&mut s, &p, 2).expect("the next request");
+    assert_eq!(done.timings.images_encoded, 1);
+    assert_eq!(s.metrics().images_encoded_total, 1);
+}
+
+/// A prompt's length from its text and its pictures' sizes (what a server checks against the
+/// context before decoding) is the length of the prompt made with the decoded pictures.
+#[test]
+fn the_prompt_length_from_image_sizes_is_the_prompt_length() {
+    use nextn_engine::media::PromptText;
+    let l = common::bundled(2);
+    let t = tower(&l);
+    let text = "<|im_start|>user\nOne <|vision_start|><|image_pad|><|vision_end|> and two \
+                <|vision_start|><|image_pad|><|vision_end|><|im_end|>\n<|im_start|>assistant\n";
+    let pictures = [picture(1), {
+        let (w, h) = (333u32, 41u32);
+        RgbImage::new(w, h, (0..w * h * 3).map(|i| (i % 7) as u8).collect()).expect("image")
+    }];
+    let pieces = PromptText::tokenize(&l.tok, text, true, 2).expect("two placeholders");
+    let from_sizes = pieces.n_text_tokens()
+        + pictures
+            .iter()
+            .map(|img| {
+                let (nx, ny) = t.token_grid_for_size(img.width(), img.height());
+                nx * ny
+            })
+            .sum::<usize>();
+    let inputs: Vec<ImageInput> = pictures
+        .iter()
+        .map(|img| ImageInput::new(&t, img))
+        .collect();
+    let whole = MultimodalPrompt::tokenize(&l.tok, text, true, inputs.clone()).expect("tokenize");
+    assert_eq!(from_sizes, whole.tokens.len());
+    let laid = pieces.with_images(inputs).expect("two images");
+    assert_eq!(laid.tokens, whole.tokens);
+    assert!(PromptText::tokenize(&l.tok, text, true, 1).is_err());
 }

@@ -3,10 +3,12 @@
 //! `tool_choice` or the output format, and how the answer is cut into reasoning, content and tool
 //! calls).
 
+use axum::http::StatusCode;
 use nextn_engine::chat::final_header;
 use nextn_engine::grammar::{Constraint, GrammarSource, ReasoningBudget};
-use nextn_engine::media::{ImageInput, MultimodalPrompt, PromptImage};
-use nextn_vision::decode_image;
+use nextn_engine::media::{ImageInput, MultimodalPrompt, PromptImage, PromptText};
+use nextn_vision::{decode_image, image_size, VisionTower};
+use serde_json::json;
 
 use crate::error::ApiError;
 use crate::reasoning::{self, prompt_opens_thinking, ReasoningSplitter};
@@ -77,18 +79,77 @@ pub(crate) fn tokenize_with_images(
     text: &str,
     images: &[ChatImage],
 ) -> Result<MultimodalPrompt, ApiError> {
-    let Some(first) = images.first() else {
+    tokenize_images(fe, text, images, None)
+}
+
+/// As [`tokenize_with_images`], for a prompt that is to run in a slot: each image's size is read
+/// from its header and its rows counted from it, and a prompt that does not fit the slot's
+/// context with them is refused (the 400 of [`exceeds_context`]) before any image is decoded.
+pub(crate) fn tokenize_within_context(
+    app: &App,
+    fe: &Frontend,
+    text: &str,
+    images: &[ChatImage],
+) -> Result<MultimodalPrompt, ApiError> {
+    if images.is_empty() {
+        // Text alone is checked against the context where every prompt is (`submit.rs`).
+        return tokenize_images(fe, text, images, None);
+    }
+    let n_ctx = app
+        .handle
+        .info()
+        .ok_or_else(|| ApiError::unavailable("Loading model"))?
+        .n_ctx_slot;
+    tokenize_images(fe, text, images, Some(n_ctx))
+}
+
+/// The request's prompt of `n_prompt` tokens (`image_rows` of them for `n_images` images) does
+/// not leave a slot of `n_ctx` tokens room for one more: llama-server's
+/// `exceed_context_size_error`.
+pub(crate) fn exceeds_context(
+    n_prompt: usize,
+    image_rows: usize,
+    n_images: usize,
+    n_ctx: usize,
+) -> ApiError {
+    let of_images = match n_images {
+        0 => String::new(),
+        k => format!(" ({image_rows} of them for {k} image(s))"),
+    };
+    let mut e = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "exceed_context_size_error",
+        format!(
+            "the request exceeds the available context size: the prompt has {n_prompt} tokens{of_images} and a slot holds {n_ctx} (at least one more is needed to generate)"
+        ),
+    );
+    e.extra = Some(Box::new(
+        json!({"n_prompt_tokens": n_prompt, "n_ctx": n_ctx}),
+    ));
+    e
+}
+
+/// The prompt of `text` and `images`; with `n_ctx`, its length (image rows from the images'
+/// headers) is checked against it before any image is decoded.
+fn tokenize_images(
+    fe: &Frontend,
+    text: &str,
+    images: &[ChatImage],
+    n_ctx: Option<usize>,
+) -> Result<MultimodalPrompt, ApiError> {
+    let Some((vision, text)) = prompt_text(fe, text, images)? else {
         return Ok(MultimodalPrompt {
             tokens: fe.tokenizer.encode(text, true),
             images: Vec::new(),
         });
     };
-    let Some(vision) = fe.vision.as_deref() else {
-        return Err(ApiError::invalid_field(
-            &first.field,
-            "the request has an image, but this server has no vision tower: start it with --mmproj FILE",
-        ));
-    };
+    if let Some(n_ctx) = n_ctx {
+        let image_rows = header_rows(vision, images)?;
+        let n_prompt = text.n_text_tokens() + image_rows;
+        if n_prompt >= n_ctx {
+            return Err(exceeds_context(n_prompt, image_rows, images.len(), n_ctx));
+        }
+    }
     let inputs = images
         .iter()
         .map(|im| {
@@ -97,11 +158,44 @@ pub(crate) fn tokenize_with_images(
                 .map_err(|e| ApiError::invalid_field(&im.field, e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    MultimodalPrompt::tokenize(&fe.tokenizer, text, true, inputs).map_err(|e| {
+    text.with_images(inputs)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The text of a prompt with images, tokenized around their placeholders, and the tower that
+/// reads them; `None` for a prompt without images.
+fn prompt_text<'f>(
+    fe: &'f Frontend,
+    text: &str,
+    images: &[ChatImage],
+) -> Result<Option<(&'f VisionTower, PromptText)>, ApiError> {
+    let Some(first) = images.first() else {
+        return Ok(None);
+    };
+    let Some(vision) = fe.vision.as_deref() else {
+        return Err(ApiError::invalid_field(
+            &first.field,
+            "the request has an image, but this server has no vision tower: start it with --mmproj FILE",
+        ));
+    };
+    let text = PromptText::tokenize(&fe.tokenizer, text, true, images.len()).map_err(|e| {
         ApiError::bad_request(format!(
             "{e}: the text of the messages must not contain the placeholder itself"
         ))
-    })
+    })?;
+    Ok(Some((vision, text)))
+}
+
+/// The prompt rows of `images`, from the sizes their headers declare (no pixel is decoded).
+fn header_rows(vision: &VisionTower, images: &[ChatImage]) -> Result<usize, ApiError> {
+    let mut rows = 0;
+    for im in images {
+        let (w, h) = image_size(im.bytes()?, &im.field)
+            .map_err(|e| ApiError::invalid_field(&im.field, e.to_string()))?;
+        let (nx, ny) = vision.token_grid_for_size(w, h);
+        rows += nx * ny;
+    }
+    Ok(rows)
 }
 
 /// `grammar` with the request's reasoning budget (its `thinking_budget_tokens`, else the server's
@@ -175,7 +269,7 @@ pub(crate) fn prepare_chat(
     resolve_bias(fe, &mut req.params)?;
     let use_tools = uses_tools(&req);
     let text = render_chat(app, fe, &req)?;
-    let MultimodalPrompt { tokens, images } = tokenize_with_images(fe, &text, &req.images)?;
+    let MultimodalPrompt { tokens, images } = tokenize_within_context(app, fe, &text, &req.images)?;
     let cache_points: Vec<usize> = final_header(&fe.tokenizer, &tokens).into_iter().collect();
     let in_reasoning = prompt_opens_thinking(&text);
     let reasoning = req.params.reasoning.unwrap_or(app.cfg.reasoning);
@@ -251,5 +345,9 @@ pub(crate) fn count_chat_tokens(
     req: ChatRequest,
 ) -> Result<usize, ApiError> {
     let text = render_chat(app, fe, &req)?;
-    Ok(tokenize_with_images(fe, &text, &req.images)?.tokens.len())
+    // Images count by their headers: nothing is decoded to be counted.
+    Ok(match prompt_text(fe, &text, &req.images)? {
+        None => fe.tokenizer.encode(&text, true).len(),
+        Some((vision, text)) => text.n_text_tokens() + header_rows(vision, &req.images)?,
+    })
 }

@@ -208,6 +208,27 @@ pub fn render(m: &MetricsSnapshot, n_slots: usize, n_max: usize) -> String {
     );
     family(
         &mut out,
+        &n("images_encoded_total"),
+        Kind::Counter,
+        "Images encoded by the vision tower (on the encoder thread, beside the generation loop).",
+        &one(m.images_encoded_total as f64),
+    );
+    family(
+        &mut out,
+        &n("image_encode_seconds_total"),
+        Kind::Counter,
+        "Seconds the vision tower spent encoding images.",
+        &one(m.image_encode_seconds_total),
+    );
+    family(
+        &mut out,
+        &n("image_encodes_cancelled_total"),
+        Kind::Counter,
+        "Image encodes skipped or stopped because their request went away.",
+        &one(m.image_encodes_cancelled_total as f64),
+    );
+    family(
+        &mut out,
         &n("step_drafting_slots"),
         Kind::Gauge,
         "Slots that drafted in the last step.",

@@ -18,7 +18,8 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::handler::{blocking, body_error, chat_pipeline, frontend, json_response, AppState};
 use crate::prepare::{
-    compile, prepare_chat, resolve_bias, tokenize_with_images, with_reasoning_budget, Prepared,
+    compile, prepare_chat, resolve_bias, tokenize_with_images, tokenize_within_context,
+    with_reasoning_budget, Prepared,
 };
 use crate::reasoning::prompt_opens_thinking;
 use crate::request::images::check_image_count;
@@ -347,7 +348,9 @@ async fn completions_inner(
                 tokens: t.clone(),
                 images: Vec::new(),
             },
-            Prompt::Multimodal { text, images } => tokenize_with_images(&fe, text, images)?,
+            Prompt::Multimodal { text, images } => {
+                tokenize_within_context(&app, &fe, text, images)?
+            }
         };
         let grammar = match &req.params.grammar {
             Some(g) => Some(compile(&fe, g, &req.params.grammar_field)?),

@@ -1,15 +1,13 @@
 //! Handing a prepared request to the scheduler: the checks against the loaded model (vocabulary,
 //! context), forced acceptance, the event channel, and what a refused submission answers.
 
-use axum::http::StatusCode;
 use nextn_engine::media::is_image_token;
 use nextn_engine::scheduler::SubmitError;
 use nextn_engine::speculative::forced::ForcedAcceptance;
-use serde_json::json;
 
 use crate::error::ApiError;
 use crate::handler::AppState;
-use crate::prepare::Prepared;
+use crate::prepare::{exceeds_context, Prepared};
 use crate::request::GenParams;
 use crate::respond::{self, Shaping};
 
@@ -61,26 +59,12 @@ pub(crate) fn enqueue(app: &AppState, prepared: Prepared) -> Result<Submitted, A
         ));
     }
     if tokens.len() >= info.n_ctx_slot {
-        let mut e = ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "exceed_context_size_error",
-            format!(
-                "the request exceeds the available context size: the prompt has {} tokens{} and a slot holds {} (at least one more is needed to generate)",
-                tokens.len(),
-                match images.len() {
-                    0 => String::new(),
-                    k => format!(
-                        " ({} of them for {k} image(s))",
-                        images.iter().map(|im| im.n_tokens()).sum::<usize>()
-                    ),
-                },
-                info.n_ctx_slot
-            ),
-        );
-        e.extra = Some(Box::new(
-            json!({"n_prompt_tokens": tokens.len(), "n_ctx": info.n_ctx_slot}),
+        return Err(exceeds_context(
+            tokens.len(),
+            images.iter().map(|im| im.n_tokens()).sum(),
+            images.len(),
+            info.n_ctx_slot,
         ));
-        return Err(e);
     }
     let forced_acceptance = match (&params.forced_reference, &app.cfg.forced_acceptance) {
         (None, _) => None,

@@ -55,6 +55,22 @@ pub enum VisionError {
         width: u32,
         height: u32,
     },
+    #[error(
+        "image {what} is {width}x{height} pixels of {color}: decoding it takes {needed} bytes \
+         (its pixels and their 8-bit RGB copy), over the limit of {limit}"
+    )]
+    DecodeMemory {
+        what: String,
+        width: u32,
+        height: u32,
+        /// The decoder's pixel format (`Rgba8`, `Rgb16`, ...).
+        color: String,
+        needed: u64,
+        limit: u64,
+    },
+    /// The caller stopped the encode (its request went away) before it was done.
+    #[error("the image encode was cancelled")]
+    EncodeCancelled,
 }
 
 pub(crate) fn metadata(key: &'static str, problem: impl Into<String>) -> VisionError {

@@ -1,7 +1,10 @@
 //! The vision tower of Qwen3.5 / Qwen3.6 as llama.cpp's converter writes it into an mmproj GGUF
 //! (`clip.projector_type` `qwen3vl_merger`), computed as llama.cpp's mtmd does: decode
-//! ([`decode_image`]), resize and normalise ([`VisionTower::prepare`]), and encode
-//! ([`VisionTower::encode`]) into one embedding per 2x2 group of patches for the text model.
+//! ([`decode_image`], after [`image_size`] has read the header, which is all a caller needs to
+//! know how many tokens the picture will take: [`VisionTower::token_grid_for_size`]), resize
+//! ([`VisionTower::prepare`], still 8-bit RGB), and encode ([`VisionTower::encode`], which
+//! normalises as it reads the patches) into one embedding per 2x2 group of patches for the text
+//! model.
 //!
 //! ```no_run
 //! use nextn_quant::kernels::ThreadPool;
@@ -31,5 +34,8 @@ pub use config::{
     VisionConfig, DEFAULT_MAX_TOKENS, DEFAULT_MIN_TOKENS, MAX_TOKENS_LIMIT, PROJECTOR_QWEN3VL,
 };
 pub use error::VisionError;
-pub use preprocess::{decode_image, target_size, PreparedImage, RgbImage, MAX_IMAGE_SIDE};
+pub use preprocess::{
+    decode_image, image_size, target_size, PreparedImage, RgbImage, MAX_DECODE_BYTES,
+    MAX_IMAGE_SIDE,
+};
 pub use tower::{ImageEmbedding, VisionTower};

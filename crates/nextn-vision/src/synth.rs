@@ -1,6 +1,7 @@
 //! Random-weight mmproj files with the metadata and tensor names llama.cpp's converter writes for
 //! Qwen3.5 / Qwen3.6 (`qwen3vl_merger`): test fixtures for any trunk width, and the real tower's
-//! shape for timing. The same spec and seed always give the same bytes.
+//! shape for timing. The same spec and seed always give the same bytes. Also a PNG that is a
+//! header only ([`png_declaring`]), for tests of what is decided before decoding.
 
 use std::path::Path;
 
@@ -210,4 +211,43 @@ pub fn write_mmproj(spec: &TowerSpec, path: impl AsRef<Path>) -> Result<(), Gguf
     s.linear("mm.0", merged, merged)?;
     s.linear("mm.2", merged, spec.projection_dim)?;
     s.w.write_file(path)
+}
+
+/// A PNG of a few dozen bytes whose header declares `width x height` pixels of PNG colour type
+/// `color` (2: RGB, 6: RGBA) at `depth` bits a sample, followed by an empty image data chunk:
+/// whatever decoding it would take, nothing but the header is there. For tests that an image's
+/// size is read, and refused, from its header alone.
+pub fn png_declaring(width: u32, height: u32, color: u8, depth: u8) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut chunk = |kind: &[u8], data: &[u8]| {
+        png.extend((data.len() as u32).to_be_bytes());
+        let body = [kind, data].concat();
+        png.extend(&body);
+        png.extend(crc32(&body).to_be_bytes());
+    };
+    let mut header = Vec::with_capacity(13);
+    header.extend(width.to_be_bytes());
+    header.extend(height.to_be_bytes());
+    // Bit depth, colour type, deflate, adaptive filtering, no interlace.
+    header.extend([depth, color, 0, 0, 0]);
+    chunk(b"IHDR", &header);
+    chunk(b"IDAT", &[]);
+    chunk(b"IEND", &[]);
+    png
+}
+
+/// CRC-32 (ISO-HDLC, as PNG chunks carry it), bit by bit.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
 }

@@ -10,7 +10,7 @@ use crate::block::{Block, Heads, Merger};
 use crate::config::VisionConfig;
 use crate::error::VisionError;
 use crate::patch::{Grid, PatchEmbed, PositionEmbed};
-use crate::preprocess::{prepare, PreparedImage, RgbImage};
+use crate::preprocess::{prepare, prepared_size, PreparedImage, RgbImage};
 use crate::weights::{Binder, Norm};
 
 /// A Qwen3.5 / Qwen3.6 vision tower (`qwen3vl_merger`).
@@ -160,7 +160,7 @@ impl VisionTower {
         Ok(())
     }
 
-    /// Resizes and normalises `img` for this tower.
+    /// Resizes `img` for this tower (8-bit: the tower normalises as it reads the patches).
     pub fn prepare(&self, img: &RgbImage) -> PreparedImage {
         prepare(img, &self.cfg)
     }
@@ -171,12 +171,41 @@ impl VisionTower {
         (img.width() / side, img.height() / side)
     }
 
+    /// Output tokens of an image of `width x height` pixels (its header's size, [`crate::image_size`]):
+    /// the grid [`prepare`](Self::prepare) resizes it to, known before the image is decoded, so
+    /// a prompt's length can be checked against a context without decoding its pictures.
+    pub fn token_grid_for_size(&self, width: u32, height: u32) -> (usize, usize) {
+        let side = self.cfg.patch_size * self.cfg.n_merge;
+        let (w, h) = prepared_size(width, height, &self.cfg);
+        (w as usize / side, h as usize / side)
+    }
+
     /// The encoder forward of one prepared image.
     pub fn encode(
         &self,
         img: &PreparedImage,
         pool: &ThreadPool,
     ) -> Result<ImageEmbedding, VisionError> {
+        self.encode_cancellable(img, pool, &|| false)
+    }
+
+    /// As [`encode`](Self::encode), asking `cancelled` before the patch embedding, after each
+    /// block and before the merger, and giving up with [`VisionError::EncodeCancelled`] once it
+    /// answers true: a request that went away stops its encode within one block's time.
+    pub fn encode_cancellable(
+        &self,
+        img: &PreparedImage,
+        pool: &ThreadPool,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<ImageEmbedding, VisionError> {
+        let stop_if_cancelled = || {
+            if cancelled() {
+                Err(VisionError::EncodeCancelled)
+            } else {
+                Ok(())
+            }
+        };
+        stop_if_cancelled()?;
         let (nx, ny) = self.token_grid(img);
         let grid = Grid {
             nx: 2 * nx,
@@ -184,7 +213,7 @@ impl VisionTower {
         };
         let n = grid.n();
         let e = self.cfg.n_embd;
-        let mut x = self.patch.forward(img, grid, pool)?;
+        let mut x = self.patch.forward(img, grid, &self.cfg, pool)?;
         self.pos.add_to(&mut x, grid);
         if let Some(norm) = &self.pre_ln {
             x = crate::ops::layer_norm(pool, &x, norm, self.cfg.eps);
@@ -200,6 +229,7 @@ impl VisionTower {
             if let Some(ds) = &block.deepstack {
                 deepstack.push(ds.forward(&x, n / 4, self.cfg.eps, pool)?);
             }
+            stop_if_cancelled()?;
         }
         if let Some(norm) = &self.post_ln {
             x = crate::ops::layer_norm(pool, &x, norm, self.cfg.eps);

@@ -148,6 +148,38 @@ fn run_with_an_image_drafts_the_plain_tokens() {
         text(&o.stderr)
     );
 
+    // A prompt too long with its picture is refused from the picture's header: this file is a
+    // header declaring 4000x3000 pixels and nothing else, so decoding it would fail otherwise.
+    let header_only = d.join("header-only.png");
+    std::fs::write(
+        &header_only,
+        nextn_vision::synth::png_declaring(4000, 3000, 2, 8),
+    )
+    .expect("write");
+    let o = run(&[
+        "run",
+        "-m",
+        m,
+        "--mmproj",
+        mp,
+        "--image",
+        header_only.to_str().unwrap(),
+        "-p",
+        "x",
+        "-n",
+        "1",
+        "-c",
+        "256",
+    ]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("image(s)")
+            && err.contains("the context holds 256")
+            && !err.contains("decode"),
+        "{err}"
+    );
+
     let wrong_width = d.join("mmproj-512.gguf");
     nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(512), &wrong_width)
         .expect("write mmproj");

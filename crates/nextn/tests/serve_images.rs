@@ -1,11 +1,15 @@
 //! `nextn serve --mmproj` with a random-weight mmproj written for the bundled model: images in
-//! chat completions through the official `openai` client (tools/openai_image_check.py), and a
-//! server without a vision tower refusing them with a 400 that says so.
+//! chat completions through the official `openai` client (tools/openai_image_check.py), a server
+//! without a vision tower refusing them with a 400 that says so, a picture being encoded beside
+//! another stream without stalling it, and prompts too long with their pictures refused from the
+//! images' headers before anything is decoded.
 
 mod serve_common;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use serve_common::Server;
@@ -170,4 +174,183 @@ fn messages_and_responses_take_images() {
     );
     let r = s.post("/v1/messages", &tool_turn(true));
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A picture is encoded on the encoder thread while the other slot streams: the stream's gaps
+/// between chunks stay far below the encode's time (inside a step, the encode stalled every
+/// other stream for all of it). The tower (16 blocks of width 256 on 16-pixel patches) is given
+/// the ramp picture scaled to 256 tokens: an encode of one to a few seconds on one thread, while
+/// a decode step of the bundled model takes milliseconds and the picture's own rows, a prompt
+/// chunk like any other once encoded, a fraction of the encode.
+#[test]
+fn an_image_being_encoded_does_not_stall_other_streams() {
+    let spec = nextn_vision::synth::TowerSpec {
+        n_embd: 256,
+        n_ff: 1024,
+        n_layer: 16,
+        n_head: 4,
+        patch_size: 16,
+        ..nextn_vision::synth::TowerSpec::fixture(256)
+    };
+    let s = serve_common::start_with_tower(
+        &spec,
+        &[
+            "-np",
+            "2",
+            "-c",
+            "16384",
+            "--image-min-tokens",
+            "256",
+            "--image-max-tokens",
+            "256",
+        ],
+    );
+    // The other stream: long enough to outlast the encode, its chunks timed as they arrive.
+    let (status, mut reader) = s.open_stream(
+        "/v1/completions",
+        &json!({"prompt": "def main():\n", "max_tokens": 7000, "temperature": 0,
+                "ignore_eos": true, "stream": true}),
+    );
+    assert_eq!(status, 200);
+    let (times_tx, times_rx) = std::sync::mpsc::channel::<Instant>();
+    let streamer = std::thread::spawn(move || {
+        while let Some(data) = reader.next_event() {
+            if data == "[DONE]" || times_tx.send(Instant::now()).is_err() {
+                break;
+            }
+        }
+    });
+    // The picture once the stream is under way.
+    let first = times_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the stream's first chunk");
+    let sent = Instant::now();
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": {"prompt_string": "A picture: <__media__> It shows",
+                           "multimodal_data": [ramp_png()]},
+                "n_predict": 2, "temperature": 0}),
+    );
+    let answered = Instant::now();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let timings = &r.json()["timings"];
+    assert_eq!(timings["images_encoded"], 1, "{timings}");
+    let encode = Duration::from_secs_f64(timings["image_encode_ms"].as_f64().unwrap() / 1e3);
+    // Every chunk up to the first one after the answer: the gap the answer falls in counts too.
+    let mut times = vec![first];
+    loop {
+        match times_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(t) => {
+                times.push(t);
+                if t > answered {
+                    break;
+                }
+            }
+            Err(_) => panic!(
+                "the stream ended ({} chunks in {:?}) before the picture was answered ({:?} after it was sent): raise its max_tokens",
+                times.len(),
+                times[times.len() - 1] - first,
+                answered - sent
+            ),
+        }
+    }
+    drop(times_rx);
+    // The gaps of the stream while the picture was in the server.
+    let before = times.iter().rposition(|&t| t < sent).unwrap_or(0);
+    let window = &times[before..];
+    let worst = window
+        .windows(2)
+        .max_by_key(|w| w[1].duration_since(w[0]))
+        .unwrap();
+    let max_gap = worst[1].duration_since(worst[0]);
+    eprintln!(
+        "encode {encode:?}, picture answered in {:?}; the stream sent {} chunks meanwhile, its longest gap {max_gap:?}",
+        answered - sent,
+        window.len()
+    );
+    assert!(
+        encode > Duration::from_millis(400),
+        "the encode ({encode:?}) is too quick to tell a stall from a step"
+    );
+    assert!(
+        max_gap < encode / 2,
+        "the stream stalled for {max_gap:?} ({:?} to {:?} after the picture was sent, answered \
+         after {:?}) while the picture was encoded in {encode:?}",
+        worst[0].saturating_duration_since(sent),
+        worst[1].saturating_duration_since(sent),
+        answered - sent
+    );
+    assert!(
+        window.len() >= 10,
+        "{} chunks during the encode",
+        window.len()
+    );
+    assert_eq!(s.metric("nextn:images_encoded_total"), 1.0);
+    drop(s);
+    streamer.join().unwrap();
+}
+
+/// The prompt's length with its pictures is checked from their headers before any is decoded:
+/// a PNG that is a header declaring 4000x3000 pixels (about 4000 tokens for this tower), with no pixel
+/// data, is a 400 naming the context, not a decode error; a header over the side limit is a 400
+/// naming the limit; both on chat completions and `/completion`.
+#[test]
+fn too_long_image_prompts_are_refused_from_the_headers() {
+    let s = serve_common::start_with_mmproj(&["-np", "1", "-c", "512"]);
+    let header_only = |w, h| {
+        format!(
+            "data:image/png;base64,{}",
+            STANDARD.encode(nextn_vision::synth::png_declaring(w, h, 2, 8))
+        )
+    };
+    let chat = |url: String| {
+        s.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is it?"},
+                {"type": "image_url", "image_url": {"url": url}}
+            ]}], "max_tokens": 2}),
+        )
+    };
+    let r = chat(header_only(4000, 3000));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["error"]["type"], "exceed_context_size_error", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("context") && message.contains("of them for 1 image(s)"),
+        "{message}"
+    );
+    assert_eq!(v["error"]["n_ctx"], 512, "{v}");
+    assert!(
+        v["error"]["n_prompt_tokens"].as_u64().unwrap() > 4000,
+        "{v}"
+    );
+    let native = s.post(
+        "/completion",
+        &json!({"prompt": {"prompt_string": "A picture: <__media__>",
+                           "multimodal_data": [STANDARD.encode(nextn_vision::synth::png_declaring(4000, 3000, 2, 8))]},
+                "n_predict": 2}),
+    );
+    assert_eq!(native.status, 400, "{}", native.text());
+    assert!(
+        native.text().contains("exceed_context_size_error"),
+        "{}",
+        native.text()
+    );
+    // Within the context, the same header-only file gets as far as decoding, and fails there.
+    let r = chat(header_only(64, 48));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("cannot decode image"), "{}", r.text());
+    // Over the side limit: refused from the header, naming the field and the limit.
+    let r = chat(header_only(20000, 20000));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("20000x20000")
+            && text.contains("16384")
+            && text.contains("messages[0].content[1]"),
+        "{text}"
+    );
+    assert_eq!(s.metric("nextn:images_encoded_total"), 0.0);
 }

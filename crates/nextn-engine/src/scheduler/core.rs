@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use nextn_model::ImageSpan;
 
 use super::cost::{CostModel, RowCost};
+use super::encoder::{encoder_threads, ImageEncoder};
 use super::policy::Planner;
-use super::slot::Slot;
+use super::slot::{Encoding, Slot, Stage};
 use super::slot_actions::SlotActionError;
 use super::slot_reuse::Kept;
 use super::{
@@ -26,6 +27,10 @@ use crate::sampler::Sampler;
 use crate::slot_file::ModelIdentity;
 use crate::speculative::draft::HeadState;
 use crate::speculative::speculator::Speculator;
+
+/// How long the loop sleeps at most while every busy slot waits for the encoder: how soon a
+/// client that went away meanwhile is noticed and its encode cancelled.
+const ENCODER_POLL: Duration = Duration::from_millis(50);
 
 pub(super) fn run<L>(shared: Arc<Shared>, load: L)
 where
@@ -70,6 +75,8 @@ pub(super) struct Core<'e> {
     pub clock: u64,
     /// The model's identity for slot files, computed when first needed.
     pub identity: Option<ModelIdentity>,
+    /// The thread that encodes images, started by the first request with an image to encode.
+    encoder: Option<ImageEncoder>,
 }
 
 impl<'e> Core<'e> {
@@ -111,6 +118,7 @@ impl<'e> Core<'e> {
             last_request: vec![(0, 0, 0); n_slots],
             clock: 0,
             identity: None,
+            encoder: None,
         }
     }
 
@@ -136,8 +144,14 @@ impl<'e> Core<'e> {
     /// Free the slots of clients that went away, run one step over the busy slots (a failed step
     /// cancels them all) and publish the gauges.
     pub fn tick(&mut self) {
+        self.collect_encoded();
         self.reap_closed();
         if self.busy() == 0 {
+            return;
+        }
+        if self.slots.iter().flatten().all(Slot::waits_for_image) {
+            // Nothing to step until an image is encoded (or a request comes in).
+            self.wait_for_encoder();
             return;
         }
         let result = catch_unwind(AssertUnwindSafe(|| self.step()));
@@ -402,6 +416,16 @@ impl<'e> Core<'e> {
             let mut m = lock(&self.shared.metrics);
             m.requests_processing = self.busy() + 1;
         }
+        if let Err(message) = self.start_encodes(index, &mut slot) {
+            let mut sink = slot.sink;
+            sink.send(Event::Failed {
+                kind: FailKind::Internal,
+                message,
+            });
+            let busy = self.busy();
+            lock(&self.shared.metrics).requests_processing = busy;
+            return;
+        }
         if slot.sink.send(Event::Started { slot: index }) {
             slot.report_prompt_progress(cache_n);
             self.slots[index] = Some(slot);
@@ -444,6 +468,78 @@ impl<'e> Core<'e> {
             }
         }
         result
+    }
+
+    /// Hand the images of a request admitted to slot `index` to the encoder: those its prompt
+    /// still has to run (not those among the rows resumed from a cache). The encoder thread is
+    /// started with the first of them.
+    fn start_encodes(&mut self, index: usize, slot: &mut Slot<'e>) -> Result<(), String> {
+        let n_past = match slot.stage {
+            Stage::Prefill { next } => next,
+            Stage::Decode { .. } => return Ok(()),
+        };
+        let todo: Vec<usize> = (0..slot.images.len())
+            .filter(|&k| slot.images[k].pos >= n_past)
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let tower = self
+            .engine
+            .vision
+            .ok_or("the prompt has images, but no vision tower is loaded")?;
+        if self.encoder.is_none() {
+            let threads = encoder_threads(self.cfg.n_slots, self.engine.pool.n_threads());
+            let encoder = ImageEncoder::spawn(tower.clone(), threads, self.shared.clone())
+                .map_err(|e| format!("cannot start the image encoder thread: {e}"))?;
+            self.encoder = Some(encoder);
+        }
+        let encoder = self
+            .encoder
+            .as_ref()
+            .ok_or("the image encoder thread is not running")?;
+        for &k in &todo {
+            slot.encodings[k] = Encoding::Waiting;
+        }
+        let images = todo.iter().map(|&k| (k, slot.images[k].image.clone()));
+        slot.encode_ticket = Some(encoder.submit(index, slot.seq_no, images));
+        Ok(())
+    }
+
+    /// Give each finished encode to the request that waits for it (one that went away meanwhile
+    /// is gone, and so is its result); a failed encode ends its request.
+    fn collect_encoded(&mut self) {
+        let done = std::mem::take(&mut lock(&self.shared.inbox).encoded);
+        for e in done {
+            let i = e.key.slot;
+            let Some(slot) = self.slots.get_mut(i).and_then(Option::as_mut) else {
+                continue;
+            };
+            if slot.seq_no != e.key.seq_no {
+                continue;
+            }
+            match e.result {
+                Ok(emb) => {
+                    if let Some(enc) = slot.encodings.get_mut(e.key.image) {
+                        *enc = Encoding::Ready(emb);
+                        slot.images_encoded += 1;
+                        slot.image_encode_ms += e.ms;
+                    }
+                }
+                Err(message) => self.fail(i, &message),
+            }
+        }
+    }
+
+    /// Every busy slot waits for an image: sleep until the encoder delivers one, a request or
+    /// slot action comes in (both wake the loop), or [`ENCODER_POLL`] has passed (clients that
+    /// went away are noticed at the next tick).
+    fn wait_for_encoder(&self) {
+        let inbox = lock(&self.shared.inbox);
+        let admissible = !inbox.queue.is_empty() && self.busy() < self.cfg.n_slots;
+        if inbox.encoded.is_empty() && !admissible {
+            let _ = self.shared.wake.wait_timeout(inbox, ENCODER_POLL);
+        }
     }
 
     /// A request's images: the engine can encode them, each lies inside the prompt after the

@@ -42,6 +42,11 @@ pub struct MetricsSnapshot {
     pub cost_target_ms: Vec<(usize, f64)>,
     pub cost_head_ms: Vec<(usize, f64)>,
     pub acceptance_estimate: Vec<f64>,
+    /// Images the encoder thread encoded, the seconds it took, and the encodes it skipped or
+    /// stopped because their request went away.
+    pub images_encoded_total: u64,
+    pub image_encode_seconds_total: f64,
+    pub image_encodes_cancelled_total: u64,
     /// Every slot, busy or free (`/slots`).
     pub slots: Vec<super::SlotStatus>,
 }

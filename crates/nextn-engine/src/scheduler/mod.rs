@@ -17,6 +17,7 @@
 mod calibrate;
 mod core;
 pub mod cost;
+mod encoder;
 mod metrics;
 pub mod policy;
 mod slot;
@@ -68,7 +69,7 @@ impl Engine {
             head: self.head.as_ref(),
             tokenizer: &self.tokenizer,
             pool: &self.pool,
-            vision: self.vision.as_deref(),
+            vision: self.vision.as_ref(),
         }
     }
 }
@@ -81,7 +82,8 @@ pub struct EngineRef<'e> {
     pub head: Option<&'e NextnHead>,
     pub tokenizer: &'e Tokenizer,
     pub pool: &'e ThreadPool,
-    pub vision: Option<&'e VisionTower>,
+    /// The vision tower; shared with the thread that encodes images (`scheduler/encoder.rs`).
+    pub vision: Option<&'e Arc<VisionTower>>,
 }
 
 #[derive(Clone, Debug)]
@@ -263,6 +265,8 @@ struct Inbox {
     queue: VecDeque<Request>,
     /// Slot actions waiting for their slot to be free.
     controls: Vec<slot_actions::SlotControl>,
+    /// Images the encoder thread has finished, for their requests to pick up.
+    encoded: Vec<encoder::Encoded>,
     shutdown: Option<Instant>,
 }
 
@@ -283,6 +287,7 @@ impl Shared {
             inbox: Mutex::new(Inbox {
                 queue: VecDeque::new(),
                 controls: Vec::new(),
+                encoded: Vec::new(),
                 shutdown: None,
             }),
             wake: Condvar::new(),

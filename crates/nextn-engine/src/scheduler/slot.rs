@@ -5,6 +5,9 @@ use std::time::Instant;
 
 use nextn_model::SequenceState;
 
+use nextn_vision::ImageEmbedding;
+
+use super::encoder::EncodeTicket;
 use super::{Event, EventSink, Request};
 use crate::grammar::Constraint;
 use crate::media::PromptImage;
@@ -13,6 +16,17 @@ use crate::sampler::Sampler;
 use crate::speculative::speculator::Speculator;
 use crate::speculative::SpecStats;
 use crate::tokenizer::Tokenizer;
+
+/// Where one of a request's images stands with the encoder.
+#[derive(Debug)]
+pub enum Encoding {
+    /// Not encoded for this request: its rows were resumed from a cache, or they have run.
+    NotNeeded,
+    /// Queued or being encoded.
+    Waiting,
+    /// Encoded; its rows run when the prompt reaches them.
+    Ready(ImageEmbedding),
+}
 
 /// Where a slot's sequence stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +41,10 @@ pub struct Slot<'t> {
     pub prompt: Vec<u32>,
     /// The prompt's images, in order.
     pub images: Vec<PromptImage>,
+    /// Each image's embeddings, as the encoder delivers them.
+    pub encodings: Vec<Encoding>,
+    /// Cancels this request's encodes when the slot is dropped.
+    pub encode_ticket: Option<EncodeTicket>,
     /// Images encoded for this request and the milliseconds it took.
     pub images_encoded: usize,
     pub image_encode_ms: f64,
@@ -91,6 +109,8 @@ impl<'t> Slot<'t> {
         cache_points.dedup();
         Slot {
             prompt,
+            encodings: images.iter().map(|_| Encoding::NotNeeded).collect(),
+            encode_ticket: None,
             images,
             images_encoded: 0,
             image_encode_ms: 0.0,
@@ -147,6 +167,17 @@ impl<'t> Slot<'t> {
             .unwrap_or(self.prompt.len())
             .min(next_image)
             .min(self.prompt.len())
+    }
+
+    /// Whether the prompt has reached an image whose embeddings the encoder has not delivered
+    /// yet: the slot then waits, out of the steps.
+    pub fn waits_for_image(&self) -> bool {
+        match self.stage {
+            Stage::Prefill { next } => self
+                .image_index_at(next)
+                .is_some_and(|k| matches!(self.encodings[k], Encoding::Waiting)),
+            Stage::Decode { .. } => false,
+        }
     }
 
     /// The index of the image whose rows start at prompt position `pos`.

@@ -19,7 +19,7 @@ use nextn_model::{BatchItem, ForwardOutput, LogitRows, ModelError, Readback};
 
 use super::core::Core;
 use super::policy::{SlotView, StepPlan, ViewStage, SLOT_WINDOW};
-use super::slot::{Slot, Stage};
+use super::slot::{Encoding, Slot, Stage};
 use super::{lock, Event, FailKind};
 use crate::output::{ms_since, FinishReason, GrammarEnd};
 use crate::sampler::{Distribution, TokenLogprob, TokenMask};
@@ -34,9 +34,9 @@ enum Work {
         start: usize,
         end: usize,
     },
-    /// The prompt's image `index` (its rows start at `start`), encoded and run through the
-    /// target on its own ([`nextn_model::Model::forward_image`]); `embd` is its embeddings once
-    /// encoded, which the head takes too.
+    /// The prompt's image `index` (its rows start at `start`), run through the target on its own
+    /// ([`nextn_model::Model::forward_image`]) with the embeddings the encoder thread made; `embd`
+    /// holds them once the target has run, for the head to take too.
     Image {
         index: usize,
         start: usize,
@@ -145,7 +145,8 @@ impl<'e> Core<'e> {
             .iter()
             .enumerate()
             .filter_map(|(index, s)| {
-                let s = s.as_ref()?;
+                // A slot waiting for its image's embeddings takes no part in the step.
+                let s = s.as_ref().filter(|s| !s.waits_for_image())?;
                 let stage = match s.stage {
                     Stage::Prefill { next } => ViewStage::Prefill {
                         next,
@@ -371,8 +372,8 @@ impl<'e> Core<'e> {
         Ok(order.into_iter().zip(outs).collect())
     }
 
-    /// Encode each image of this step with the vision tower and run it through the target, one
-    /// image at a time. A request whose image fails ends with the error; the others go on.
+    /// Run each image of this step (encoded by the encoder thread) through the target, one image
+    /// at a time. A request whose image fails ends with the error; the others go on.
     fn image_pass(
         &mut self,
         work: &mut [Option<Work>],
@@ -397,7 +398,8 @@ impl<'e> Core<'e> {
         outs
     }
 
-    /// Slot `i`'s image `index`: its embeddings and the target's output over its rows.
+    /// Slot `i`'s image `index`: its embeddings (from the encoder) and the target's output over
+    /// its rows.
     fn run_image(
         &mut self,
         i: usize,
@@ -405,18 +407,16 @@ impl<'e> Core<'e> {
         report: &mut StepReport,
     ) -> Result<(Vec<f32>, ForwardOutput), String> {
         let (model, pool) = (self.engine.model, self.engine.pool);
-        let vision = self
-            .engine
-            .vision
-            .ok_or("the prompt has images, but no vision tower is loaded")?;
         let slot = self.slots[i].as_mut().ok_or("the slot is gone")?;
         let image = slot.images[index].clone();
-        let t = Instant::now();
-        let emb = vision
-            .encode(&image.image, pool)
-            .map_err(|e| format!("encoding image {index}: {e}"))?;
-        slot.image_encode_ms += ms_since(t);
-        slot.images_encoded += 1;
+        let emb = match std::mem::replace(&mut slot.encodings[index], Encoding::NotNeeded) {
+            Encoding::Ready(emb) => emb,
+            Encoding::Waiting | Encoding::NotNeeded => {
+                return Err(format!(
+                    "image {index} reached the target without its embeddings"
+                ))
+            }
+        };
         if (emb.nx, emb.ny) != (image.nx, image.ny) {
             return Err(format!(
                 "image {index} encoded to {}x{} tokens, but the prompt gave it {}x{}",
@@ -798,7 +798,7 @@ impl<'e> Core<'e> {
 
     /// End one request with an error; the others go on. A grammar that runs into a dead end is
     /// not an error: the request stops there ([`GrammarEnd::DeadEnd`]).
-    fn fail(&mut self, i: usize, message: &str) {
+    pub(super) fn fail(&mut self, i: usize, message: &str) {
         let Some(mut slot) = self.slots[i].take() else {
             return;
         };

@@ -78,9 +78,21 @@ fn parse_line(line: &str) -> Line<'_> {
 
 /// Reads and prepares an image file for the tower.
 pub(super) fn load_image(tower: &nextn_vision::VisionTower, path: &Path) -> Result<ImageInput> {
-    let bytes =
-        std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-    let rgb = nextn_vision::decode_image(&bytes, &path.display().to_string())?;
+    prepare_image(tower, path, &read_image(path)?)
+}
+
+/// The bytes of an image file.
+pub(super) fn read_image(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
+}
+
+/// Decodes and prepares the bytes of the image file `path` for the tower.
+pub(super) fn prepare_image(
+    tower: &nextn_vision::VisionTower,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<ImageInput> {
+    let rgb = nextn_vision::decode_image(bytes, &path.display().to_string())?;
     Ok(ImageInput::new(tower, &rgb))
 }
 

@@ -15,7 +15,7 @@ use nextn_engine::slot_file::{write_atomically, SlotFileError};
 use serde_json::json;
 
 use super::common::{self, GrammarArgs, ModelArgs, SamplingArgs, SpecArgs, VisionArgs};
-use nextn_engine::media::{MultimodalPrompt, IMAGE_PLACEHOLDER, MEDIA_MARKER};
+use nextn_engine::media::{MultimodalPrompt, PromptText, IMAGE_PLACEHOLDER, MEDIA_MARKER};
 use nextn_engine::scheduler::EngineRef;
 
 #[derive(clap::Args)]
@@ -86,6 +86,31 @@ pub struct Args {
     /// (-cnv) they go with the first message, and `/image PATH` attaches more
     #[arg(long = "image", value_name = "FILE", conflicts_with_all = ["tokens", "prompt_cache"])]
     pub image: Vec<PathBuf>,
+}
+
+/// Refuses a prompt whose text and images (`files`, counted from their headers) leave no room in
+/// a context of `n_ctx` tokens, before any image is decoded.
+fn check_image_prompt(
+    tower: &nextn_vision::VisionTower,
+    text: &PromptText,
+    files: &[(&Path, Vec<u8>)],
+    n_ctx: usize,
+) -> Result<()> {
+    let mut image_rows = 0;
+    for (path, bytes) in files {
+        let (w, h) = nextn_vision::image_size(bytes, &path.display().to_string())
+            .with_context(|| format!("--image {}", path.display()))?;
+        let (nx, ny) = tower.token_grid_for_size(w, h);
+        image_rows += nx * ny;
+    }
+    let n = text.n_text_tokens() + image_rows;
+    if n >= n_ctx {
+        bail!(
+            "the prompt has {n} tokens ({image_rows} of them for {} image(s)), but the context holds {n_ctx} (-c; at least one more is needed to generate)",
+            files.len()
+        );
+    }
+    Ok(())
 }
 
 /// The prompt text with an image placeholder per `--image`: at each `<__media__>` when the
@@ -240,21 +265,33 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(p) => Some(args.vision.load(p, &loaded.model)?),
         None => None,
     };
-    let images = match &vision {
-        Some(tower) => args
+    // Read now, decoded once the prompt is known to fit the context with them (their token
+    // counts come from their headers).
+    let image_files = match &vision {
+        Some(_) => args
             .image
             .iter()
             .map(|p| {
-                super::conversation::load_image(tower, p)
+                super::conversation::read_image(p)
+                    .map(|bytes| (p.as_path(), bytes))
                     .with_context(|| format!("--image {}", p.display()))
             })
             .collect::<Result<Vec<_>>>()?,
         None => Vec::new(),
     };
+    let prepare_images = |tower: &nextn_vision::VisionTower| {
+        image_files
+            .iter()
+            .map(|(p, bytes)| {
+                super::conversation::prepare_image(tower, p, bytes)
+                    .with_context(|| format!("--image {}", p.display()))
+            })
+            .collect::<Result<Vec<_>>>()
+    };
     let text = if conversation {
         text
     } else {
-        place_images(&text, images.len())?
+        place_images(&text, image_files.len())?
     };
     if let Some((id, _)) = sampler
         .logit_bias
@@ -286,8 +323,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     }
     if conversation {
+        let images = match vision.as_deref() {
+            Some(tower) => prepare_images(tower)?,
+            None => Vec::new(),
+        };
         let engine = EngineRef {
-            vision: vision.as_deref(),
+            vision: vision.as_ref(),
             ..loaded.engine(head.as_ref())
         };
         return super::conversation::chat(&args, &loaded, engine, images, sampler, spec, &kwargs);
@@ -302,9 +343,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         text
     };
-    let n_images = images.len();
+    let n_images = image_files.len();
     let MultimodalPrompt { tokens, images } = if args.tokens.is_empty() {
-        MultimodalPrompt::tokenize(&loaded.tokenizer, &prompt, true, images)
+        let text = PromptText::tokenize(&loaded.tokenizer, &prompt, true, n_images)
+            .with_context(|| format!("{n_images} --image file(s)"))?;
+        let images = match vision.as_deref() {
+            Some(tower) if n_images > 0 => {
+                check_image_prompt(tower, &text, &image_files, loaded.n_ctx)?;
+                prepare_images(tower)?
+            }
+            _ => Vec::new(),
+        };
+        text.with_images(images)
             .with_context(|| format!("{n_images} --image file(s)"))?
     } else {
         MultimodalPrompt {
@@ -327,7 +377,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     )?;
     let mut scheduler = Scheduler::new(
         EngineRef {
-            vision: vision.as_deref(),
+            vision: vision.as_ref(),
             ..loaded.engine(head.as_ref())
         },
         SchedulerConfig {

@@ -613,13 +613,17 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 /// A server on the bundled model with a random-weight vision tower of its width (256), written
 /// for it and removed once the server has loaded it; `args` come after `--mmproj FILE`.
 pub fn start_with_mmproj(args: &[&str]) -> Server {
+    start_with_tower(&nextn_vision::synth::TowerSpec::fixture(256), args)
+}
+
+/// [`start_with_mmproj`] with the tower of `spec`.
+pub fn start_with_tower(spec: &nextn_vision::synth::TowerSpec, args: &[&str]) -> Server {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("nextn-mmproj-{}-{k}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("mmproj.gguf");
-    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &path)
-        .expect("write mmproj");
+    nextn_vision::synth::write_mmproj(spec, &path).expect("write mmproj");
     let mut all = vec!["--mmproj", path.to_str().expect("utf-8 path")];
     all.extend_from_slice(args);
     let s = Server::start(&all);
