@@ -103,6 +103,55 @@ impl GatedAttention {
         self.wo.forward(&attn, n, out, pool)
     }
 
+    /// Append the keys and values of the rows of every segment to that sequence's cache, as
+    /// [`GatedAttention::forward`] appends them (the same products, norms and rotary positions,
+    /// so the same bits), without attending. For rows whose output nothing reads but whose
+    /// entries later rows attend to: the NextN head's rows before the one it drafts from. `x`
+    /// holds the normed rows (`n × n_embd`); each segment names its rows in it.
+    pub fn store_keys_values(
+        &self,
+        x: &[f32],
+        n: usize,
+        segments: &mut [Segment],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let hd = self.head_dim;
+        let kv_width = self.n_head_kv * hd;
+        let mut k = vec![0.0f32; n * kv_width];
+        let mut v = vec![0.0f32; n * kv_width];
+        self.wk.forward(x, n, &mut k, pool)?;
+        self.wv.forward(x, n, &mut v, pool)?;
+        for seg in segments.iter_mut() {
+            let LayerCache::Attention(kv) = &mut *seg.cache else {
+                return Err(ModelError::WrongCacheKind {
+                    layer: "attention",
+                    found: "delta-net",
+                });
+            };
+            if kv.len() != seg.start_pos {
+                return Err(ModelError::CachePosition {
+                    layer: "attention",
+                    cached: kv.len(),
+                    start: seg.start_pos,
+                });
+            }
+            for (i, row) in seg.rows.clone().enumerate() {
+                let rope = RopeTable::new_3d(
+                    seg.positions.at(seg.start_pos, i),
+                    self.n_rot,
+                    self.rope_base,
+                    self.rope_scale,
+                    self.rope_sections,
+                );
+                let ki = &mut k[row * kv_width..(row + 1) * kv_width];
+                ops::rms_norm_heads(ki, &self.k_norm, self.eps);
+                ki.chunks_exact_mut(hd).for_each(|head| rope.apply(head));
+                kv.push(ki, &v[row * kv_width..(row + 1) * kv_width]);
+            }
+        }
+        Ok(())
+    }
+
     /// One sequence's rows: q/k norms, RoPE, cache append, causal softmax attention, output gate.
     // The slices are one sequence's part of the batch's q/k/v/output buffers, cut by the caller.
     #[allow(clippy::too_many_arguments)]

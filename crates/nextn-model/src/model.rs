@@ -49,6 +49,29 @@ impl DecoderLayer {
         })
     }
 
+    /// Append to each segment's cache the keys and values this layer's attention would append
+    /// for its rows of `h` (`n × n_embd`), without running the rest of the layer: the rows'
+    /// outputs are not computed. Only an attention layer has them.
+    pub fn store_keys_values(
+        &self,
+        h: &[f32],
+        n: usize,
+        segments: &mut [Segment],
+        eps: f32,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let Mixer::Attention(m) = &self.mixer else {
+            return Err(ModelError::WrongCacheKind {
+                layer: "delta-net",
+                found: "attention",
+            });
+        };
+        let e = self.attn_norm.len();
+        let mut x = vec![0.0f32; n * e];
+        ops::rms_norm_rows(&h[..n * e], &self.attn_norm, eps, &mut x);
+        m.store_keys_values(&x, n, segments, pool)
+    }
+
     /// Advance `h` (`n × n_embd`, updated in place) through this layer. The rows belong to one
     /// or more sequences, one [`Segment`] each.
     pub fn forward(

@@ -233,8 +233,9 @@ impl NextnHead {
     }
 
     /// Rows `(tokens[i] at position start_pos+i, hidden_prev[i] = H at the position before)`,
-    /// appended to `cache`. Returns the head's post-norm output of every row (its `hidden`, which
-    /// seeds the next chained draft) and logits for the rows asked for.
+    /// appended to `cache`. Returns the head's post-norm output of the rows asked for by
+    /// `logits` (its `hidden`, which seeds the next chained draft) and their logits; the other
+    /// rows only leave their keys and values (see [`NextnHead::forward_batch`]).
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -259,10 +260,13 @@ impl NextnHead {
             .unwrap_or_else(|| ForwardOutput::empty(self.n_vocab())))
     }
 
-    /// The head over the rows of several sequences in one pass: one `eh_proj` product, one pass
-    /// of the decoder block (attention per sequence, on its own head cache) and one LM-head
-    /// product for all of them. Each row's result equals a pass over its sequence alone, because
-    /// every matrix product treats rows independently. One output per item, in order.
+    /// The head over the rows of several sequences in one pass: one `eh_proj` product, the keys
+    /// and values of every row into its sequence's head cache, one pass of the decoder block
+    /// (attention per sequence) over the rows whose logits are asked for, and one LM-head
+    /// product for those. Each row's result equals a pass over its sequence alone, because every
+    /// matrix product treats rows independently and attention computes each row alone. One
+    /// output per item, in order, whose `hidden` holds the rows `logits` asks for (none, the
+    /// last, or all).
     pub fn forward_batch(
         &self,
         items: &mut [HeadBatchItem],
@@ -310,12 +314,37 @@ impl NextnHead {
         let mut h = vec![0.0f32; n * e];
         if n > 0 {
             self.eh_proj.forward(&cat, n, &mut h, pool)?;
+        }
+        // The head is one block: a row's output feeds only its own logits and the draft chain,
+        // so only the rows whose logits are asked for run the whole block. The others (a
+        // prompt's rows, the lag before the row a draft comes from) only leave their keys and
+        // values in the head's cache, as the whole block would, for later rows to attend to:
+        // no attention over the context and no FFN for them.
+        let outputs: Vec<usize> = items
+            .iter()
+            .map(|it| output_rows(it.logits, it.tokens.len()))
+            .collect();
+        let gather = |rows: &dyn Fn(usize, usize, usize) -> std::ops::Range<usize>| {
+            let mut picked = Vec::new();
+            let mut at = Vec::with_capacity(items.len());
+            for ((it, &s), &o) in items.iter().zip(&starts).zip(&outputs) {
+                at.push(picked.len() / e.max(1));
+                let r = rows(s, it.tokens.len(), o);
+                picked.extend_from_slice(&h[r.start * e..r.end * e]);
+            }
+            (picked, at)
+        };
+        let (kv_rows, kv_at) = gather(&|s, len, o| s..s + len - o);
+        let (mut out_rows, out_at) = gather(&|s, len, o| s + len - o..s + len);
+        let n_kv = kv_rows.len() / e.max(1);
+        if n_kv > 0 {
             let mut segments: Vec<Segment> = items
                 .iter_mut()
-                .zip(&starts)
-                .filter(|(it, _)| !it.tokens.is_empty())
-                .map(|(it, &s)| Segment {
-                    rows: s..s + it.tokens.len(),
+                .zip(&kv_at)
+                .zip(&outputs)
+                .filter(|((it, _), &o)| it.tokens.len() > o)
+                .map(|((it, &s), &o)| Segment {
+                    rows: s..s + it.tokens.len() - o,
                     start_pos: it.start_pos,
                     cache: &mut *it.cache,
                     verify: false,
@@ -325,15 +354,36 @@ impl NextnHead {
                 })
                 .collect();
             self.layer
-                .forward(&mut h, n, &mut segments, self.eps, pool)?;
+                .store_keys_values(&kv_rows, n_kv, &mut segments, self.eps, pool)?;
+        }
+        let n_out = out_rows.len() / e.max(1);
+        if n_out > 0 {
+            let mut segments: Vec<Segment> = items
+                .iter_mut()
+                .zip(&out_at)
+                .zip(&outputs)
+                .filter(|(_, &o)| o > 0)
+                .map(|((it, &s), &o)| Segment {
+                    rows: s..s + o,
+                    start_pos: it.start_pos + it.tokens.len() - o,
+                    cache: &mut *it.cache,
+                    verify: false,
+                    positions: crate::ops::RowPositions::Text {
+                        shift: it.rope_shift,
+                    },
+                })
+                .collect();
+            self.layer
+                .forward(&mut out_rows, n_out, &mut segments, self.eps, pool)?;
         }
         let parts: Vec<_> = items
             .iter()
-            .zip(&starts)
-            .map(|(it, &s)| (s, it.tokens.len(), it.logits))
+            .zip(&out_at)
+            .zip(&outputs)
+            .map(|((it, &s), &o)| (s, o, it.logits))
             .collect();
         finish_pass(
-            &h,
+            &out_rows,
             &self.shared_head_norm,
             self.eps,
             &parts,
@@ -346,7 +396,8 @@ impl NextnHead {
     /// pairs image embedding `embd[i]` (in place of a token embedding, as llama.cpp's MTP graph
     /// takes a batch of embeddings) with `hidden_prev[i]`, the target's hidden state of the row
     /// before, at the image's M-RoPE position (rotary position `p0`, an `nx`-wide grid) as the
-    /// trunk ran it. Returns the head's post-norm rows; no logits.
+    /// trunk ran it. Only the rows' keys and values are computed: no later pass reads an image
+    /// row's output.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_image(
         &self,
@@ -357,7 +408,7 @@ impl NextnHead {
         p0: usize,
         cache: &mut LayerCache,
         pool: &ThreadPool,
-    ) -> Result<ForwardOutput, ModelError> {
+    ) -> Result<(), ModelError> {
         if self.device.is_some() {
             return Err(ModelError::ImageOnDevice);
         }
@@ -400,18 +451,17 @@ impl NextnHead {
             verify: false,
             positions: crate::ops::RowPositions::Image { p0, nx },
         }];
+        // No image row's output is read (see `forward_batch`): only its keys and values.
         self.layer
-            .forward(&mut h, n, &mut segments, self.eps, pool)?;
-        let mut outs = finish_pass(
-            &h,
-            &self.shared_head_norm,
-            self.eps,
-            &[(0, n, LogitRows::None)],
-            self.n_vocab(),
-            |picked, n_picked| self.lm_head_logits(picked, n_picked, pool),
-        )?;
-        Ok(outs
-            .pop()
-            .unwrap_or_else(|| ForwardOutput::empty(self.n_vocab())))
+            .store_keys_values(&h, n, &mut segments, self.eps, pool)
+    }
+}
+
+/// How many of an item's `len` rows run the whole block: those whose logits are asked for.
+fn output_rows(logits: LogitRows, len: usize) -> usize {
+    match logits {
+        LogitRows::None => 0,
+        LogitRows::Last => len.min(1),
+        LogitRows::All => len,
     }
 }

@@ -85,3 +85,64 @@ fn check(model: &Model, head: &NextnHead, pool: &ThreadPool) {
         "{err}"
     );
 }
+
+/// Rows whose output nothing reads (`LogitRows::None`, and all but the last under
+/// `LogitRows::Last`) only leave their keys and values in the head's cache: the last row's
+/// logits and hidden state, and every later row's, are bit for bit what running the whole block
+/// over every row gives. Over a context longer than one value chunk, in pieces as a lag runs.
+#[test]
+fn rows_without_output_leave_the_same_cache_entries() {
+    let file = Arc::new(GgufFile::open(nextn_testdata::bundled_model()).expect("bundled model"));
+    let model = Model::load(file).expect("load");
+    let head = NextnHead::load(&model).expect("head");
+    let pool = ThreadPool::new(2);
+    let e = model.config.n_embd;
+    let n = 1500;
+    let tokens: Vec<u32> = (0..n).map(|i| ((i * 37 + 11) % 8000) as u32).collect();
+    let hidden: Vec<f32> = (0..n * e)
+        .map(|i| ((i * 5 + 3) % 17) as f32 / 17.0 - 0.5)
+        .collect();
+    // Every row through the whole block.
+    let mut full = head.new_cache(KvType::F16, KvType::F16, 4096).unwrap();
+    let whole = head
+        .forward(&tokens, &hidden, 0, &mut full, LogitRows::All, &pool)
+        .unwrap();
+    // The same rows as a lag: two pieces without output, then the rest with the last row's.
+    let mut lag = head.new_cache(KvType::F16, KvType::F16, 4096).unwrap();
+    let cuts = [0, 700, 1200, n];
+    let mut last = None;
+    for (k, w) in cuts.windows(2).enumerate() {
+        let logits = if k + 2 == cuts.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
+        let out = head
+            .forward(
+                &tokens[w[0]..w[1]],
+                &hidden[w[0] * e..w[1] * e],
+                w[0],
+                &mut lag,
+                logits,
+                &pool,
+            )
+            .unwrap();
+        if logits == LogitRows::None {
+            assert!(out.hidden.is_empty() && out.logits.is_empty());
+        }
+        last = Some(out);
+    }
+    let last = last.unwrap();
+    assert_eq!(last.hidden, whole.hidden[(n - 1) * e..]);
+    let v = whole.n_vocab;
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same(&last.logits, &whole.logits[(n - 1) * v..]));
+    // A next row attends to every entry: equal logits say the entries are equal.
+    let next = |cache: &mut nextn_model::LayerCache| {
+        head.forward(&[42], &hidden[..e], n, cache, LogitRows::Last, &pool)
+            .unwrap()
+    };
+    let (a, b) = (next(&mut full), next(&mut lag));
+    assert_eq!(a.hidden, b.hidden);
+    assert!(same(&a.logits, &b.logits));
+}
