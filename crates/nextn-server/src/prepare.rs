@@ -72,19 +72,11 @@ pub(crate) fn compile(
         .map_err(|e| ApiError::invalid_field(param, format!("'{param}': {e}")))
 }
 
-/// `text` as prompt tokens with each of `images` at its placeholder: decoded, sized for the
-/// vision tower and laid out as its rows. Without images, plain tokens.
-pub(crate) fn tokenize_with_images(
-    fe: &Frontend,
-    text: &str,
-    images: &[ChatImage],
-) -> Result<MultimodalPrompt, ApiError> {
-    tokenize_images(fe, text, images, None)
-}
-
-/// As [`tokenize_with_images`], for a prompt that is to run in a slot: each image's size is read
-/// from its header and its rows counted from it, and a prompt that does not fit the slot's
-/// context with them is refused (the 400 of [`exceeds_context`]) before any image is decoded.
+/// `text` as prompt tokens with each of `images` at its placeholder (decoded, sized for the
+/// vision tower and laid out as its rows), for a prompt that is to run in a slot: each image's
+/// size is read from its header and its rows counted from it, and a prompt that does not fit the
+/// slot's context with them is refused (the 400 of [`exceeds_context`]) before any image is
+/// decoded. Without images, plain tokens.
 pub(crate) fn tokenize_within_context(
     app: &App,
     fe: &Frontend,

@@ -18,8 +18,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::handler::{blocking, body_error, chat_pipeline, frontend, json_response, AppState};
 use crate::prepare::{
-    compile, prepare_chat, resolve_bias, tokenize_with_images, tokenize_within_context,
-    with_reasoning_budget, Prepared,
+    compile, prepare_chat, resolve_bias, tokenize_within_context, with_reasoning_budget, Prepared,
 };
 use crate::reasoning::prompt_opens_thinking;
 use crate::request::images::check_image_count;
@@ -343,7 +342,7 @@ async fn completions_inner(
         // Any model name is accepted, as llama-server does: clients hard-code names.
         resolve_bias(&fe, &mut req.params)?;
         let MultimodalPrompt { tokens, images } = match &req.prompt {
-            Prompt::Text(t) => tokenize_with_images(&fe, t, &[])?,
+            Prompt::Text(t) => tokenize_within_context(&app, &fe, t, &[])?,
             Prompt::Tokens(t) => MultimodalPrompt {
                 tokens: t.clone(),
                 images: Vec::new(),

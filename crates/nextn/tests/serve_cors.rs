@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use serve_common::{Response, Server};
+use serve_common::{missing_browser, Response, Server};
 
 const A: &str = "http://a.example";
 const B: &str = "http://b.example:8080";
@@ -217,24 +217,6 @@ fn answer_page(conn: TcpStream) {
         "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-}
-
-/// Why the browser check cannot run here, if it cannot.
-fn missing_browser() -> Option<String> {
-    if Command::new("node").arg("--version").output().is_err() {
-        return Some("node is not installed".into());
-    }
-    if !Path::new("/usr/bin/chromium").exists() && std::env::var_os("CHROMIUM").is_none() {
-        return Some("chromium is not installed (.ci/run installs Debian's package)".into());
-    }
-    let module = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/browser/node_modules/playwright-core");
-    if !module.exists() {
-        return Some(
-            "playwright-core is not installed in tools/browser (.ci/run runs npm ci there)".into(),
-        );
-    }
-    None
 }
 
 #[test]

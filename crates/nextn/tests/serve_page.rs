@@ -11,25 +11,7 @@ use base64::Engine;
 use std::path::Path;
 use std::process::Command;
 
-use serve_common::Server;
-
-/// Why the browser check cannot run here, if it cannot.
-fn missing_browser() -> Option<String> {
-    if Command::new("node").arg("--version").output().is_err() {
-        return Some("node is not installed".into());
-    }
-    if !Path::new("/usr/bin/chromium").exists() && std::env::var_os("CHROMIUM").is_none() {
-        return Some("chromium is not installed (.ci/run installs Debian's package)".into());
-    }
-    let module = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/browser/node_modules/playwright-core");
-    if !module.exists() {
-        return Some(
-            "playwright-core is not installed in tools/browser (.ci/run runs npm ci there)".into(),
-        );
-    }
-    None
-}
+use serve_common::{missing_browser, Server};
 
 /// What the page showed for `prompt` (tools/browser/chat_page_check.mjs), with its screenshot
 /// saved at `shot`.

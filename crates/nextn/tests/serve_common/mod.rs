@@ -636,3 +636,21 @@ pub fn ramp_png() -> Vec<u8> {
     let p = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
     std::fs::read(p).expect("picture")
 }
+
+/// Why a headless-Chromium check (tools/browser) cannot run here, if it cannot.
+pub fn missing_browser() -> Option<String> {
+    if Command::new("node").arg("--version").output().is_err() {
+        return Some("node is not installed".into());
+    }
+    if !Path::new("/usr/bin/chromium").exists() && std::env::var_os("CHROMIUM").is_none() {
+        return Some("chromium is not installed (.ci/run installs Debian's package)".into());
+    }
+    let module = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/browser/node_modules/playwright-core");
+    if !module.exists() {
+        return Some(
+            "playwright-core is not installed in tools/browser (.ci/run runs npm ci there)".into(),
+        );
+    }
+    None
+}
