@@ -75,8 +75,11 @@ def sse_events(data):
     for frame in data.decode().split("\n\n"):
         if not frame.strip():
             continue
+        lines = [line for line in frame.split("\n") if not line.startswith(":")]
+        if not lines:
+            continue  # a comment frame (a keep-alive), which SSE clients skip
         name, payload = None, None
-        for line in frame.split("\n"):
+        for line in lines:
             if line.startswith("event: "):
                 name = line[7:]
             elif line.startswith("data: "):
@@ -120,6 +123,9 @@ def main():
     ap.add_argument("--output-format", choices=["json", "stream-json"], default="json",
                     help="stream-json runs Claude Code with --verbose, as SDK hosts do (it then asks "
                          "for thinking.display \"updates\")")
+    ap.add_argument("--save-requests", metavar="DIR",
+                    help="write each Messages request body to DIR/request-N.json (to replay a real "
+                         "agent's prompts against another server)")
     a = ap.parse_args()
     Recorder.upstream = a.url
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
@@ -182,12 +188,19 @@ def main():
                 usages.append(usage)
         except (ValueError, KeyError, IndexError) as e:
             failures.append(f"request {i} ({r['path']}): {e}")
+            if r in messages:
+                usages.append({})
     if len(messages) < 2:
         failures.append(f"Claude Code sent {len(messages)} Messages requests; the cache check needs two")
     elif not usages[1].get("cache_read_input_tokens", 0) > 0:
         failures.append(f"the second request read nothing from the prefix cache: {usages[1]}")
     print(f"claude code ({a.output_format}) {run.returncode}: wall {wall:.2f} s, {len(Recorder.records)} requests, "
           f"ended: {result.get('terminal_reason')} {result.get('api_error') or ''}")
+    if a.save_requests:
+        os.makedirs(a.save_requests, exist_ok=True)
+        for i, r in enumerate(messages):
+            with open(os.path.join(a.save_requests, f"request-{i}.json"), "wb") as f:
+                f.write(r["request"])
     for r, u in zip(messages, usages):
         ttft = f"{r['ttft']:.3f} s" if r["ttft"] is not None else "-"
         print(f"  {r['path']}: time to first token {ttft}, total {r['total']:.3f} s, usage {json.dumps(u)}")

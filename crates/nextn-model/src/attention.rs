@@ -396,48 +396,48 @@ fn score_positions(
     for tile in span.range.clone().step_by(KEY_TILE) {
         let tile_end = (tile + KEY_TILE).min(span.range.end);
         read(false, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
-        let key = |p: usize| &buf[(p - tile) * hd..(p - tile + 1) * hd];
-        // Two queries of the same length (heads of one row) go together: each key chunk is
-        // loaded once for both. Each query's arithmetic is the same either way.
-        let mut j = 0;
-        while j < queries.len() {
-            let (len, qa) = queries[j];
-            let partner = queries
-                .get(j + 1)
-                .filter(|&&(l, _)| l == len)
-                .map(|&(_, qb)| qb);
-            let end = tile_end.min(len);
-            let at = |j: usize, p: usize| j * span.stride + p - span.base;
-            let (row_a, row_b) = (j, j + 1);
-            let mut p = tile;
-            // Four keys per pass over the query: a quarter of the query loads.
-            while p + 4 <= end {
-                let k = [key(p), key(p + 1), key(p + 2), key(p + 3)];
-                match partner {
-                    Some(qb) => {
-                        let [da, db] = dot_2x4([qa, qb], k);
-                        for r in 0..4 {
-                            scores[at(row_a, p + r)] = da[r] * scale;
-                            scores[at(row_b, p + r)] = db[r] * scale;
-                        }
-                    }
-                    None => {
-                        let d = dot_x4(qa, k);
-                        for r in 0..4 {
-                            scores[at(row_a, p + r)] = d[r] * scale;
-                        }
-                    }
-                }
-                p += 4;
-            }
-            for p in p..end {
-                scores[at(row_a, p)] = ops::dot(qa, key(p)) * scale;
-                if let Some(qb) = partner {
-                    scores[at(row_b, p)] = ops::dot(qb, key(p)) * scale;
-                }
-            }
-            j += if partner.is_some() { 2 } else { 1 };
+        let keys = &buf[..(tile_end - tile) * hd];
+        // Queries go in pairs, each key chunk loaded once for both (the heads of one row, or
+        // of neighbouring rows, whose lengths differ by a few positions at most); each query's
+        // arithmetic is that of a lone query either way.
+        for j in (0..queries.len()).step_by(2) {
+            let (len_a, qa) = queries[j];
+            let end_a = tile_end.min(len_a).max(tile);
+            let Some(&(len_b, qb)) = queries.get(j + 1) else {
+                score_alone(qa, keys, scale, &mut scores[span.at(j, tile, end_a)]);
+                continue;
+            };
+            let end_b = tile_end.min(len_b).max(tile);
+            let both = end_a.min(end_b);
+            // Query j + 1's slots come after query j's.
+            let (row_a, row_b) = scores.split_at_mut(span.at(j + 1, tile, tile).start);
+            let (row_a, row_b) = (
+                &mut row_a[span.at(j, tile, end_a)],
+                &mut row_b[..end_b - tile],
+            );
+            let shared = both - tile;
+            score_keys(
+                [qa, qb],
+                &keys[..shared * hd],
+                scale,
+                [&mut row_a[..shared], &mut row_b[..shared]],
+            );
+            let rest = &keys[shared * hd..];
+            score_alone(qa, rest, scale, &mut row_a[shared..]);
+            score_alone(qb, rest, scale, &mut row_b[shared..]);
         }
+    }
+}
+
+/// [`score_keys`] for one query over the first `out.len()` keys of `keys`: the query twice,
+/// one copy's scores kept (a few positions at the end of a tile, or an odd query out).
+#[inline(always)]
+fn score_alone(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let mut spare = [0.0f32; KEY_TILE];
+    for (o, k) in out.chunks_mut(KEY_TILE).zip(keys.chunks(KEY_TILE * hd)) {
+        let n = o.len();
+        score_keys([q, q], &k[..n * hd], scale, [o, &mut spare[..n]]);
     }
 }
 
@@ -458,21 +458,18 @@ fn add_values(
     for tile in span.range.clone().step_by(KEY_TILE) {
         let tile_end = (tile + KEY_TILE).min(span.range.end);
         read(true, tile..tile_end, &mut buf[..(tile_end - tile) * hd]);
-        // Up to four queries of the same length (heads of one row) share each load of a value
-        // chunk; with four, sixteen columns of each are eight independent running sums, enough
-        // to keep the adds from waiting on each other.
-        let mut j = 0;
-        while j < queries.len() {
-            let len = queries[j].0;
-            let run = queries[j..]
-                .iter()
-                .take(4)
-                .take_while(|&&(l, _)| l == len)
-                .count();
-            let end = tile_end.min(len);
-            if end > tile {
-                let v = &buf[..(end - tile) * hd];
-                let s = |q: usize| &w[span.at(j + q, tile, end)];
+        // Four queries at a time (the heads of one row, or of neighbouring rows) share each
+        // load of a value chunk over the positions all of them see; with four, sixteen columns
+        // of each are eight independent running sums, enough to keep the adds from waiting on
+        // each other. A query's positions past the shared ones follow alone, so each element
+        // still adds its terms in ascending position.
+        for j in (0..queries.len()).step_by(4) {
+            let run = (queries.len() - j).min(4);
+            let end_of = |q: usize| tile_end.min(queries[j + q].0).max(tile);
+            let shared = (0..run).map(end_of).min().unwrap_or(tile);
+            if shared > tile {
+                let v = &buf[..(shared - tile) * hd];
+                let s = |q: usize| &w[span.at(j + q, tile, shared)];
                 let o = &mut o[j * hd..(j + run) * hd];
                 match run {
                     4 => add_weighted_values([s(0), s(1), s(2), s(3)], v, o),
@@ -481,7 +478,14 @@ fn add_values(
                     _ => add_weighted_values([s(0)], v, o),
                 }
             }
-            j += run;
+            for q in 0..run {
+                let end = end_of(q);
+                if end > shared {
+                    let v = &buf[(shared - tile) * hd..(end - tile) * hd];
+                    let o = &mut o[(j + q) * hd..(j + q + 1) * hd];
+                    add_weighted_values([&w[span.at(j + q, shared, end)]], v, o);
+                }
+            }
         }
     }
 }
@@ -703,139 +707,110 @@ fn lanes_max(x: &[f32]) -> f32 {
 /// scores are the groups of the whole.
 #[inline(always)]
 fn exp_shifted(x: &mut [f32], max: f32, mut term: impl FnMut(f32)) {
+    // The exponentials first, as one element-wise loop the compiler vectorises, then the
+    // terms from them: the same values as computing each group's terms as it goes.
+    x.iter_mut()
+        .for_each(|v| *v = simd::exp_nonpositive(*v - max));
     let wide = x.len() / 8 * 8;
-    for c in x[..wide].chunks_exact_mut(8) {
-        for v in c.iter_mut() {
-            *v = simd::exp_nonpositive(*v - max);
-        }
+    for c in x[..wide].chunks_exact(8) {
         term(((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7])));
     }
-    for v in &mut x[wide..] {
-        *v = simd::exp_nonpositive(*v - max);
-        term(*v);
-    }
+    x[wide..].iter().for_each(|&v| term(v));
 }
 
-/// `ops::dot(q, k[r])` for four keys at once, each with exactly `ops::dot`'s operations
-/// (eight lane sums over chunks of eight, the same pairwise reduction, then the tail): with
-/// AVX2 one 8-lane register per key (a multiply, then an add: the lanes' arithmetic of the
-/// scalar loop), otherwise [`dot_x4_scalar`].
+/// Scores `ops::dot(q_i, k_p) · scale` of two queries over consecutive keys (`keys` holds
+/// `out[i].len()` rows of `q_i.len()`), into `out[i][p]`. Each score has exactly `ops::dot`'s
+/// operations (eight lane sums over chunks of eight, the same pairwise reduction, then the
+/// tail) and then one multiply by `scale`, so it is the bits a lone query's plain loop gives.
+/// With AVX2 and a head size that is a multiple of eight, four keys go per pass over both
+/// queries (each key chunk loaded once for both) and the eight lane reductions are done
+/// together in registers ([`reduce_lanes_x8_avx2`]); otherwise [`score_keys_scalar`].
 #[inline(always)]
-fn dot_x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+fn score_keys(q: [&[f32]; 2], keys: &[f32], scale: f32, out: [&mut [f32]; 2]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::has_avx2() {
+    if simd::has_avx2() && q[0].len().is_multiple_of(8) {
         // SAFETY: the CPU has AVX2 (checked above).
-        return unsafe { dot_x4_avx2(q, k) };
+        unsafe { score_keys_avx2(q, keys, scale, out) };
+        return;
     }
-    dot_x4_scalar(q, k)
+    score_keys_scalar(q, keys, scale, out)
 }
 
-/// The scalar reference of [`dot_x4`].
+/// The scalar reference of [`score_keys`].
 #[inline(always)]
-fn dot_x4_scalar(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-    let n = q.len();
-    let chunks = n / 8;
-    let mut acc = [[0.0f32; 8]; 4];
-    for c in 0..chunks {
-        let qc = &q[c * 8..c * 8 + 8];
-        for (a, kr) in acc.iter_mut().zip(&k) {
-            let kc = &kr[c * 8..c * 8 + 8];
-            for l in 0..8 {
-                a[l] += qc[l] * kc[l];
-            }
+fn score_keys_scalar(q: [&[f32]; 2], keys: &[f32], scale: f32, out: [&mut [f32]; 2]) {
+    let hd = q[0].len();
+    for (qi, oi) in q.iter().zip(out) {
+        for (p, s) in oi.iter_mut().enumerate() {
+            *s = ops::dot(qi, &keys[p * hd..(p + 1) * hd]) * scale;
         }
     }
-    reduce_x4(&acc, q, k, chunks * 8)
-}
-
-/// Each key's lane sums in `ops::dot`'s pairwise order, plus the tail from `tail` on.
-#[inline(always)]
-fn reduce_x4(acc: &[[f32; 8]; 4], q: &[f32], k: [&[f32]; 4], tail: usize) -> [f32; 4] {
-    core::array::from_fn(|r| {
-        let a = &acc[r];
-        let mut s = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-        for i in tail..q.len() {
-            s += q[i] * k[r][i];
-        }
-        s
-    })
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn dot_x4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+unsafe fn score_keys_avx2(q: [&[f32]; 2], keys: &[f32], scale: f32, out: [&mut [f32]; 2]) {
     use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+        __m256, _mm256_add_ps, _mm256_castps256_ps128, _mm256_extractf128_ps, _mm256_loadu_ps,
+        _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm_storeu_ps,
     };
-    let n = q.len();
-    assert!(k.iter().all(|kr| kr.len() >= n));
-    let chunks = n / 8;
-    let mut acc = [[0.0f32; 8]; 4];
-    // SAFETY: every load is of 8 floats at c·8 < chunks·8 <= n, within q and each key.
+    let hd = q[0].len();
+    let n = out[0].len();
+    assert!(hd.is_multiple_of(8) && q[1].len() == hd && out[1].len() == n && keys.len() >= n * hd);
+    let [out_a, out_b] = out;
+    let mut p = 0;
+    // SAFETY: every load is of 8 floats at c·8 < hd within both queries, and at
+    // (p + r)·hd + c·8 with p + r < n within the keys; every store is of 4 floats at p + 4 <= n
+    // within both outputs (all checked above).
     unsafe {
-        let mut a: [__m256; 4] = [_mm256_setzero_ps(); 4];
-        for c in 0..chunks {
-            let at = c * 8;
-            let qv = _mm256_loadu_ps(q.as_ptr().add(at));
-            for r in 0..4 {
-                let kv = _mm256_loadu_ps(k[r].as_ptr().add(at));
-                a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(qv, kv));
+        let scale_v = _mm256_set1_ps(scale);
+        while p + 4 <= n {
+            // a[r]: query a's lane sums over key p + r; a[4 + r]: query b's.
+            let mut a: [__m256; 8] = [_mm256_setzero_ps(); 8];
+            for at in (0..hd).step_by(8) {
+                let qa = _mm256_loadu_ps(q[0].as_ptr().add(at));
+                let qb = _mm256_loadu_ps(q[1].as_ptr().add(at));
+                for r in 0..4 {
+                    let kv = _mm256_loadu_ps(keys.as_ptr().add((p + r) * hd + at));
+                    a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(qa, kv));
+                    a[4 + r] = _mm256_add_ps(a[4 + r], _mm256_mul_ps(qb, kv));
+                }
             }
-        }
-        for (dst, v) in acc.iter_mut().zip(&a) {
-            _mm256_storeu_ps(dst.as_mut_ptr(), *v);
+            let s = _mm256_mul_ps(reduce_lanes_x8_avx2(a), scale_v);
+            _mm_storeu_ps(out_a.as_mut_ptr().add(p), _mm256_castps256_ps128(s));
+            _mm_storeu_ps(out_b.as_mut_ptr().add(p), _mm256_extractf128_ps(s, 1));
+            p += 4;
         }
     }
-    reduce_x4(&acc, q, k, chunks * 8)
+    score_keys_scalar(
+        q,
+        &keys[p * hd..],
+        scale,
+        [&mut out_a[p..], &mut out_b[p..]],
+    );
 }
 
-/// [`dot_x4`] for two queries over the same four keys (each key chunk loaded once), each query's
-/// results the bits `dot_x4` gives it alone.
-#[inline(always)]
-fn dot_2x4(q: [&[f32]; 2], k: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    #[cfg(target_arch = "x86_64")]
-    if simd::has_avx2() {
-        // SAFETY: the CPU has AVX2 (checked above).
-        return unsafe { dot_2x4_avx2(q, k) };
-    }
-    [dot_x4_scalar(q[0], k), dot_x4_scalar(q[1], k)]
-}
-
+/// `ops::dot`'s pairwise reduction of eight registers of lane sums at once: lane r of the
+/// result is `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))` of `v[r]`. The same adds of
+/// the same operands as the scalar form, rearranged across registers: the halves' sums
+/// (`a_l + a_{l+4}`) for two registers per add, then two rounds of horizontal pair sums.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn dot_2x4_avx2(q: [&[f32]; 2], k: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    };
-    let n = q[0].len();
-    assert!(q[1].len() == n && k.iter().all(|kr| kr.len() >= n));
-    let chunks = n / 8;
-    let mut acc = [[[0.0f32; 8]; 4]; 2];
-    // SAFETY: every load is of 8 floats at c·8 < chunks·8 <= n, within both queries and each key.
-    unsafe {
-        let mut a: [[__m256; 4]; 2] = [[_mm256_setzero_ps(); 4]; 2];
-        for c in 0..chunks {
-            let at = c * 8;
-            let qa = _mm256_loadu_ps(q[0].as_ptr().add(at));
-            let qb = _mm256_loadu_ps(q[1].as_ptr().add(at));
-            for r in 0..4 {
-                let kv = _mm256_loadu_ps(k[r].as_ptr().add(at));
-                a[0][r] = _mm256_add_ps(a[0][r], _mm256_mul_ps(qa, kv));
-                a[1][r] = _mm256_add_ps(a[1][r], _mm256_mul_ps(qb, kv));
-            }
-        }
-        for (dst, src) in acc.iter_mut().zip(&a) {
-            for (d, v) in dst.iter_mut().zip(src) {
-                _mm256_storeu_ps(d.as_mut_ptr(), *v);
-            }
-        }
-    }
-    [
-        reduce_x4(&acc[0], q[0], k, chunks * 8),
-        reduce_x4(&acc[1], q[1], k, chunks * 8),
-    ]
+fn reduce_lanes_x8_avx2(v: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::{_mm256_add_ps, _mm256_hadd_ps, _mm256_permute2f128_ps};
+    // h[r] lanes 0..4: x_l = a_l + a_{l+4} of v[r]; lanes 4..8: those of v[r + 4].
+    let h: [_; 4] = core::array::from_fn(|r| {
+        let lo = _mm256_permute2f128_ps::<0x20>(v[r], v[r + 4]);
+        let hi = _mm256_permute2f128_ps::<0x31>(v[r], v[r + 4]);
+        _mm256_add_ps(lo, hi)
+    });
+    // Lanes (x0 + x1, x2 + x3) of v[0], then of v[1] | of v[4], then of v[5].
+    let g01 = _mm256_hadd_ps(h[0], h[1]);
+    // Likewise for v[2], v[3] | v[6], v[7].
+    let g23 = _mm256_hadd_ps(h[2], h[3]);
+    // (x0 + x1) + (x2 + x3) of v[0], v[1], v[2], v[3] | v[4], v[5], v[6], v[7].
+    _mm256_hadd_ps(g01, g23)
 }
 
 /// `o_q += Σ_p s_q[p]·v_p` for each of `N` queries over the same consecutive value rows `v`
@@ -1110,30 +1085,35 @@ mod tests {
         }
     }
 
-    /// The AVX2 four-key dot product is the scalar one, bit for bit, for lengths with and
-    /// without a tail.
+    type ScoreKeys = fn([&[f32]; 2], &[f32], f32, [&mut [f32]; 2]);
+
+    /// The AVX2 scores of two queries are the scalar ones, bit for bit, and each is a lone
+    /// query's `ops::dot` times the scale, for head sizes with and without a tail and key
+    /// counts with and without a remainder of four.
     #[test]
-    fn dot_x4_copies_agree_bit_for_bit() {
-        crate::simd::report_missing_avx2("the AVX2 copies of the attention dot products");
-        for n in [8usize, 31, 64, 256, 100] {
-            let q: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let keys: Vec<Vec<f32>> = (0..4)
-                .map(|r| (0..n).map(|i| ((i + 7 * r) as f32 * 0.11).cos()).collect())
-                .collect();
-            let k = [&keys[0][..], &keys[1][..], &keys[2][..], &keys[3][..]];
-            let (a, b) = (dot_x4(&q, k), dot_x4_scalar(&q, k));
-            assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits), "length {n}");
-            for r in 0..4 {
-                assert_eq!(a[r].to_bits(), ops::dot(&q, k[r]).to_bits());
+    fn score_keys_copies_agree_bit_for_bit() {
+        crate::simd::report_missing_avx2("the AVX2 copy of the attention scores");
+        for hd in [8usize, 31, 64, 256, 100] {
+            for n_keys in [0usize, 1, 4, 7, 64] {
+                let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
+                let q2: Vec<f32> = q.iter().map(|x| x * -1.5 + 0.25).collect();
+                let keys: Vec<f32> = (0..n_keys * hd)
+                    .map(|i| ((i + 7 * (i / hd)) as f32 * 0.11).cos())
+                    .collect();
+                let scale = 1.0 / (hd as f32).sqrt();
+                let run = |f: ScoreKeys| {
+                    let (mut a, mut b) = (vec![0.0f32; n_keys], vec![0.0f32; n_keys]);
+                    f([&q, &q2], &keys, scale, [&mut a, &mut b]);
+                    [a, b].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                };
+                let (fast, scalar) = (run(score_keys), run(score_keys_scalar));
+                assert_eq!(fast, scalar, "head size {hd}, {n_keys} keys");
+                for p in 0..n_keys {
+                    let key = &keys[p * hd..(p + 1) * hd];
+                    assert_eq!(fast[0][p], (ops::dot(&q, key) * scale).to_bits());
+                    assert_eq!(fast[1][p], (ops::dot(&q2, key) * scale).to_bits());
+                }
             }
-            let q2: Vec<f32> = q.iter().map(|x| x * -1.5 + 0.25).collect();
-            let [p, p2] = dot_2x4([&q, &q2], k);
-            assert_eq!(p.map(f32::to_bits), b.map(f32::to_bits), "length {n}");
-            assert_eq!(
-                p2.map(f32::to_bits),
-                dot_x4_scalar(&q2, k).map(f32::to_bits),
-                "length {n}"
-            );
         }
     }
 }

@@ -64,6 +64,18 @@ fn depth_runs_time_every_pass_with_a_real_or_a_filled_prefill() {
         assert!(d["decode_ms"].as_f64().unwrap() > 0.0);
         assert_eq!(d["verify_ms"].as_array().unwrap().len(), 4);
         assert!(d["draft_ms"].as_f64().unwrap() > 0.0);
+        // The prefill with the head's pass over the same rows is slower than without it, and
+        // the head's share is a fraction of the whole.
+        let (plain, with_head) = (
+            d["prefill_tokens_per_s"].as_f64().unwrap(),
+            d["prefill_with_head_tokens_per_s"].as_f64().unwrap(),
+        );
+        assert!(
+            with_head > 0.0 && with_head < plain,
+            "{plain} vs {with_head}"
+        );
+        let share = d["head_share_of_prefill"].as_f64().unwrap();
+        assert!(share > 0.0 && share < 1.0, "head share {share}");
     }
 
     let filled = dir.join("filled.json");

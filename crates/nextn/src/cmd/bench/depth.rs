@@ -86,6 +86,8 @@ pub struct Prefilled {
     pub h_last: Vec<f32>,
     /// Milliseconds the target's prefill took.
     pub prefill_ms: f64,
+    /// Milliseconds the head's pass over the same rows took (0 without a head).
+    pub head_ms: f64,
 }
 
 pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Result<Prefilled> {
@@ -100,7 +102,7 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
         .map(|h| h.new_cache(loaded.k_type, loaded.v_type, loaded.n_ctx))
         .transpose()?;
     let mut h_prev = vec![0.0f32; e];
-    let mut prefill_ms = 0.0;
+    let (mut prefill_ms, mut head_ms) = (0.0, 0.0);
     let mut progress = PrefillProgress::new("prefill", tokens.len());
     for (c, chunk) in tokens.chunks(PREFILL_BATCH).enumerate() {
         progress.update(c * PREFILL_BATCH);
@@ -112,7 +114,9 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
             // Row i of the head takes the hidden state of position start + i − 1.
             let mut teacher = h_prev.clone();
             teacher.extend_from_slice(&out.hidden[..(chunk.len() - 1) * e]);
+            let t = Instant::now();
             head.forward(chunk, &teacher, start, cache, LogitRows::None, pool)?;
+            head_ms += t.elapsed().as_secs_f64() * 1e3;
         }
         h_prev = out.hidden[(chunk.len() - 1) * e..chunk.len() * e].to_vec();
     }
@@ -122,6 +126,7 @@ pub fn prefill(loaded: &Loaded, head: Option<&NextnHead>, tokens: &[u32]) -> Res
         head_cache,
         h_last: h_prev,
         prefill_ms,
+        head_ms,
     })
 }
 
@@ -246,8 +251,8 @@ pub fn run(
         .map(|r| format!(" | {:>15}", format!("verify {r} rows")))
         .collect();
     say(format!(
-        "{:>7} | {:>10} | {:>9} | {:>9}{verify_heads} | {:>15}",
-        "depth", "prefill/s", "decode ms", "decode/s", "draft step"
+        "{:>7} | {:>10} | {:>15} | {:>9} | {:>9}{verify_heads} | {:>15}",
+        "depth", "prefill/s", "with head/s", "decode ms", "decode/s", "draft step"
     ));
     let mut out = Vec::new();
     for &depth in depths {
@@ -266,6 +271,12 @@ pub fn run(
             t0.elapsed().as_secs_f64()
         );
         let prefill_tps = computed as f64 * 1e3 / at.prefill_ms;
+        // The prompt rows through the target and then the head, as `run` and `serve` take
+        // them with `--spec-type nextn`; the share is the head's part of that time.
+        let with_head = head.map(|_| {
+            let tps = computed as f64 * 1e3 / (at.prefill_ms + at.head_ms);
+            (tps, at.head_ms / (at.prefill_ms + at.head_ms))
+        });
         if computed < depth {
             fill_to_depth(&mut at, depth)?;
             eprintln!(
@@ -282,8 +293,11 @@ pub fn run(
         } else {
             format!("{:.2} ({:.2}x)", c.draft_ms, c.draft_ms / c.decode_ms)
         };
+        let with_head_cell = with_head.map_or("-".to_string(), |(tps, share)| {
+            format!("{tps:.1} ({:.1} %)", share * 100.0)
+        });
         say(format!(
-            "{depth:>7} | {prefill_tps:>10.1} | {:>9.2} | {:>9.1}{verify_cells} | {draft:>15}",
+            "{depth:>7} | {prefill_tps:>10.1} | {with_head_cell:>15} | {:>9.2} | {:>9.1}{verify_cells} | {draft:>15}",
             c.decode_ms,
             1e3 / c.decode_ms
         ));
@@ -291,6 +305,8 @@ pub fn run(
             "depth": depth,
             "computed_positions": computed,
             "prefill_tokens_per_s": prefill_tps,
+            "prefill_with_head_tokens_per_s": with_head.map(|(tps, _)| tps),
+            "head_share_of_prefill": with_head.map(|(_, share)| share),
             "decode_ms": c.decode_ms,
             "decode_tokens_per_s": 1e3 / c.decode_ms,
             "verify_ms": c.verify_ms,
