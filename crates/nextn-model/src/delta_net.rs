@@ -161,25 +161,43 @@ impl GatedDeltaNet {
         let n = raw.len() / conv_dim;
         let mut rows = RowInputs::new(n, conv_dim, hv);
         rows.raw.copy_from_slice(raw);
-        // Conv + SiLU over time on a copy of the window (the committed one stays put until commit).
-        let mut window = cache.state.conv.clone();
-        for t in 0..n {
-            let (raw, conv) = (
-                &rows.raw[t * conv_dim..(t + 1) * conv_dim],
-                &mut rows.conv[t * conv_dim..(t + 1) * conv_dim],
-            );
-            self.conv_step(raw, &mut window, conv);
-            let (q, k) = conv[..2 * key_dim].split_at_mut(key_dim);
-            q.chunks_exact_mut(d)
-                .for_each(|h| ops::l2_norm(h, self.eps));
-            k.chunks_exact_mut(d)
-                .for_each(|h| ops::l2_norm(h, self.eps));
-            for m in 0..hv {
-                rows.beta[t * hv + m] = ops::sigmoid(b[t * hv + m]);
-                rows.decay[t * hv + m] =
-                    (ops::softplus(alpha[t * hv + m] + self.dt_bias[m]) * self.a[m]).exp();
+        // Conv + SiLU over time: row t reads the raw inputs t..t+Kc of [window, rows] (the
+        // committed window stays put until commit), never another row's output, so the rows go
+        // over the pool in ranges with the arithmetic of one row at a time.
+        let mut history = Vec::with_capacity(cache.state.conv.len() + raw.len());
+        history.extend_from_slice(&cache.state.conv);
+        history.extend_from_slice(raw);
+        let per_task = n.div_ceil(pool.n_threads()).max(1);
+        type RowRange<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
+        let ranges: Vec<Mutex<RowRange>> = rows
+            .conv
+            .chunks_mut(per_task * conv_dim)
+            .zip(rows.beta.chunks_mut(per_task * hv))
+            .zip(rows.decay.chunks_mut(per_task * hv))
+            .map(|((c, beta), decay)| Mutex::new((c, beta, decay)))
+            .collect();
+        let history_ref = &history;
+        pool.run(ranges.len(), |task, _| {
+            let mut range = ranges[task].lock().unwrap_or_else(|e| e.into_inner());
+            let (conv, beta, decay) = &mut *range;
+            for (i, c) in conv.chunks_exact_mut(conv_dim).enumerate() {
+                let t = task * per_task + i;
+                self.conv_row(&history_ref[t * conv_dim..(t + self.kernel) * conv_dim], c);
+                let (q, k) = c[..2 * key_dim].split_at_mut(key_dim);
+                q.chunks_exact_mut(d)
+                    .for_each(|h| ops::l2_norm(h, self.eps));
+                k.chunks_exact_mut(d)
+                    .for_each(|h| ops::l2_norm(h, self.eps));
+                for m in 0..hv {
+                    beta[i * hv + m] = ops::sigmoid(b[t * hv + m]);
+                    decay[i * hv + m] =
+                        (ops::softplus(alpha[t * hv + m] + self.dt_bias[m]) * self.a[m]).exp();
+                }
             }
-        }
+        });
+        drop(ranges);
+        // The window after the rows: their last Kc−1 raw inputs (with the old window's).
+        let window = history[n * conv_dim..].to_vec();
 
         let scale = 1.0 / (d as f32).sqrt();
         if verify {
@@ -312,32 +330,36 @@ impl GatedDeltaNet {
         Ok(())
     }
 
-    /// One step of the causal depthwise conv + SiLU; `window` holds the previous `Kc−1` raw inputs
-    /// and is shifted to include `m`.
-    fn conv_step(&self, m: &[f32], window: &mut [f32], c: &mut [f32]) {
-        let conv_dim = m.len();
+    /// One row of the causal depthwise conv + SiLU: `taps` holds the row's `Kc` raw inputs, the
+    /// oldest first (the last is the row's own), each `conv_dim` wide.
+    fn conv_row(&self, taps: &[f32], c: &mut [f32]) {
+        let conv_dim = c.len();
         let kc = self.kernel;
-        for ch in 0..conv_dim {
+        for (ch, out) in c.iter_mut().enumerate() {
             let w = &self.conv[ch * kc..(ch + 1) * kc];
             let mut sum = 0.0f32;
-            for j in 0..kc - 1 {
-                sum += window[j * conv_dim + ch] * w[j];
+            for (j, &wj) in w.iter().enumerate() {
+                sum += taps[j * conv_dim + ch] * wj;
             }
-            sum += m[ch] * w[kc - 1];
-            c[ch] = ops::silu(sum);
-        }
-        if kc > 1 {
-            window.copy_within(conv_dim.., 0);
-            window[(kc - 2) * conv_dim..].copy_from_slice(m);
+            *out = ops::silu(sum);
         }
     }
 }
+
+/// Columns of the state handled per sweep over its rows in [`delta_rule_step`]: their running
+/// sums stay in registers for the whole sweep (four 8-lane registers with AVX2).
+const COLUMN_BLOCK: usize = 32;
 
 crate::simd::avx2_and_baseline! {
 baseline = delta_rule_step_baseline;
 /// One delta-rule step on a head's state `s` (dk × dv, row i = key dim):
 /// `S ← decay·S; u = Sᵀk; δ = β(v − u); S += k δᵀ`, and with `readout = (q, o)`, `o = Sᵀq` on the
 /// updated state. The state update is the same float sequence with or without the readout.
+///
+/// Each sum `u_j` (and `o_j`) adds its terms in ascending row order from zero, as a row-by-row
+/// loop does; the columns go in blocks of [`COLUMN_BLOCK`] so that a block's sums are kept in
+/// registers across the sweep over the rows instead of being stored and reloaded for every
+/// row (a chain through memory that held every step to the store-to-load latency).
 fn delta_rule_step(
     s: &mut [f32],
     k: &[f32],
@@ -348,12 +370,14 @@ fn delta_rule_step(
     readout: Option<(&[f32], &mut [f32])>,
 ) {
     let d = u.len();
-    u.fill(0.0);
-    for (i, row) in s.chunks_exact_mut(d).enumerate() {
-        let ki = k[i];
-        for (sij, uj) in row.iter_mut().zip(u.iter_mut()) {
-            *sij *= decay;
-            *uj += *sij * ki;
+    for (c, u) in (0..d).step_by(COLUMN_BLOCK).zip(u.chunks_mut(COLUMN_BLOCK)) {
+        if u.len() == COLUMN_BLOCK {
+            u.copy_from_slice(&decay_and_key_sums::<COLUMN_BLOCK>(s, d, c, k, decay));
+        } else {
+            // The last columns (d not a multiple of the block): one at a time.
+            for (j, uj) in u.iter_mut().enumerate() {
+                *uj = decay_and_key_sums::<1>(s, d, c + j, k, decay)[0];
+            }
         }
     }
     for (uj, &vj) in u.iter_mut().zip(v) {
@@ -361,18 +385,18 @@ fn delta_rule_step(
     }
     match readout {
         Some((q, o)) => {
-            o.fill(0.0);
-            for (i, row) in s.chunks_exact_mut(d).enumerate() {
-                let (ki, qi) = (k[i], q[i]);
-                for ((sij, &dj), oj) in row.iter_mut().zip(u.iter()).zip(o.iter_mut()) {
-                    *sij += ki * dj;
-                    *oj += *sij * qi;
+            for (c, o) in (0..d).step_by(COLUMN_BLOCK).zip(o.chunks_mut(COLUMN_BLOCK)) {
+                if o.len() == COLUMN_BLOCK {
+                    o.copy_from_slice(&update_and_read::<COLUMN_BLOCK>(s, d, c, k, u, q));
+                } else {
+                    for (j, oj) in o.iter_mut().enumerate() {
+                        *oj = update_and_read::<1>(s, d, c + j, k, u, q)[0];
+                    }
                 }
             }
         }
         None => {
-            for (i, row) in s.chunks_exact_mut(d).enumerate() {
-                let ki = k[i];
+            for (row, &ki) in s.chunks_exact_mut(d).zip(k) {
                 for (sij, &dj) in row.iter_mut().zip(u.iter()) {
                     *sij += ki * dj;
                 }
@@ -382,12 +406,86 @@ fn delta_rule_step(
 }
 }
 
+/// Columns `c..c + N` of the state (`d` wide): `S ← decay·S` there and `Σ_i S_ij·k_i` of each,
+/// added from zero in ascending row order, the `N` sums held in registers across the rows.
+#[inline(always)]
+fn decay_and_key_sums<const N: usize>(
+    s: &mut [f32],
+    d: usize,
+    c: usize,
+    k: &[f32],
+    decay: f32,
+) -> [f32; N] {
+    let mut acc = [0.0f32; N];
+    for (row, &ki) in s.chunks_exact_mut(d).zip(k) {
+        let seg: &mut [f32; N] = (&mut row[c..c + N]).try_into().expect("N columns");
+        for (sij, a) in seg.iter_mut().zip(acc.iter_mut()) {
+            *sij *= decay;
+            *a += *sij * ki;
+        }
+    }
+    acc
+}
+
+/// Columns `c..c + N` of the state: `S += k δᵀ` there and `Σ_i S_ij·q_i` of each on the updated
+/// state, added from zero in ascending row order, the `N` sums held in registers.
+#[inline(always)]
+fn update_and_read<const N: usize>(
+    s: &mut [f32],
+    d: usize,
+    c: usize,
+    k: &[f32],
+    delta: &[f32],
+    q: &[f32],
+) -> [f32; N] {
+    let delta: &[f32; N] = delta[c..c + N].try_into().expect("N columns");
+    let mut acc = [0.0f32; N];
+    for ((row, &ki), &qi) in s.chunks_exact_mut(d).zip(k).zip(q) {
+        let seg: &mut [f32; N] = (&mut row[c..c + N]).try_into().expect("N columns");
+        for ((sij, &dj), a) in seg.iter_mut().zip(delta).zip(acc.iter_mut()) {
+            *sij += ki * dj;
+            *a += *sij * qi;
+        }
+    }
+    acc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The delta rule as plain row-by-row loops over a `d × d` state: every sum over the rows
+    /// from zero in ascending row order. Returns the new state and the readout.
+    fn delta_rule_row_by_row(
+        s0: &[f32],
+        k: &[f32],
+        v: &[f32],
+        beta: f32,
+        decay: f32,
+        q: &[f32],
+        d: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut s = s0.to_vec();
+        let mut u = vec![0.0f32; d];
+        for i in 0..d {
+            for j in 0..d {
+                s[i * d + j] *= decay;
+                u[j] += s[i * d + j] * k[i];
+            }
+        }
+        let delta: Vec<f32> = (0..d).map(|j| beta * (v[j] - u[j])).collect();
+        let mut o = vec![0.0f32; d];
+        for i in 0..d {
+            for j in 0..d {
+                s[i * d + j] += k[i] * delta[j];
+                o[j] += s[i * d + j] * q[i];
+            }
+        }
+        (s, o)
+    }
+
     /// The copy the CPU runs (AVX2 where available) and the baseline copy of the delta rule
-    /// give the same bits, with and without the readout.
+    /// give the same bits, with and without the readout, and the bits of the row-by-row loops.
     #[test]
     fn delta_rule_copies_agree_bit_for_bit() {
         crate::simd::report_missing_avx2("the AVX2 copy of the delta rule");
@@ -398,7 +496,7 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         };
-        for d in [16usize, 128, 130] {
+        for d in [16usize, 32, 128, 130] {
             let s0: Vec<f32> = (0..d * d).map(|_| next()).collect();
             let (k, v, q): (Vec<f32>, Vec<f32>, Vec<f32>) = (
                 (0..d).map(|_| next()).collect(),
@@ -419,6 +517,16 @@ mod tests {
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&s_a), bits(&s_b), "state, d = {d}");
                 assert_eq!(bits(&o_a), bits(&o_b), "readout, d = {d}");
+                // And both are the row-by-row loops of the formula, bit for bit.
+                let (s_r, o_r) = delta_rule_row_by_row(&s0, &k, &v, 0.7, 0.93, &q, d);
+                assert_eq!(bits(&s_a), bits(&s_r), "state against row by row, d = {d}");
+                if readout {
+                    assert_eq!(
+                        bits(&o_a),
+                        bits(&o_r),
+                        "readout against row by row, d = {d}"
+                    );
+                }
             }
         }
     }
