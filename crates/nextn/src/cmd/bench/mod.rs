@@ -102,7 +102,8 @@ pub struct Args {
     pub device_profile: bool,
     /// Instead of the generation runs, time the passes of the loop (decode, verify of up to
     /// --floor-verify-rows rows, draft step) after a prefill of N tokens, for each N given (as
-    /// llama-bench's -d)
+    /// llama-bench's -d); the prefill's rate is given without and with the head's pass over the
+    /// same rows, and the head's share of it
     #[arg(short = 'd', long = "n-depth", value_delimiter = ',', value_name = "N")]
     pub depth: Vec<usize>,
     /// With -d: prefill only the first N tokens and fill the attention caches up to each depth
