@@ -152,33 +152,29 @@ pub(crate) struct Frontend {
     /// Built while the server loads ([`Frontend::new`]): the token trie over the vocabulary
     /// takes a moment (0.6 s for Qwen's 248,320 tokens on one core), and every agent's first
     /// request has tools, whose call grammar needs it.
-    grammars: OnceLock<Result<GrammarCompiler, String>>,
+    grammars: Result<GrammarCompiler, String>,
 }
 
 impl Frontend {
     fn new(engine: &Engine, template: ChatTemplate) -> Frontend {
-        let frontend = Frontend {
+        let grammars = GrammarCompiler::new(&engine.tokenizer, engine.model.n_vocab)
+            .map_err(|e| e.to_string());
+        if let Err(e) = &grammars {
+            // Kept: each request with a grammar or tools is refused with it.
+            eprintln!("warning: grammars and tool calls are unavailable: {e}");
+        }
+        Frontend {
             tokenizer: engine.tokenizer.clone(),
             tool_format: ToolFormat::of_template(template.source()),
             template,
             n_vocab: engine.model.n_vocab,
             vision: engine.vision.clone(),
-            grammars: OnceLock::new(),
-        };
-        if let Err(e) = frontend.grammars() {
-            // Kept: each request with a grammar or tools is refused with it.
-            eprintln!("warning: grammars and tool calls are unavailable: {e}");
+            grammars,
         }
-        frontend
     }
 
     pub fn grammars(&self) -> Result<&GrammarCompiler, String> {
-        self.grammars
-            .get_or_init(|| {
-                GrammarCompiler::new(&self.tokenizer, self.n_vocab).map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(Clone::clone)
+        self.grammars.as_ref().map_err(Clone::clone)
     }
 }
 
