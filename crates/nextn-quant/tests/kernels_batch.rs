@@ -111,3 +111,41 @@ fn row_results_independent_of_split() {
         }
     }
 }
+
+/// A matrix too small to split by output rows, over many activation rows (a small model's
+/// prefill): its passes go to different threads, and every row still gets the bits it gets
+/// alone on one thread.
+#[test]
+fn passes_split_among_threads_on_small_matrices() {
+    let mut levels = simd_levels_under_test();
+    levels.push(SimdLevel::Scalar);
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    let mut rng = Rng::new(12);
+    for &ty in all_types() {
+        let (rows, cols) = (48, 256);
+        let data = random_matrix(ty, rows, cols, &mut rng);
+        let m = QMatrix::new(ty, rows, cols, &data).unwrap();
+        let n = 29;
+        let x = random_acts(n, cols, &mut rng);
+        for &level in &levels {
+            let alone: Vec<u32> = (0..n)
+                .flat_map(|i| {
+                    let mut out = vec![0f32; rows];
+                    m.mul_rows_with(level, &x[i * cols..(i + 1) * cols], 1, &mut out, &pools[0])
+                        .unwrap();
+                    bits(&out)
+                })
+                .collect();
+            for pool in &pools {
+                let mut out = vec![0f32; n * rows];
+                m.mul_rows_with(level, &x, n, &mut out, pool).unwrap();
+                assert_eq!(
+                    bits(&out),
+                    alone,
+                    "{ty} {level}, {} threads",
+                    pool.n_threads()
+                );
+            }
+        }
+    }
+}

@@ -106,7 +106,7 @@ fn has_repacked_kernel(level: SimdLevel, ty: GgmlType) -> bool {
 }
 
 /// Writes results into the caller's `out`: `out[i*rows + r]` for activation row `i` of
-/// the current pass. Tasks own disjoint `r` ranges.
+/// the current pass. Tasks own disjoint `(i, r)` pairs: ranges of `r`, or whole passes.
 pub(crate) struct OutSink {
     ptr: *mut f32,
     rows: usize,
@@ -130,6 +130,32 @@ impl OutSink {
             rows,
             n_act,
         }
+    }
+
+    /// The sink of activation rows `first..first + n` of this one, numbered from 0.
+    /// # Safety
+    /// `first + n <= n_act`.
+    unsafe fn rows_from(&self, first: usize, n: usize) -> OutSink {
+        debug_assert!(first + n <= self.n_act);
+        OutSink {
+            // SAFETY: the caller guarantees `first + n <= n_act`, so the offset lies inside
+            // the output slice `ptr` was taken from.
+            ptr: unsafe { self.ptr.add(first * self.rows) },
+            rows: self.rows,
+            n_act: n,
+        }
+    }
+
+    /// Where `(i, r)`'s result goes: eight results of rows `r..r + 8` may be stored from it.
+    /// # Safety
+    /// `i < n_act`, `r + 8 <= rows`, and no other thread writes `(i, r..r + 8)`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    pub(crate) unsafe fn eight_at(&self, i: usize, r: usize) -> *mut f32 {
+        debug_assert!(i < self.n_act && r + 8 <= self.rows);
+        // SAFETY: the caller guarantees `i < n_act` and `r + 8 <= rows`, so the offset lies
+        // inside the output slice `ptr` was taken from.
+        unsafe { self.ptr.add(i * self.rows + r) }
     }
 
     /// # Safety
@@ -335,6 +361,32 @@ impl<'a> QMatrix<'a> {
         self.check_layout(level)?;
         let kind = act_kind(self.ty);
         let rows_fn = rows_fn_for(level, self.ty, self.layout);
+        let n_passes = n_rows.div_ceil(MAX_ROWS_PER_PASS);
+        if n_passes > 1 && pool.n_threads() > 1 && self.runs_alone() {
+            // A matrix too small to split by output rows (a 128-wide model's projections
+            // are 17 KB) over many activation rows, as in a prefill: the passes are split
+            // among the threads instead, each pass whole on one thread. A row's result is
+            // the same whichever thread runs its pass.
+            let whole = OutSink {
+                ptr: out.as_mut_ptr(),
+                rows: self.rows,
+                n_act: n_rows,
+            };
+            pool.run(n_passes, |p, _| {
+                let first = p * MAX_ROWS_PER_PASS;
+                let n = MAX_ROWS_PER_PASS.min(n_rows - first);
+                let rows_x = &x[first * self.cols..(first + n) * self.cols];
+                let act = ActRows::quantize(kind, rows_x, n, self.cols, level != SimdLevel::Scalar);
+                // SAFETY: rows `first..first + n` lie inside `out` (checked by `check_io`).
+                let sink = unsafe { whole.rows_from(first, n) };
+                // SAFETY: validated matrix, supported level, `act` built for this type and
+                // cols; this task alone writes its pass's activation rows.
+                DecodedRow::with_cached(self.ty, self.cols, |decoded| unsafe {
+                    rows_fn(self, 0..self.rows, &act, decoded, &sink)
+                });
+            });
+            return Ok(());
+        }
         for first in (0..n_rows).step_by(MAX_ROWS_PER_PASS) {
             let n = MAX_ROWS_PER_PASS.min(n_rows - first);
             let rows_x = &x[first * self.cols..(first + n) * self.cols];
@@ -349,12 +401,14 @@ impl<'a> QMatrix<'a> {
         Ok(())
     }
 
+    /// Whether one pass over this matrix runs on the calling thread alone: it has too few
+    /// rows or bytes for splitting its rows among threads to pay.
+    fn runs_alone(&self) -> bool {
+        self.rows <= ROWS_PER_TASK_QUANTUM || self.data.len() < SINGLE_THREAD_BYTES
+    }
+
     fn run_pass(&self, rows_fn: RowsFn, act: &ActRows, sink: &OutSink, pool: &ThreadPool) {
-        let threads = pool.n_threads();
-        if threads == 1
-            || self.rows <= ROWS_PER_TASK_QUANTUM
-            || self.data.len() < SINGLE_THREAD_BYTES
-        {
+        if pool.n_threads() == 1 || self.runs_alone() {
             // SAFETY: validated matrix, supported level, `act` built for this type and
             // cols, and this call owns all rows.
             DecodedRow::with_cached(self.ty, self.cols, |decoded| unsafe {
@@ -365,7 +419,7 @@ impl<'a> QMatrix<'a> {
         // A few tasks per thread balance uneven progress; each is a multiple of 16 rows.
         let per_task = self
             .rows
-            .div_ceil(threads * 4)
+            .div_ceil(pool.n_threads() * 4)
             .next_multiple_of(ROWS_PER_TASK_QUANTUM);
         let n_tasks = self.rows.div_ceil(per_task);
         pool.run(n_tasks, |t, _| {

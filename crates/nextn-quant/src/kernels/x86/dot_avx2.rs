@@ -24,6 +24,33 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// `hsum_ps` of eight registers at once: lane r of the result is `hsum_ps(v[r])` bit for bit.
+/// The same adds of the same operands, rearranged across registers: the halves' sums
+/// (`a_l + a_{l+4}`) for two registers per add, then `x_0 + x_2` and `x_1 + x_3` for two
+/// registers per add, then those two summed by one horizontal add for four registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ps_x8(v: &[__m256; 8]) -> __m256 {
+    // h[r], lanes 0..4: x_l = a_l + a_{l+4} of v[r]; lanes 4..8: those of v[r + 4].
+    let mut h = [_mm256_setzero_ps(); 4];
+    for r in 0..4 {
+        let lo = _mm256_permute2f128_ps::<0x20>(v[r], v[r + 4]);
+        let hi = _mm256_permute2f128_ps::<0x31>(v[r], v[r + 4]);
+        h[r] = _mm256_add_ps(lo, hi);
+    }
+    // Lanes (x0 + x2, x1 + x3) of v[r], then of v[r + 1] | of v[r + 4], then of v[r + 5].
+    let g01 = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b01_00_01_00>(h[0], h[1]),
+        _mm256_shuffle_ps::<0b11_10_11_10>(h[0], h[1]),
+    );
+    let g23 = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b01_00_01_00>(h[2], h[3]),
+        _mm256_shuffle_ps::<0b11_10_11_10>(h[2], h[3]),
+    );
+    // (x0 + x2) + (x1 + x3) of v[0], v[1], v[2], v[3] | v[4], v[5], v[6], v[7].
+    _mm256_hadd_ps(g01, g23)
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load(p: *const u8) -> __m256i {

@@ -23,7 +23,7 @@ use super::super::decoded_row::DecodedRow;
 use super::super::matrix::{OutSink, QMatrix};
 use super::super::tables::k4_scales_mins_packed;
 use super::decode_legacy::f16_at;
-use super::dot_avx2::hsum_ps;
+use super::dot_avx2::{hsum_ps, hsum_ps_x8};
 
 /// Raw pointers to each activation row's quantized values, block scales and 16-sums.
 pub(super) struct ActPtrs<const N: usize> {
@@ -536,66 +536,179 @@ pub(super) fn q6_k_permute_act(x: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Defines the Q8_0 kernel `q8_0_rows` (the body of a `RowsFn`) compiled for `$feat`, with
+/// `$block_sum(|w|, sign(x, w))` forming a block's eight i32 lane sums, taking weight rows
+/// `$rows_at_once` (1, 2 or 4) at a time so they share each activation load. The invoking
+/// module has `ActPtrs`, `act_ptrs`, `q8_0_groups`, `load`, `prefetch_ahead`, `f16_at`,
+/// `hsum_ps`, `hsum_ps_x8`, `QMatrix`, `OutSink`, `ActRows` and `Range` in scope.
+///
 /// Q8_0 against Q8_0 activations: |w|·sign(x, w) pairs; even and odd blocks feed separate
 /// accumulators (as `dot_legacy` does) to hide the FMA latency. Two accumulators per row do
-/// not fit 16 ymm registers beyond four rows, so larger passes run each weight row against
-/// groups of at most four activation rows (`q8_0_groups`); a row's operations are the same
-/// in every group, so its result does not depend on the pass.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_rows<const N: usize>(m: &QMatrix, rows: Range<usize>, act: &ActRows, out: &OutSink) {
-    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
-    // the dispatcher chose after checking the CPU); `rows` lie inside the matrix `m` (validated by
-    // `QMatrix::new`), `act` is quantized for its type and width, and `out` holds every
-    // (activation, row) written, which no other thread writes.
-    unsafe {
-        let a = act_ptrs::<N>(act);
-        for r in rows {
-            q8_0_groups(&a, |g, first| match g.len() {
-                1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
-                2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
-                3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
-                _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
-            });
+/// not fit the registers beyond four activation rows, so larger passes run the weight rows
+/// against groups of at most four activation rows (`q8_0_groups`). Eight weight rows at a
+/// time have their lane sums reduced together (`hsum_ps_x8`, the same adds as `hsum_ps`)
+/// and stored at once: with a narrow matrix (four blocks a row in a 128-wide model) one
+/// output's reduction costs as much as its products. A row's operations are the same in
+/// every group, tile and pass, so its result does not depend on them.
+macro_rules! q8_0_kernel {
+    ($feat:literal, $block_sum:ident, $rows_at_once:literal) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_0_rows<const N: usize>(
+            m: &QMatrix,
+            rows: Range<usize>,
+            act: &ActRows,
+            out: &OutSink,
+        ) {
+            // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under kernels
+            // compiled for them, which the dispatcher chose after checking the CPU); `rows` lie
+            // inside the matrix `m` (validated by `QMatrix::new`), `act` is quantized for its
+            // type and width, and `out` holds every (activation, row) written, which no other
+            // thread writes.
+            unsafe {
+                let a = act_ptrs::<N>(act);
+                let mut r = rows.start;
+                while r < rows.end {
+                    // Eight rows at a time, the last few of a range one by one.
+                    let eight = r + 8 <= rows.end;
+                    q8_0_groups(&a, |g, first| match g.len() {
+                        1 => q8_0_rows_at::<1>(m, r, eight, &ActPtrs::pick(g), first, out),
+                        2 => q8_0_rows_at::<2>(m, r, eight, &ActPtrs::pick(g), first, out),
+                        3 => q8_0_rows_at::<3>(m, r, eight, &ActPtrs::pick(g), first, out),
+                        _ => q8_0_rows_at::<4>(m, r, eight, &ActPtrs::pick(g), first, out),
+                    });
+                    r += if eight { 8 } else { 1 };
+                }
+            }
         }
-    }
+
+        /// Weight rows `r..r + 8` (`eight`) or row `r` against the activation rows of `a`,
+        /// which are rows `first..` of the pass.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_0_rows_at<const N: usize>(
+            m: &QMatrix,
+            r: usize,
+            eight: bool,
+            a: &ActPtrs<N>,
+            first: usize,
+            out: &OutSink,
+        ) {
+            // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under kernels
+            // compiled for them, which the dispatcher chose after checking the CPU); rows
+            // `r..r + 8` (`eight`) or row `r` are rows of the matrix `m` (validated by
+            // `QMatrix::new`), the pointers in `a` cover whole activation rows of the matrix's
+            // width, `out` holds every (activation, row) written, which no other thread writes.
+            unsafe {
+                if eight {
+                    let mut lanes = [[_mm256_setzero_ps(); 8]; N];
+                    let mut k = 0;
+                    while k < 8 {
+                        q8_0_lanes::<N, $rows_at_once, 8>(m, r + k, a, &mut lanes, k);
+                        k += $rows_at_once;
+                    }
+                    for i in 0..N {
+                        _mm256_storeu_ps(out.eight_at(first + i, r), hsum_ps_x8(&lanes[i]));
+                    }
+                } else {
+                    let mut lanes = [[_mm256_setzero_ps(); 1]; N];
+                    q8_0_lanes::<N, 1, 1>(m, r, a, &mut lanes, 0);
+                    for i in 0..N {
+                        out.write(first + i, r, hsum_ps(lanes[i][0]));
+                    }
+                }
+            }
+        }
+
+        /// The eight lane sums of weight rows `r..r + R` against each activation row `i` of
+        /// `a`, into `lanes[i][at..at + R]`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_0_lanes<const N: usize, const R: usize, const L: usize>(
+            m: &QMatrix,
+            r: usize,
+            a: &ActPtrs<N>,
+            lanes: &mut [[__m256; L]; N],
+            at: usize,
+        ) {
+            // SAFETY: as for `q8_0_rows_at`, for rows `r..r + R`.
+            unsafe {
+                let nb = m.cols / 32;
+                let mut w = [core::ptr::null::<u8>(); R];
+                for j in 0..R {
+                    w[j] = m.row(r + j).as_ptr();
+                    debug_assert!(m.row(r + j).len() == 34 * nb);
+                }
+                // Even blocks accumulate into `acc0`, odd ones into `acc1`; indexing one array
+                // by parity would keep the accumulators in memory.
+                let mut acc0 = [[_mm256_setzero_ps(); N]; R];
+                let mut acc1 = [[_mm256_setzero_ps(); N]; R];
+                let mut b = 0;
+                while b + 2 <= nb {
+                    q8_0_block(&w, a, b, &mut acc0);
+                    q8_0_block(&w, a, b + 1, &mut acc1);
+                    b += 2;
+                }
+                if b < nb {
+                    q8_0_block(&w, a, b, &mut acc0);
+                }
+                for j in 0..R {
+                    for i in 0..N {
+                        lanes[i][at + j] = _mm256_add_ps(acc0[j][i], acc1[j][i]);
+                    }
+                }
+            }
+        }
+
+        /// Block `b` of the Q8_0 rows at `w` against every activation row:
+        /// acc += d_w·d_a·Σ(w·x).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_0_block<const N: usize, const R: usize>(
+            w: &[*const u8; R],
+            a: &ActPtrs<N>,
+            b: usize,
+            acc: &mut [[__m256; N]; R],
+        ) {
+            // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under kernels
+            // compiled for them, which the dispatcher chose after checking the CPU); each `w[j]`
+            // points at a whole weight row, the pointers in `a` cover whole activation rows of
+            // the matrix's width, so block `b` lies inside them.
+            unsafe {
+                let mut d = [0f32; R];
+                let mut q = [_mm256_setzero_si256(); R];
+                let mut qabs = [_mm256_setzero_si256(); R];
+                for j in 0..R {
+                    let p = w[j].add(34 * b);
+                    prefetch_ahead(p, 34);
+                    d[j] = f16_at(p);
+                    q[j] = load(p.add(2));
+                    qabs[j] = _mm256_abs_epi8(q[j]);
+                }
+                for i in 0..N {
+                    let x = load(a.x[i].add(32 * b));
+                    let ad = *a.d[i].add(b);
+                    for j in 0..R {
+                        let sum = $block_sum(qabs[j], _mm256_sign_epi8(x, q[j]));
+                        let s = _mm256_set1_ps(d[j] * ad);
+                        acc[j][i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[j][i]);
+                    }
+                }
+            }
+        }
+    };
 }
 
-/// Weight row `r` of a Q8_0 matrix against the activation rows of `a`, which are rows
-/// `first..` of the pass.
+pub(super) use q8_0_kernel;
+
+/// The eight i32 lane sums of a Q8_0 block's 32 products: `maddubs` pairs, then `madd`
+/// against ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_row<const N: usize>(
-    m: &QMatrix,
-    r: usize,
-    a: &ActPtrs<N>,
-    first: usize,
-    out: &OutSink,
-) {
-    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
-    // the dispatcher chose after checking the CPU); `r` is a row of the matrix `m` (validated by
-    // `QMatrix::new`), the pointers in `a` cover whole activation rows of the matrix's width, `out`
-    // holds every (activation, row) written, which no other thread writes.
-    unsafe {
-        let nb = m.cols / 32;
-        let w = m.row(r);
-        debug_assert!(w.len() == 34 * nb);
-        // Even blocks accumulate into `acc0`, odd ones into `acc1`; indexing one array by
-        // parity would keep the accumulators in memory.
-        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-        let mut b = 0;
-        while b + 2 <= nb {
-            q8_0_block(w.as_ptr(), a, b, &mut acc0);
-            q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
-            b += 2;
-        }
-        if b < nb {
-            q8_0_block(w.as_ptr(), a, b, &mut acc0);
-        }
-        for i in 0..N {
-            out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
-        }
-    }
+fn block_sum_maddubs(qabs: __m256i, xs: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(qabs, xs), _mm256_set1_epi16(1))
 }
+
+q8_0_kernel!("avx2,fma,f16c", block_sum_maddubs, 1);
 
 /// Calls `f(group, first)` for the activation rows of `a` in groups of at most four, `first`
 /// being the group's first row in the pass.
@@ -619,34 +732,6 @@ impl<const N: usize> ActPtrs<N> {
             x: core::array::from_fn(|i| g[i].0),
             d: core::array::from_fn(|i| g[i].1),
             bsums: [core::ptr::null(); N],
-        }
-    }
-}
-
-/// Block `b` of a Q8_0 row at `w` against every activation row: acc += d_w·d_a·Σ(w·x).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_block<const N: usize>(
-    w: *const u8,
-    a: &ActPtrs<N>,
-    b: usize,
-    acc: &mut [__m256; N],
-) {
-    // SAFETY: the CPU has AVX2, FMA and F16C (this runs only under kernels compiled for them, which
-    // the dispatcher chose after checking the CPU); `w` points at a whole weight row, the pointers
-    // in `a` cover whole activation rows of the matrix's width, so block `b` lies inside them.
-    unsafe {
-        let p = w.add(34 * b);
-        prefetch_ahead(p, 34);
-        let d = f16_at(p);
-        let q = load(p.add(2));
-        let qabs = _mm256_abs_epi8(q);
-        for i in 0..N {
-            let x = load(a.x[i].add(32 * b));
-            let pairs = _mm256_maddubs_epi16(qabs, _mm256_sign_epi8(x, q));
-            let sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-            let s = _mm256_set1_ps(d * *a.d[i].add(b));
-            acc[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[i]);
         }
     }
 }

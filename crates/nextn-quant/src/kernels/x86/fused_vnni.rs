@@ -22,9 +22,10 @@ use crate::GgmlType;
 
 /// Defines module `$module` with the fused Q4_K, Q6_K and Q8_0 `RowsFn`s, compiled for
 /// `$feat`, with `$dpbusd` (acc + Σ4 u8×i8 per dword) and `$dpwssd` (acc + Σ2 i16×i16 per
-/// dword) as the multiply-adds.
+/// dword) as the multiply-adds; the Q8_0 kernel takes `$q8_0_rows_at_once` weight rows at a
+/// time (2 where AVX512-VL gives 32 vector registers, 1 with 16).
 macro_rules! vnni_kernels {
-    ($module:ident, $feat:literal, $dpbusd:path, $dpwssd:path) => {
+    ($module:ident, $feat:literal, $dpbusd:path, $dpwssd:path, $q8_0_rows_at_once:literal) => {
         pub(super) mod $module {
             #![allow(clippy::needless_range_loop)]
             use core::arch::x86_64::*;
@@ -34,11 +35,11 @@ macro_rules! vnni_kernels {
             use super::super::super::matrix::{OutSink, QMatrix};
             use super::super::super::decoded_row::DecodedRow;
             use super::super::decode_legacy::f16_at;
-            use super::super::dot_avx2::hsum_ps;
+            use super::super::dot_avx2::{hsum_ps, hsum_ps_x8};
             use super::super::fused::{
                 act_ptrs, by_row_count, finish_k_scaled, k4_header, load, prefetch_ahead,
                 q4_k_permute_act, q4_k_quants, q4_k_quants_packed, q6_k_permute_act, q6_k_quants,
-                q6_k_quants_packed, q8_0_groups,
+                q6_k_quants_packed, q8_0_groups, q8_0_kernel,
                 ActPtrs,
             };
 
@@ -205,92 +206,15 @@ macro_rules! vnni_kernels {
                 }
             }
 
-            /// As `fused::q8_0_rows`.
-            #[target_feature(enable = $feat)]
-            unsafe fn q8_0_rows<const N: usize>(
-                m: &QMatrix,
-                rows: Range<usize>,
-                act: &ActRows,
-                out: &OutSink,
-            ) {
-                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
-                // kernels compiled for them, which the dispatcher chose after checking the CPU);
-                // `rows` lie inside the matrix `m` (validated by `QMatrix::new`), `act` is
-                // quantized for its type and width, and `out` holds every (activation, row)
-                // written, which no other thread writes.
-                unsafe {
-                    let a = act_ptrs::<N>(act);
-                    for r in rows {
-                        q8_0_groups(&a, |g, first| match g.len() {
-                            1 => q8_0_row::<1>(m, r, &ActPtrs::pick(g), first, out),
-                            2 => q8_0_row::<2>(m, r, &ActPtrs::pick(g), first, out),
-                            3 => q8_0_row::<3>(m, r, &ActPtrs::pick(g), first, out),
-                            _ => q8_0_row::<4>(m, r, &ActPtrs::pick(g), first, out),
-                        });
-                    }
-                }
-            }
-
+            /// The eight i32 lane sums of a Q8_0 block's 32 products, by `dpbusd`.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn q8_0_row<const N: usize>(
-                m: &QMatrix,
-                r: usize,
-                a: &ActPtrs<N>,
-                first: usize,
-                out: &OutSink,
-            ) {
-                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
-                // kernels compiled for them, which the dispatcher chose after checking the CPU);
-                // `r` is a row of the matrix `m` (validated by `QMatrix::new`), the pointers in `a`
-                // cover whole activation rows of the matrix's width, `out` holds every (activation,
-                // row) written, which no other thread writes.
-                unsafe {
-                    let nb = m.cols / 32;
-                    let w = m.row(r);
-                    debug_assert!(w.len() == 34 * nb);
-                    let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-                    let mut b = 0;
-                    while b + 2 <= nb {
-                        q8_0_block(w.as_ptr(), a, b, &mut acc0);
-                        q8_0_block(w.as_ptr(), a, b + 1, &mut acc1);
-                        b += 2;
-                    }
-                    if b < nb {
-                        q8_0_block(w.as_ptr(), a, b, &mut acc0);
-                    }
-                    for i in 0..N {
-                        out.write(first + i, r, hsum_ps(_mm256_add_ps(acc0[i], acc1[i])));
-                    }
-                }
+            unsafe fn block_sum_dpbusd(qabs: __m256i, xs: __m256i) -> __m256i {
+                // SAFETY: as for `dpbusd`.
+                unsafe { dpbusd(_mm256_setzero_si256(), qabs, xs) }
             }
 
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn q8_0_block<const N: usize>(
-                w: *const u8,
-                a: &ActPtrs<N>,
-                b: usize,
-                acc: &mut [__m256; N],
-            ) {
-                // SAFETY: the CPU has this kernel's features (`$feat`) (this runs only under
-                // kernels compiled for them, which the dispatcher chose after checking the CPU);
-                // `w` points at a whole weight row, the pointers in `a` cover whole activation rows
-                // of the matrix's width, so block `b` lies inside them.
-                unsafe {
-                    let p = w.add(34 * b);
-                    prefetch_ahead(p, 34);
-                    let d = f16_at(p);
-                    let q = load(p.add(2));
-                    let qabs = _mm256_abs_epi8(q);
-                    for i in 0..N {
-                        let x = load(a.x[i].add(32 * b));
-                        let sum = dpbusd(_mm256_setzero_si256(), qabs, _mm256_sign_epi8(x, q));
-                        let s = _mm256_set1_ps(d * *a.d[i].add(b));
-                        acc[i] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum), acc[i]);
-                    }
-                }
-            }
+            q8_0_kernel!($feat, block_sum_dpbusd, $q8_0_rows_at_once);
 
             by_row_count!(rows_q4_k, q4_k_rows<false>, $feat);
             by_row_count!(rows_q6_k, q6_k_rows<false>, $feat);
@@ -324,20 +248,23 @@ vnni_kernels!(
     avx512vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     _mm256_dpbusd_epi32,
-    _mm256_dpwssd_epi32
+    _mm256_dpwssd_epi32,
+    2
 );
 vnni_kernels!(
     avxvnni,
     "avx2,fma,f16c,avxvnni",
     _mm256_dpbusd_avx_epi32,
-    _mm256_dpwssd_avx_epi32
+    _mm256_dpwssd_avx_epi32,
+    1
 );
 #[cfg(test)]
 vnni_kernels!(
     emulated,
     "avx2,fma,f16c",
     super::emulated_dpbusd,
-    super::emulated_dpwssd
+    super::emulated_dpwssd,
+    2
 );
 
 /// `vpdpbusd` in AVX2, for testing the VNNI kernels' arithmetic on any AVX2 CPU. Exact when

@@ -392,6 +392,35 @@ mod tests {
     /// and Q6_K, whose fused kernels group the exact integer sums into different f32 lanes
     /// (see `fused::q4_k_rows`): they must agree to f32 rounding, and with themselves at
     /// every row count.
+    /// Lane r of `hsum_ps_x8` is `hsum_ps(v[r])` bit for bit, on lanes of mixed magnitudes
+    /// where any other order of the adds rounds differently.
+    #[test]
+    fn hsum_of_eight_registers_matches_one_at_a_time() {
+        if !SimdLevel::Avx2.is_supported() {
+            nextn_testdata::cpu_feature_missing("avx2", "the AVX2 horizontal sums");
+            return;
+        }
+        let mut rng = Rng(5);
+        for _ in 0..200 {
+            let lanes: [[f32; 8]; 8] = core::array::from_fn(|_| {
+                core::array::from_fn(|_| {
+                    let scale = [1e-3f32, 1.0, 3e4][(rng.next() % 3) as usize];
+                    scale * (rng.uniform() - 0.5)
+                })
+            });
+            // SAFETY: AVX2 is present (checked above); the loads read 8 floats each.
+            let (all, each) = unsafe {
+                use core::arch::x86_64::*;
+                let v: [__m256; 8] = core::array::from_fn(|r| _mm256_loadu_ps(lanes[r].as_ptr()));
+                let mut all = [0f32; 8];
+                _mm256_storeu_ps(all.as_mut_ptr(), dot_avx2::hsum_ps_x8(&v));
+                let each: [f32; 8] = core::array::from_fn(|r| dot_avx2::hsum_ps(v[r]));
+                (all, each)
+            };
+            assert_eq!(all.map(f32::to_bits), each.map(f32::to_bits), "{lanes:?}");
+        }
+    }
+
     #[test]
     fn fused_kernels_match_staged_bit_for_bit() {
         if !SimdLevel::Avx2.is_supported() {
