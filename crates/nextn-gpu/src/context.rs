@@ -32,6 +32,9 @@ pub struct DeviceInfo {
     /// The largest device-local memory heap, in bytes, where the API reports one (Vulkan): what
     /// the weights and the caches of every sequence must fit in together.
     pub memory_bytes: Option<u64>,
+    /// What is free of that heap now, where the driver reports it (VK_EXT_memory_budget): the
+    /// heap's budget for this process less what it uses.
+    pub free_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -42,6 +45,14 @@ impl std::fmt::Display for DeviceInfo {
         }
         if self.software {
             write!(f, " [software]")?;
+        }
+        let mib = |b: u64| b / (1 << 20);
+        match (self.memory_bytes, self.free_bytes) {
+            (Some(total), Some(free)) => {
+                write!(f, " ({} MiB, {} MiB free)", mib(total), mib(free))?
+            }
+            (Some(total), None) => write!(f, " ({} MiB)", mib(total))?,
+            _ => {}
         }
         write!(
             f,
@@ -103,7 +114,8 @@ fn adapters(inst: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
                 software: info.device_type == wgpu::DeviceType::Cpu,
                 max_binding_bytes: a.limits().max_storage_buffer_binding_size,
                 int8_dot: has_int8_dot(&a),
-                memory_bytes: device_memory(&a),
+                memory_bytes: device_memory(&a).map(|(_, size)| size),
+                free_bytes: device_memory(&a).and_then(|(heap, _)| free_memory(&a, heap)),
             },
             a,
         ));
@@ -125,8 +137,8 @@ fn has_int8_dot(a: &wgpu::Adapter) -> bool {
     (major, minor) >= (1, 3) || caps.supports_extension(c"VK_KHR_shader_integer_dot_product")
 }
 
-/// The largest device-local heap of a Vulkan adapter.
-fn device_memory(a: &wgpu::Adapter) -> Option<u64> {
+/// The largest device-local heap of a Vulkan adapter: its index and size.
+fn device_memory(a: &wgpu::Adapter) -> Option<(usize, u64)> {
     // SAFETY: as in `has_int8_dot`, the adapter's properties are only read.
     let hal = unsafe { a.as_hal::<wgpu::hal::api::Vulkan>() }?;
     let instance = hal.shared_instance().raw_instance();
@@ -136,9 +148,36 @@ fn device_memory(a: &wgpu::Adapter) -> Option<u64> {
     props
         .memory_heaps_as_slice()
         .iter()
-        .filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
-        .map(|h| h.size)
-        .max()
+        .enumerate()
+        .filter(|(_, h)| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|(i, h)| (i, h.size))
+        .max_by_key(|&(_, size)| size)
+}
+
+/// What is free of heap `heap` of a Vulkan adapter that has VK_EXT_memory_budget: the heap's
+/// budget for this process less its usage.
+fn free_memory(a: &wgpu::Adapter, heap: usize) -> Option<u64> {
+    // SAFETY: as in `has_int8_dot`, the adapter's properties are only read.
+    let hal = unsafe { a.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    if !hal
+        .physical_device_capabilities()
+        .supports_extension(c"VK_EXT_memory_budget")
+    {
+        return None;
+    }
+    let instance = hal.shared_instance().raw_instance();
+    let mut budget = ash::vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+    let mut props = ash::vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
+    // SAFETY: the physical device belongs to this instance, which outlives the call; the
+    // extension's structure is chained as the specification has it (the device supports it).
+    unsafe {
+        instance.get_physical_device_memory_properties2(hal.raw_physical_device(), &mut props)
+    };
+    let (b, used) = (
+        *budget.heap_budget.get(heap)?,
+        *budget.heap_usage.get(heap)?,
+    );
+    (b > 0).then(|| b.saturating_sub(used))
 }
 
 fn inst_backends() -> wgpu::Backends {

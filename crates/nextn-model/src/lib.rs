@@ -20,6 +20,7 @@ pub mod model;
 pub mod nextn;
 pub mod ops;
 pub mod pass_bytes;
+pub mod placement;
 pub mod quantize;
 mod simd;
 pub mod synth;
@@ -37,6 +38,7 @@ pub use cache::{
 pub use config::{Arch, LayerKind, Qwen35Config};
 pub use model::Model;
 pub use nextn::NextnHead;
+pub use placement::{Blocks, Placement};
 
 use nextn_gguf::GgufError;
 use nextn_quant::QuantError;

@@ -14,6 +14,7 @@ use crate::delta_net::GatedDeltaNet;
 use crate::device::DeviceModel;
 use crate::ffn::Ffn;
 use crate::ops;
+use crate::placement::{Blocks, Placement};
 use crate::weights::{Linear, WeightLoader};
 use crate::ModelError;
 
@@ -137,6 +138,18 @@ impl Model {
         Self::load_from(w, progress)
     }
 
+    /// [`Model::load_with_progress`] for a model split by `placement`: the matrices of the layers
+    /// that stay on the CPU are prepared for its kernels, the others left as mapped.
+    pub fn load_for_placement(
+        file: Arc<GgufFile>,
+        placement: Placement,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model, ModelError> {
+        let blocks = crate::validate::validate(&file).map(|v| Blocks::of(&v.config))?;
+        let w = WeightLoader::split(file.clone(), move |il| placement.block_on_host(il, blocks));
+        Self::load_from(w, progress)
+    }
+
     fn load_from(
         w: WeightLoader,
         progress: &mut dyn FnMut(usize, usize),
@@ -193,8 +206,31 @@ impl Model {
     /// their caches on the device. A tensor type the device kernels do not read is an error
     /// naming the tensor.
     pub fn offload(&mut self, gpu: Arc<nextn_gpu::Gpu>) -> Result<(), ModelError> {
-        self.device = Some(Arc::new(DeviceModel::upload(self, gpu)?));
+        self.offload_placed(gpu, Placement::all_on_device())
+    }
+
+    /// Run the trunk's layers from `placement.first_device_layer` on, the final norm and the LM
+    /// head on `gpu` (llama.cpp's `-ngl N` below the layer count); the layers before stay on the
+    /// CPU, and a pass crosses to the device once, after them.
+    pub fn offload_placed(
+        &mut self,
+        gpu: Arc<nextn_gpu::Gpu>,
+        placement: Placement,
+    ) -> Result<(), ModelError> {
+        self.device = Some(Arc::new(DeviceModel::upload(self, gpu, placement)?));
         Ok(())
+    }
+
+    /// Where the model's parts run: `None` on the CPU alone.
+    pub fn placement(&self) -> Option<Placement> {
+        self.device.as_ref().map(|d| d.placement())
+    }
+
+    /// The trunk layers that run on the CPU: all of them without a device.
+    fn host_layers(&self) -> usize {
+        self.device
+            .as_ref()
+            .map_or(self.layers.len(), |d| d.placement().first_device_layer)
     }
 
     /// Whether a sequence of `n_ctx` positions fits where the model runs: on the device its caches
@@ -230,19 +266,8 @@ impl Model {
         k_type: KvType,
         v_type: KvType,
     ) -> Result<SequenceState, ModelError> {
-        if let Some(d) = &self.device {
-            let layers = d.new_caches(self, n_ctx, k_type, v_type)?;
-            return Ok(SequenceState {
-                layers,
-                n_past: 0,
-                n_ctx,
-                pending_rows: 0,
-                images: Vec::new(),
-            });
-        }
         let cfg = &self.config;
-        let layers = self
-            .layers
+        let mut layers: Vec<LayerCache> = self.layers[..self.host_layers()]
             .iter()
             .enumerate()
             .map(|(il, l)| match &l.mixer {
@@ -255,6 +280,9 @@ impl Model {
                 Mixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_cache()),
             })
             .collect();
+        if let Some(d) = &self.device {
+            layers.extend(d.new_caches(self, n_ctx, k_type, v_type)?);
+        }
         Ok(SequenceState {
             layers,
             n_past: 0,
@@ -313,14 +341,14 @@ impl Model {
         if keep > pending {
             return Err(ModelError::KeepBeyondPending { keep, pending });
         }
-        if let Some(d) = &self.device {
-            d.commit(state, keep)?;
-        } else {
-            for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
-                if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
-                    d.commit(c, keep)?;
-                }
+        let host = self.host_layers();
+        for (layer, cache) in self.layers[..host].iter().zip(state.layers.iter_mut()) {
+            if let (Mixer::DeltaNet(d), LayerCache::DeltaNet(c)) = (&layer.mixer, cache) {
+                d.commit(c, keep)?;
             }
+        }
+        if let Some(d) = &self.device {
+            d.commit(&mut state.layers[host..], keep, pending)?;
         }
         state.n_past = state.n_past - pending + keep;
         state.truncate_kv(state.n_past);
@@ -376,8 +404,11 @@ impl Model {
             starts.push(tokens.len());
             tokens.extend_from_slice(it.tokens);
         }
+        let host = self.host_layers();
         if let Some(d) = &self.device {
-            return d.forward_batch(self, items);
+            if host == 0 {
+                return d.forward_batch(self, items, None);
+            }
         }
         let n = tokens.len();
         let mut h = if n > 0 {
@@ -386,7 +417,7 @@ impl Model {
             Vec::new()
         };
         if n > 0 {
-            for (il, layer) in self.layers.iter().enumerate() {
+            for (il, layer) in self.layers[..host].iter().enumerate() {
                 let mut segments: Vec<Segment> = items
                     .iter_mut()
                     .zip(&starts)
@@ -403,6 +434,10 @@ impl Model {
                     .collect();
                 layer.forward(&mut h, n, &mut segments, eps, pool)?;
             }
+        }
+        if let Some(d) = &self.device {
+            // The rest of the pass on the device, from these rows.
+            return d.forward_batch(self, items, Some(&h));
         }
         let parts: Vec<_> = items
             .iter()

@@ -73,7 +73,13 @@ impl NextnHead {
         let Some(n) = cfg.nextn_block() else {
             return Err(ModelError::NoNextnHead(cfg.arch.name().to_string()));
         };
-        let w = if model.device.is_some() {
+        // The head's block runs where the placement puts it (llama.cpp's `-ngl` counts it as the
+        // block before the output).
+        let on_device = model
+            .device
+            .as_ref()
+            .filter(|d| d.placement().head_on_device);
+        let w = if on_device.is_some() {
             WeightLoader::mapped_only(file)
         } else {
             WeightLoader::new(file)
@@ -107,7 +113,7 @@ impl NextnHead {
             kv_heads: (cfg.n_head_kv[n], cfg.head_dim),
             device: None,
         };
-        if let Some(d) = &model.device {
+        if let Some(d) = on_device {
             head.device = Some(DeviceHead::upload(d, &head, cfg, lm_head_shared)?);
         }
         Ok(head)

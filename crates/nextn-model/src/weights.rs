@@ -17,13 +17,41 @@ pub struct WeightLoader {
     file: Arc<GgufFile>,
     /// Whether matrices for products are copied into the kernels' repacked layout.
     repack: bool,
+    /// With a device: the matrices that stay on the host are those of blocks (`blk.N.`) for which
+    /// this says so; the others are left as mapped. `None`: every matrix is a host one.
+    host_blocks: Option<Box<dyn Fn(usize) -> bool + Send + Sync>>,
 }
 
 impl WeightLoader {
     pub fn new(file: Arc<GgufFile>) -> Self {
         let weights: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
         let repack = should_repack(weights, std::env::var("NEXTN_REPACK").ok().as_deref());
-        WeightLoader { file, repack }
+        WeightLoader {
+            file,
+            repack,
+            host_blocks: None,
+        }
+    }
+
+    /// A loader for a model split between the CPU and a device: matrices of the blocks for which
+    /// `on_host` holds are prepared for the CPU kernels as [`WeightLoader::new`] prepares them, the
+    /// rest (and the output matrix) are left as mapped, as [`WeightLoader::mapped_only`] does.
+    pub fn split(
+        file: Arc<GgufFile>,
+        on_host: impl Fn(usize) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let mut w = WeightLoader::new(file);
+        w.host_blocks = Some(Box::new(on_host));
+        w
+    }
+
+    /// Whether tensor `name` goes to the CPU kernels' layout.
+    fn repacks(&self, name: &str) -> bool {
+        self.repack
+            && match &self.host_blocks {
+                None => true,
+                Some(on_host) => block_of(name).is_some_and(on_host),
+            }
     }
 
     /// A loader that leaves every matrix as mapped: for a model whose products run on a device,
@@ -32,6 +60,7 @@ impl WeightLoader {
         WeightLoader {
             file,
             repack: false,
+            host_blocks: None,
         }
     }
 
@@ -130,7 +159,7 @@ impl WeightLoader {
         let scale = self.optional_vector(&scale_name, &[1])?.map(|v| v[0]);
         // The kernels' own block arrangement where they have one: decoded in fewer steps,
         // same results. The mapped pages it was copied from are handed back to the OS.
-        let repacked = (for_products && self.repack)
+        let repacked = (for_products && self.repacks(name))
             .then(|| repack(t.ty, self.file.tensor_data(t)))
             .flatten()
             .map(Arc::new);
@@ -183,7 +212,7 @@ impl WeightLoader {
         let data = self.file.tensor_data(t);
         let repacked: Vec<Option<Arc<Vec<u8>>>> = (0..n)
             .map(|e| {
-                self.repack
+                self.repacks(name)
                     .then(|| repack(t.ty, &data[e * per_expert..(e + 1) * per_expert]))
                     .flatten()
                     .map(Arc::new)
@@ -359,6 +388,11 @@ impl Linear {
         }
         Ok(())
     }
+}
+
+/// The block `N` of a tensor named `blk.N.…`.
+fn block_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 #[cfg(test)]

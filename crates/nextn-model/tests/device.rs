@@ -8,7 +8,7 @@ use std::sync::Arc;
 use nextn_gguf::GgufFile;
 use nextn_gpu::validation::{assert_clean, test_device};
 use nextn_gpu::Gpu;
-use nextn_model::{KvType, LogitRows, Model, NextnHead};
+use nextn_model::{Blocks, KvType, LogitRows, Model, NextnHead, Placement};
 use nextn_quant::kernels::ThreadPool;
 use serde_json::Value;
 
@@ -22,6 +22,27 @@ fn load(path: &Path, gpu: Option<&Arc<Gpu>>) -> Model {
         m.offload(g.clone()).expect("offload");
     }
     m
+}
+
+/// The model at `path` split by `placement`: the CPU layers prepared for the CPU's kernels, the
+/// others on `gpu`.
+fn load_placed(path: &Path, gpu: &Arc<Gpu>, placement: Placement) -> Model {
+    let file = Arc::new(GgufFile::open(path).expect("open"));
+    let mut m = Model::load_for_placement(file, placement, &mut |_, _| {}).expect("load");
+    m.offload_placed(gpu.clone(), placement).expect("offload");
+    m
+}
+
+/// The placements the split tests run: everything on the device, half the trunk, the output and
+/// the NextN block only (llama.cpp's `-ngl 2`), the output only (`-ngl 1`).
+fn split_placements(model: &Model) -> Vec<Placement> {
+    let b = Blocks::of(&model.config);
+    vec![
+        Placement::all_on_device(),
+        Placement::from_first_device_layer(b.trunk / 2, b),
+        Placement::from_gpu_layers(2, b),
+        Placement::from_gpu_layers(1, b),
+    ]
 }
 
 fn tokens(v: &Value) -> Vec<u32> {
@@ -184,8 +205,14 @@ fn verify_and_commit_on_the_device_equal_decoding() {
         files.push(g.join("q35moe-a/q35moe-a-Q4_K_M.gguf"));
         files.push(g.join("q35-dense-a/q35-dense-a-Q6_K.gguf"));
     }
-    for file in files {
-        let model = load(&file, Some(&gpu));
+    for (file, placement) in files.iter().flat_map(|f| {
+        let cpu = load(f, None);
+        split_placements(&cpu)
+            .into_iter()
+            .map(move |p| (f.clone(), p))
+    }) {
+        let model = load_placed(&file, &gpu, placement);
+        let file = format!("{} at {placement:?}", file.display());
         let prompt: Vec<u32> = (0..23).map(|i| (i * 37 % 500 + 3) as u32).collect();
         let more: Vec<u32> = vec![11, 400, 7, 250, 90];
         let mut plain = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
@@ -212,7 +239,7 @@ fn verify_and_commit_on_the_device_equal_decoding() {
                 assert!(
                     o.logits_row(i) == &want[..],
                     "{}: verify row {i} differs from decoding it",
-                    file.display()
+                    file
                 );
                 let e = model.config.n_embd;
                 assert!(o.hidden[i * e..(i + 1) * e] == hidden_one[i][..]);
@@ -228,8 +255,88 @@ fn verify_and_commit_on_the_device_equal_decoding() {
                 assert!(
                     o.logits == one_by_one[keep],
                     "{}: keep {keep}: the next row differs",
+                    file
+                );
+            }
+        }
+        assert_clean(&gpu);
+    }
+}
+
+/// A model split between the CPU and the device gives the CPU's logits along the CPU's greedy
+/// path, within the bound the whole model on the device keeps (the CPU's layers give the CPU's bits;
+/// the device's differ in the last places: its exp, sqrt and summation order), at every placement.
+#[test]
+fn a_split_model_gives_the_cpus_logits() {
+    let Some(gpu) = device() else { return };
+    let pool = ThreadPool::new(2);
+    let mut files = vec![nextn_testdata::bundled_model()];
+    if let Some(g) = nextn_testdata::shared("golden") {
+        files.push(g.join("q35moe-a/q35moe-a-Q4_K_M.gguf"));
+        files.push(g.join("q35-dense-a/q35-dense-a-Q6_K.gguf"));
+    }
+    for file in files {
+        let cpu = load(&file, None);
+        let moe = cpu.config.n_expert > 0;
+        let prompt: Vec<u32> = (0..17).map(|i| (i * 41 % 600 + 5) as u32).collect();
+        // The CPU's greedy path and its logits at each step.
+        let mut want = Vec::new();
+        let mut path = prompt.clone();
+        let mut s = cpu.new_sequence(64, KvType::F16, KvType::F16).unwrap();
+        let mut next = prompt.clone();
+        for _ in 0..6 {
+            let o = cpu
+                .forward(&next, &mut s, LogitRows::Last, &pool)
+                .expect("cpu");
+            let t = argmax(o.logits_row(0)) as u32;
+            want.push(o.logits_row(0).to_vec());
+            path.push(t);
+            next = vec![t];
+        }
+        for placement in split_placements(&cpu) {
+            let model = load_placed(&file, &gpu, placement);
+            let mut s = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
+            let mut at = 0;
+            for (step, w) in want.iter().enumerate() {
+                let rows = if step == 0 {
+                    &path[..prompt.len()]
+                } else {
+                    &path[at..at + 1]
+                };
+                at += rows.len();
+                let o = model
+                    .forward(rows, &mut s, LogitRows::Last, &pool)
+                    .expect("split");
+                let got = o.logits_row(0);
+                let mut sorted = w.clone();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                let spread = (sorted[0] - sorted[sorted.len() / 2]).abs().max(1e-3);
+                let worst = w
+                    .iter()
+                    .zip(got)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                // Measured on lavapipe, in the spreads above (top logit to median) at the worst
+                // step and placement: the bundled model 3e-3, the dense Q6_K fixture 4e-7, the
+                // MoE one 0.08 (a router that picks another expert moves a row further).
+                let bound = match (moe, gpu.int8_dot()) {
+                    (true, _) => 0.2,
+                    (false, true) => 0.02,
+                    (false, false) => 0.1,
+                };
+                assert!(
+                    worst <= bound * spread,
+                    "{} at {placement:?}, step {step}: |d| {worst} vs spread {spread}",
                     file.display()
                 );
+                if sorted[0] - sorted[1] > 2.0 * bound * spread {
+                    assert_eq!(
+                        argmax(got),
+                        argmax(w),
+                        "{} at {placement:?}, step {step}",
+                        file.display()
+                    );
+                }
             }
         }
         assert_clean(&gpu);

@@ -170,20 +170,108 @@ fn device_flags_are_checked() {
         .unwrap();
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("Vulkan9"), "{}", text(&o.stderr));
+    for (flag, value) in [("-ngl", "-1"), ("-ngl", "half"), ("--fit", "maybe")] {
+        let o = bin()
+            .args(["run", "-m", m, "-p", "x", "-n", "1", flag, value])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{flag} {value}");
+        let err = text(&o.stderr);
+        assert!(err.contains(&format!("{flag} {value}")), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// The model split between the CPU and the device as llama.cpp's `-ngl N` splits it (1: the
+/// output alone, 2: and the NextN block, more: trunk layers from the last): the CPU's text, greedy
+/// drafting giving plain decoding's tokens in each placement, and a load line naming each side.
+#[test]
+fn a_model_split_by_ngl_prints_the_cpu_text() {
+    let Some(dev) = lavapipe() else { return };
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let prompt = "import os\nimport sys\n\n\ndef main():\n";
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = vec![
+            "run", "-m", m, "-p", prompt, "-n", "32", "--temp", "0", "--json", "-c", "256",
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a)
+    };
+    let (cpu, _) = run(&["-dev", "none"]);
+    for (ngl, line) in [
+        ("1", "layers 0-7, the NextN head on the CPU; the output on"),
+        ("2", "layers 0-7 on the CPU; the output, the NextN head on"),
+        (
+            "5",
+            "layers 0-4 on the CPU; layers 5-7, the output, the NextN head on",
+        ),
+    ] {
+        let (plain, err) = run(&["-dev", &dev, "-ngl", ngl]);
+        assert!(err.contains(line), "-ngl {ngl}: {err}");
+        assert!(err.contains(&format!("(-ngl {ngl})")), "-ngl {ngl}: {err}");
+        assert_eq!(plain["text"], cpu["text"], "-ngl {ngl}");
+        for n_max in ["1", "3"] {
+            let (spec, _) = run(&[
+                "-dev",
+                &dev,
+                "-ngl",
+                ngl,
+                "--spec-type",
+                "nextn",
+                "--spec-draft-n-max",
+                n_max,
+                "--repeat-penalty",
+                "1.3",
+            ]);
+            let (plain, _) = run(&["-dev", &dev, "-ngl", ngl, "--repeat-penalty", "1.3"]);
+            assert_eq!(spec["tokens"], plain["tokens"], "-ngl {ngl}, n_max {n_max}");
+            assert!(spec["spec"]["draft_n"].as_u64().unwrap() > 0);
+        }
+    }
+}
+
+/// Without -ngl, a model over the device's memory budget is fitted to it: the load says what went
+/// to the CPU and why, and the run gives the CPU's text; `--fit off` refuses it as before.
+#[test]
+fn a_model_over_the_device_budget_is_fitted_to_it() {
+    let Some(dev) = lavapipe() else { return };
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    let prompt = "import os\nimport sys\n\n\ndef main():\n";
+    let args = [
+        "run", "-m", m, "-p", prompt, "-n", "24", "--temp", "0", "--json", "-c", "256",
+    ];
+    let (cpu, _) = run_json(&[&args[..], &["-dev", "none"]].concat());
     let o = bin()
-        .args(["run", "-m", m, "-p", "x", "-n", "1", "-ngl", "1"])
+        .env("NEXTN_GPU_MEMORY_MIB", "9")
+        .args([&args[..], &["-dev", &dev, "--spec-type", "nextn"]].concat())
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("fit: the model and one sequence's caches"),
+        "{err}"
+    );
+    assert!(err.contains("on the CPU;"), "{err}");
+    assert!(err.contains("fitted to the device"), "{err}");
+    let fitted: serde_json::Value = serde_json::from_str(&text(&o.stdout)).expect("json");
+    assert_eq!(fitted["text"], cpu["text"]);
+    let o = bin()
+        .env("NEXTN_GPU_MEMORY_MIB", "9")
+        .args([&args[..], &["-dev", &dev, "--fit", "off"]].concat())
         .output()
         .unwrap();
     assert!(!o.status.success());
-    assert!(
-        text(&o.stderr).contains("partial offload is not supported"),
-        "{}",
-        text(&o.stderr)
-    );
+    let err = text(&o.stderr);
+    assert!(err.contains("device memory"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
-/// A context whose caches the device cannot hold is refused at load with what did not fit and
-/// how many bytes it asked for: past the largest buffer, and past a device memory budget.
+/// With fitting off, a context whose caches the device cannot hold is refused at load with what
+/// did not fit and how many bytes it asked for: past the largest buffer, and past a device memory
+/// budget. (With fitting on, the layers that do not fit run on the CPU: the test above.)
 #[test]
 fn a_context_the_device_cannot_hold_is_refused_at_load() {
     let Some(dev) = lavapipe() else { return };
@@ -196,7 +284,7 @@ fn a_context_the_device_cannot_hold_is_refused_at_load() {
         }
         let o = c
             .args([
-                "run", "-m", m, "-p", "x", "-n", "1", "-dev", &dev, "-c", ctx,
+                "run", "-m", m, "-p", "x", "-n", "1", "-dev", &dev, "-c", ctx, "--fit", "off",
             ])
             .output()
             .unwrap();
@@ -550,4 +638,45 @@ fn an_embedding_table_without_room_stays_on_the_host() {
     let _ = std::fs::remove_dir_all(&dir);
     let tight = tight.expect("no budget left the table on the host and ran");
     assert_eq!(text(&tight.stdout), text(&roomy.stdout));
+}
+
+/// A server with the model split between the CPU and the device (`-ngl 5`: the first five layers
+/// on the CPU) resumes a turn from its prefix cache, the sequence state a mix of host and device
+/// caches, with the answer a server without the cache gives, drafting on.
+#[test]
+fn a_split_model_serves_turns_from_its_prefix_cache() {
+    let Some(dev) = lavapipe() else { return };
+    let split = [
+        "--spec-type",
+        "nextn",
+        "-dev",
+        &dev,
+        "-ngl",
+        "5",
+        "-c",
+        "1024",
+    ];
+    let warm = Server::start(&split);
+    let cold = Server::start(&[&split[..], &["--cache-ram", "0"]].concat());
+    let system = json!({"role": "system", "content": "You are a careful coding agent. ".repeat(8)});
+    let user = json!({"role": "user", "content": "What is in config.toml?"});
+    let first = json!({"messages": [system, user], "max_tokens": 12, "temperature": 0});
+    let r = warm.post("/v1/chat/completions", &first);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json()["choices"][0]["message"]["content"].clone();
+    // The next turn: the conversation so far and one more question.
+    let body = json!({"messages": [system, user,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Show me the first line."}],
+        "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let w = warm.post("/v1/chat/completions", &body);
+    assert_eq!(w.status, 200, "{}", w.text());
+    let w = w.json();
+    let c = cold.post("/v1/chat/completions", &body).json();
+    let cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 40, "{cached}: {w}");
+    assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
+    assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
 }

@@ -29,8 +29,9 @@ use crate::batch::{
     is_device_token, BatchItem, ForwardOutput, LogitRows, Readback, RowTop1, Segment, DEVICE_TOKEN,
     DEVICE_TOKENS,
 };
-use crate::cache::{KvType, LayerCache, SequenceState};
+use crate::cache::{KvType, LayerCache};
 use crate::model::Model;
+use crate::placement::Placement;
 use crate::weights::Linear;
 use crate::ModelError;
 
@@ -617,10 +618,13 @@ impl Counters {
     }
 }
 
-/// The trunk on the device.
+/// The trunk on the device: its layers from `placement.first_device_layer` on, the final norm and
+/// the LM head.
 pub struct DeviceModel {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) counters: Arc<Counters>,
+    placement: Placement,
+    /// Trunk layers `placement.first_device_layer..`.
     pub(crate) layers: Vec<DeviceLayer>,
     output_norm: wgpu::Buffer,
     lm_head: Arc<Mat>,
@@ -660,11 +664,16 @@ pub(crate) fn locked<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, Mo
 impl DeviceModel {
     /// Upload every trunk weight of `model` and build every pipeline its passes use. An untied
     /// embedding table stays in host memory until a head that drafts on the device needs it.
-    pub fn upload(model: &Model, gpu: Arc<Gpu>) -> Result<DeviceModel, ModelError> {
+    pub fn upload(
+        model: &Model,
+        gpu: Arc<Gpu>,
+        placement: Placement,
+    ) -> Result<DeviceModel, ModelError> {
         let cfg = &model.config;
+        let first = placement.first_device_layer.min(model.layers.len());
         let mut bytes = 0;
-        let mut layers = Vec::with_capacity(model.layers.len());
-        for l in &model.layers {
+        let mut layers = Vec::with_capacity(model.layers.len() - first);
+        for l in &model.layers[first..] {
             let d = DeviceLayer::upload(&gpu, l, cfg)?;
             bytes += d.device_bytes();
             layers.push(d);
@@ -682,12 +691,17 @@ impl DeviceModel {
         kernels.extend(fixed_kernels());
         gpu.prepare(&kernels).map_err(gpu_err)?;
         let pass = layer::PassBuffers::new(&gpu, layer::PassWidths::of(cfg), 1)?;
-        // A tied LM head is the embedding table: its rows are gathered on the device for free.
-        let tied = model.lm_head.name == model.token_embd.name;
+        // A tied LM head is the embedding table: its rows are gathered on the device for free,
+        // when the first layer is there to take them.
+        let tied = model.lm_head.name == model.token_embd.name && first == 0;
         let drafted = gpu
             .buffer("drafted tokens", (DEVICE_TOKENS as u64) * 8)
             .map_err(gpu_err)?;
         Ok(DeviceModel {
+            placement: Placement {
+                first_device_layer: first,
+                ..placement
+            },
             embed: Mutex::new(tied.then(|| lm_head.clone())),
             embed_name: model.token_embd.name.clone(),
             checked: Mutex::new(None),
@@ -768,7 +782,12 @@ impl DeviceModel {
     /// Whether the trunk's passes gather their embedding rows on the device (and so can take
     /// drafted tokens that stayed there).
     pub(crate) fn gathers_embeddings(&self) -> Result<bool, ModelError> {
-        Ok(locked(&self.embed)?.is_some())
+        Ok(self.placement.first_device_layer == 0 && locked(&self.embed)?.is_some())
+    }
+
+    /// Which parts run here.
+    pub fn placement(&self) -> Placement {
+        self.placement
     }
 
     /// Device memory the weights take.
@@ -817,19 +836,22 @@ impl DeviceModel {
         k_type: KvType,
         v_type: KvType,
     ) -> Result<Vec<LayerCache>, ModelError> {
+        let first = self.placement.first_device_layer;
         self.layers
             .iter()
             .enumerate()
-            .map(|(il, l)| l.new_cache(&self.gpu, &model.config, il, n_ctx, k_type, v_type))
+            .map(|(j, l)| l.new_cache(&self.gpu, &model.config, first + j, n_ctx, k_type, v_type))
             .collect()
     }
 
     /// [`Model::forward_batch`] on the device: one submission (after whatever was deferred
-    /// before it) and one wait for what it reads back.
+    /// before it) and one wait for what it reads back. `host_rows`: the hidden rows after the
+    /// layers that ran on the CPU, when some did (uploaded in place of the embeddings).
     pub(crate) fn forward_batch(
         &self,
         model: &Model,
         items: &mut [BatchItem],
+        host_rows: Option<&[f32]>,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         let gpu = &*self.gpu;
         let cfg = &model.config;
@@ -866,6 +888,14 @@ impl DeviceModel {
         let h = grow(gpu, &mut io.h, "h", n * e)?;
         let mut rec = Recorder::new(gpu);
         match &table {
+            _ if drafted_rows && host_rows.is_some() => {
+                return Err(ModelError::Device(
+                    "drafted tokens on the device, and the first layers on the CPU".into(),
+                ))
+            }
+            _ if host_rows.is_some() => {
+                rec.upload(&h, 0, bytemuck::cast_slice(host_rows.unwrap_or_default()))
+            }
             // The rows gathered on the device, drafted tokens among them.
             Some(table) => {
                 let ids = grow(gpu, &mut io.ids, "token ids", n)?;
@@ -890,7 +920,8 @@ impl DeviceModel {
             }
             None => rec.upload(&h, 0, bytemuck::cast_slice(&model.embed(&tokens)?)),
         }
-        for (il, layer) in self.layers.iter().enumerate() {
+        let first = self.placement.first_device_layer;
+        for (j, layer) in self.layers.iter().enumerate() {
             let mut segments = Vec::new();
             for (it, &s) in items.iter_mut().zip(&starts) {
                 if it.tokens.is_empty() {
@@ -899,7 +930,7 @@ impl DeviceModel {
                 segments.push(Segment {
                     rows: s..s + it.tokens.len(),
                     start_pos: it.state.n_past,
-                    cache: &mut it.state.layers[il],
+                    cache: &mut it.state.layers[first + j],
                     verify: it.verify,
                     positions: crate::ops::RowPositions::default(),
                 });
@@ -972,10 +1003,15 @@ impl DeviceModel {
 
     /// [`Model::commit`] on the device: keep `keep` of the pending rows. What it has to run on
     /// the device (a replay of kept rows) is deferred to the next submission.
-    pub(crate) fn commit(&self, state: &mut SequenceState, keep: usize) -> Result<(), ModelError> {
-        let pending = state.pending_rows;
+    /// `caches` are the sequence's caches of this device's layers, `pending` its verify rows.
+    pub(crate) fn commit(
+        &self,
+        caches: &mut [LayerCache],
+        keep: usize,
+        pending: usize,
+    ) -> Result<(), ModelError> {
         let mut rec = Recorder::new(&self.gpu);
-        for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             layer.commit(&mut rec, cache, keep, pending)?;
         }
         rec.defer().map_err(gpu_err)

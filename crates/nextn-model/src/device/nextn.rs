@@ -86,26 +86,37 @@ impl DeviceHead {
             }
             None => 0,
         };
-        let (embed, embed_bytes) = match trunk.embeddings(&head.embed, keep_free)? {
-            Some((m, bytes)) => (Some(m), bytes),
-            None => (None, 0),
-        };
-        // Drafts stay on the device only when both the head and the verifying trunk can
-        // gather their embeddings there.
-        let drafts_stay = embed.is_some() && trunk.gathers_embeddings()?;
+        // The head's own weights first: the embedding table takes only the room they leave.
         let lm_head = match trunk_lm_head {
             Some(m) => m,
             None => Arc::new(Mat::upload(&gpu, &head.lm_head)?),
         };
+        let norms = vector(
+            &gpu,
+            "nextn.enorm + nextn.hnorm",
+            &[head.enorm.as_slice(), head.hnorm.as_slice()].concat(),
+        )?;
+        let eh_proj = Mat::upload(&gpu, &head.eh_proj)?;
+        let layer = DeviceLayer::upload(&gpu, &head.layer, cfg)?;
+        let shared_head_norm = vector(&gpu, "nextn.shared_head_norm", &head.shared_head_norm)?;
+        // The table pays only when the drafts can stay: when the verifying trunk gathers its
+        // embeddings on the device too (its first layer there).
+        let (embed, embed_bytes) = if trunk.placement().first_device_layer > 0 {
+            (None, 0)
+        } else {
+            match trunk.embeddings(&head.embed, keep_free)? {
+                Some((m, bytes)) => (Some(m), bytes),
+                None => (None, 0),
+            }
+        };
+        // Drafts stay on the device only when both the head and the verifying trunk can
+        // gather their embeddings there.
+        let drafts_stay = embed.is_some() && trunk.gathers_embeddings()?;
         let d = DeviceHead {
-            norms: vector(
-                &gpu,
-                "nextn.enorm + nextn.hnorm",
-                &[head.enorm.as_slice(), head.hnorm.as_slice()].concat(),
-            )?,
-            eh_proj: Mat::upload(&gpu, &head.eh_proj)?,
-            layer: DeviceLayer::upload(&gpu, &head.layer, cfg)?,
-            shared_head_norm: vector(&gpu, "nextn.shared_head_norm", &head.shared_head_norm)?,
+            norms,
+            eh_proj,
+            layer,
+            shared_head_norm,
             lm_head,
             lm_head_shared,
             draft: None,

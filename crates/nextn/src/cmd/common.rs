@@ -17,7 +17,7 @@ use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use nextn_model::config::LayerKind;
 use nextn_model::draft_vocab::TokenRanking;
-use nextn_model::{KvType, Model, NextnHead, SequenceState};
+use nextn_model::{Blocks, KvType, Model, NextnHead, Placement, Qwen35Config, SequenceState};
 use nextn_quant::kernels::ThreadPool;
 use nextn_server::reasoning::{self, prompt_opens_thinking};
 use nextn_vision::VisionTower;
@@ -110,8 +110,10 @@ pub struct ModelArgs {
 /// named on stderr.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct CpuOnlyArgs {
-    /// Layers to offload to the GPU (-ngl): 0 keeps the model on the CPU, at least the model's
-    /// layer count (99, 999, all) puts everything there; absent, a hardware GPU gets everything
+    /// Layers to offload to the GPU (-ngl), counted as llama.cpp counts them: 1 is the output
+    /// layer, 2 adds the NextN block, each more one trunk layer from the last; 0 keeps the model
+    /// on the CPU, the block count + 1 or more (99, all) puts everything there; absent, a
+    /// hardware GPU gets everything that fits (--fit)
     #[arg(
         long = "n-gpu-layers",
         visible_alias = "gpu-layers",
@@ -120,6 +122,11 @@ pub struct CpuOnlyArgs {
         allow_hyphen_values = true
     )]
     pub n_gpu_layers: Option<String>,
+    /// Fit the model to the device's memory when -ngl is not given (on, the default): the parts
+    /// that do not fit (the trunk's first layers, then the NextN head) run on the CPU; off: a
+    /// model too large for the device is refused
+    #[arg(long = "fit", env = "LLAMA_ARG_FIT", value_name = "on|off")]
+    pub fit: Option<String>,
     /// Flash attention on|off|auto (-fa; no effect: attention runs in one CPU kernel either way)
     #[arg(long = "flash-attn", env = "LLAMA_ARG_FLASH_ATTN", value_name = "on|off|auto", num_args = 0..=1, default_missing_value = "on", value_parser = ["on", "off", "auto", "1", "0", "true", "false"])]
     pub flash_attn: Option<String>,
@@ -174,7 +181,7 @@ impl CpuOnlyArgs {
             (
                 "-ngld",
                 self.n_gpu_layers_draft.as_deref(),
-                "the NextN head runs where the trunk runs",
+                "the NextN head runs where -ngl puts its block",
             ),
             (
                 "-sm",
@@ -459,35 +466,14 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
             }
         }
     };
-    // The device is chosen before the weights are bound: with one, no host copies are made for
-    // the CPU kernels. A file whose metadata does not parse is refused by the load below.
-    let n_layer = nextn_model::Qwen35Config::from_gguf(&file).map_or(0, |c| c.n_layer);
-    let device = choose_device(&args.cpu_only, n_layer)?;
-    let mut model = if device.is_some() {
-        Model::load_for_device(file.clone(), &mut progress)
-    } else {
-        Model::load_with_progress(file.clone(), &mut progress)
-    }
-    .with_context(|| format!("cannot load {}", path.display()))?;
-    if let Some(gpu) = device {
-        let name = gpu.info.name.clone();
-        model
-            .offload(gpu)
-            .with_context(|| format!("cannot put {} on {name}", path.display()))?;
-    }
-    let tokenizer =
-        Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
-    let template = chat_template(args, &file)?;
-    let threads = match args.threads {
-        Some(0) => bail!("-t 0: at least one thread is needed"),
-        Some(t) => t,
-        None => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-    };
-    let pool = ThreadPool::new(threads);
-
-    let cfg = &model.config;
+    // The configuration first: the context and the device's share of the model are decided
+    // before the weights are bound (the layers on the device get no host copy for the CPU
+    // kernels). A file whose metadata does not parse is refused here as the load refuses it.
+    let cfg0 = nextn_model::validate::validate(&file)
+        .map(|v| v.config)
+        .map_err(nextn_model::ModelError::from)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let cfg = &cfg0;
     for (flag, ty) in [("--cache-type-k", k_type), ("--cache-type-v", v_type)] {
         if !ty.fits_head_dim(cfg.head_dim) {
             bail!(
@@ -539,17 +525,73 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
         }
         Some(n) => (n, ""),
     };
+    let blocks = Blocks::of(cfg);
+    let placed = place_model(&args.cpu_only, &file, cfg, n_ctx, k_type, v_type, drafting)?;
+    let mut model = match &placed {
+        Some(p) if p.placement != Placement::all_on_device() => {
+            Model::load_for_placement(file.clone(), p.placement, &mut progress)
+        }
+        Some(_) => Model::load_for_device(file.clone(), &mut progress),
+        None => Model::load_with_progress(file.clone(), &mut progress),
+    }
+    .with_context(|| format!("cannot load {}", path.display()))?;
+    let mut placement_line = String::new();
+    if let Some(Placed {
+        gpu,
+        mut placement,
+        fitted,
+    }) = placed
+    {
+        let name = gpu.info.name.clone();
+        // With the placement fitted from estimates, a part the device refuses after all (its
+        // kernels' layout, buffers the estimate does not see) moves the next layer to the CPU.
+        loop {
+            let tried = model
+                .offload_placed(gpu.clone(), placement)
+                .with_context(|| format!("cannot put {} on {name}", path.display()))
+                .and_then(|()| {
+                    // The caches of one sequence at full context, allocated once so that a
+                    // context the device cannot hold is refused now, not at the first request.
+                    model
+                        .check_sequence(n_ctx, k_type, v_type)
+                        .with_context(|| format!("context {n_ctx} on {name}"))
+                });
+            let n = placement.gpu_layers(blocks);
+            match tried {
+                Ok(()) => break,
+                Err(e) if fitted && n > 1 && is_device_memory(&e) => {
+                    model.device = None;
+                    placement = Placement::from_gpu_layers(n - 1, blocks);
+                    eprintln!("fit: {e:#}; trying -ngl {}", n - 1);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        placement_line = format!(
+            ", {} (-ngl {}{})",
+            placement.describe(blocks, &name),
+            placement.gpu_layers(blocks),
+            if fitted { ", fitted to the device" } else { "" }
+        );
+    }
+    let tokenizer =
+        Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let template = chat_template(args, &file)?;
+    let threads = match args.threads {
+        Some(0) => bail!("-t 0: at least one thread is needed"),
+        Some(t) => t,
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    };
+    let pool = ThreadPool::new(threads);
+
     let mut device_line = String::new();
     if let Some(d) = &model.device {
         let info = d.gpu().info.clone();
         let dm = d.weight_bytes();
-        // The caches of one sequence at full context, allocated once so that a context the
-        // device cannot hold is refused now, not when the first request comes.
-        model
-            .check_sequence(n_ctx, k_type, v_type)
-            .with_context(|| format!("context {n_ctx} on {}", info.name))?;
         device_line = format!(
-            ", on {}: {:.1} MiB of weights{}",
+            ", on {}: {:.1} MiB of weights{placement_line}{}",
             info,
             dm as f64 / (1 << 20) as f64,
             if info.software {
@@ -609,17 +651,118 @@ pub fn list_devices() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-/// Where the model runs: `-dev NAME` opens that device (`none`: the CPU); `-ngl 0` keeps the CPU;
-/// otherwise the first hardware GPU, when there is one, gets the whole model (llama.cpp offloads
-/// everything by default; like its Vulkan backend, a software device is used only when named).
-fn choose_device(args: &CpuOnlyArgs, n_layer: usize) -> Result<Option<Arc<nextn_gpu::Gpu>>> {
-    let ngl =
-        match args.n_gpu_layers.as_deref() {
-            None | Some("auto") | Some("all") => None,
-            Some(v) => Some(v.parse::<i64>().with_context(|| {
-                format!("-ngl {v}: expected a number of layers, `auto` or `all`")
-            })?),
-        };
+/// A model's place on a device: the device, which parts it holds, and whether that was fitted to
+/// its memory rather than asked for.
+struct Placed {
+    gpu: Arc<nextn_gpu::Gpu>,
+    placement: Placement,
+    fitted: bool,
+}
+
+/// Whether `e` says the device had no room for something.
+fn is_device_memory(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<nextn_model::ModelError>(),
+            Some(nextn_model::ModelError::DeviceMemory(_))
+        )
+    })
+}
+
+/// Where the model runs: `None` for the CPU alone, else the device and the part of the model it
+/// holds. `-ngl N` splits as llama.cpp does (the output, then the NextN block, then the trunk's
+/// layers from the last); without it the whole model goes to the device when it fits, and
+/// otherwise as many parts as fit, in that order (llama.cpp's `--fit`, on by default).
+#[allow(clippy::too_many_arguments)]
+fn place_model(
+    args: &CpuOnlyArgs,
+    file: &GgufFile,
+    cfg: &Qwen35Config,
+    n_ctx: usize,
+    k_type: KvType,
+    v_type: KvType,
+    drafting: bool,
+) -> Result<Option<Placed>> {
+    let blocks = Blocks::of(cfg);
+    let Some((gpu, ngl)) = choose_device(args)? else {
+        return Ok(None);
+    };
+    if let Some(n) = ngl {
+        return Ok(Some(Placed {
+            gpu,
+            placement: Placement::from_gpu_layers(n, blocks),
+            fitted: false,
+        }));
+    }
+    let all = Placement::all_on_device();
+    let fit = args.fit.as_deref().is_none_or(|f| f == "on");
+    let (Some(limit), used) = gpu.memory_budget() else {
+        return Ok(Some(Placed {
+            gpu,
+            placement: all,
+            fitted: false,
+        }));
+    };
+    let costs =
+        nextn_model::placement::DeviceCosts::estimate(file, cfg, n_ctx, k_type, v_type, drafting);
+    // What other processes hold is not ours to take (where the driver says what is free), and
+    // passes take buffers of their own beside the weights and caches: a thirty-second of the
+    // device is left to them.
+    let room = limit
+        .saturating_sub(used)
+        .min(gpu.info.free_bytes.unwrap_or(u64::MAX))
+        .saturating_sub(limit / 32);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let whole = costs.on_device(all, blocks);
+    if !fit || whole <= room {
+        return Ok(Some(Placed {
+            gpu,
+            placement: all,
+            fitted: false,
+        }));
+    }
+    let name = gpu.info.name.clone();
+    match Placement::fit(&costs, blocks, room) {
+        Some(placement) => {
+            eprintln!(
+                "fit: the model and one sequence's caches at context {n_ctx} take about {:.0} MiB, {name} has {:.0} MiB: {} (-ngl {}; --fit off refuses instead, -ngl N chooses)",
+                mib(whole),
+                mib(room),
+                placement.describe(blocks, &name),
+                placement.gpu_layers(blocks)
+            );
+            Ok(Some(Placed {
+                gpu,
+                placement,
+                fitted: true,
+            }))
+        }
+        None => {
+            eprintln!(
+                "fit: {name} has {:.0} MiB, under the {:.0} MiB of the output layer alone: running on the CPU",
+                mib(room),
+                mib(costs.output)
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The device to run on and the `-ngl` asked for (`None`: not given, `auto` or `all`): `-dev NAME`
+/// opens that device (`none`: the CPU); `-ngl 0` keeps the CPU; otherwise the first hardware GPU,
+/// when there is one (like llama.cpp's Vulkan backend, a software device is used only when named).
+fn choose_device(args: &CpuOnlyArgs) -> Result<Option<(Arc<nextn_gpu::Gpu>, Option<usize>)>> {
+    let ngl = match args.n_gpu_layers.as_deref() {
+        None | Some("auto") | Some("all") => None,
+        Some(v) => Some(v.parse::<i64>().ok().filter(|&n| n >= 0).with_context(|| {
+            format!("-ngl {v}: expected a number of layers (0 or more), `auto` or `all`")
+        })?),
+    };
+    if let Some(f) = args.fit.as_deref() {
+        if f != "on" && f != "off" {
+            bail!("--fit {f}: expected on or off");
+        }
+    }
     let dev = args.device.as_deref().map(str::trim);
     if let Some(list) = dev {
         if list.contains(',') {
@@ -628,14 +771,6 @@ fn choose_device(args: &CpuOnlyArgs, n_layer: usize) -> Result<Option<Arc<nextn_
     }
     if matches!(dev, Some(d) if d.eq_ignore_ascii_case("none")) || ngl == Some(0) {
         return Ok(None);
-    }
-    if let Some(n) = ngl {
-        // llama.cpp counts the output layer too: n_layer + 1 offloads everything.
-        if n > 0 && (n as usize) < n_layer {
-            bail!(
-                "-ngl {n}: this model has {n_layer} layers and partial offload is not supported yet; -ngl 0 keeps it on the CPU, -ngl 99 puts all of it on the GPU"
-            );
-        }
     }
     let name = match dev {
         Some(d) => d.to_string(),
@@ -653,7 +788,7 @@ fn choose_device(args: &CpuOnlyArgs, n_layer: usize) -> Result<Option<Arc<nextn_
     };
     let gpu =
         nextn_model::device::open_device(Some(&name)).with_context(|| format!("-dev {name}"))?;
-    Ok(Some(gpu))
+    Ok(Some((gpu, ngl.map(|n| n as usize))))
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -863,7 +998,11 @@ impl SpecArgs {
     pub fn load_head(&self, loaded: &Loaded) -> Result<NextnHead> {
         let mut head = self.load_full_head(loaded)?;
         self.draft_vocab.apply(loaded, &mut head)?;
-        if head.device_drafts_stay() == Some(false) {
+        let trunk_on_device = loaded
+            .model
+            .placement()
+            .is_some_and(|p| p.first_device_layer == 0);
+        if head.device_drafts_stay() == Some(false) && trunk_on_device {
             eprintln!(
                 "note: the token embedding table does not fit on the device beside the weights and a sequence's caches: it \
                  stays in host memory, and the NextN head's drafts come back to the host after each draft"

@@ -1,0 +1,294 @@
+//! Where each part of a model runs when a device is used: the trunk's first layers on the CPU and
+//! the rest on the device, as llama.cpp's `-ngl N` splits a model.
+//!
+//! A pass over a split model crosses once: the CPU layers run over the rows, their hidden rows go
+//! up in one upload, the device layers, the final norm and the LM head run in the device's one
+//! submission. Caches follow their layers (host caches for the CPU layers, device caches for the
+//! others), so a sequence's state is a mix that the prefix cache, slot files and rollback handle
+//! layer by layer.
+
+use nextn_gguf::GgufFile;
+
+use crate::cache::KvType;
+use crate::config::LayerKind;
+use crate::Qwen35Config;
+
+/// The layer counts a placement needs: trunk layers, and whether the file has a NextN block after
+/// them (`block_count` = trunk layers + NextN blocks, as llama.cpp counts the file's layers).
+#[derive(Clone, Copy, Debug)]
+pub struct Blocks {
+    pub trunk: usize,
+    pub head: bool,
+}
+
+impl Blocks {
+    pub fn of(cfg: &Qwen35Config) -> Blocks {
+        Blocks {
+            trunk: cfg.n_layer,
+            head: cfg.nextn_block().is_some(),
+        }
+    }
+
+    fn all(&self) -> usize {
+        self.trunk + usize::from(self.head)
+    }
+}
+
+/// The layers a device holds: trunk layers `first_device_layer..`, the final norm and the LM head,
+/// and the NextN head's block when `head_on_device`. Everything before `first_device_layer` runs on
+/// the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub first_device_layer: usize,
+    pub head_on_device: bool,
+}
+
+impl Placement {
+    /// The whole model on the device.
+    pub fn all_on_device() -> Placement {
+        Placement {
+            first_device_layer: 0,
+            head_on_device: true,
+        }
+    }
+
+    /// llama.cpp's `-ngl n` (n ≥ 1) for a model with `cfg`'s layers. llama.cpp counts the
+    /// file's blocks, the trunk's layers then the NextN block (`block_count`), and the output
+    /// after them: the last `n` of those go to the device, so `n = 1` is the output alone, `n = 2`
+    /// adds the NextN block (on a file with one), and `block_count + 1` or more is everything.
+    pub fn from_gpu_layers(n: usize, b: Blocks) -> Placement {
+        // llama.cpp's `i_gpu_start`: the first block on the device.
+        let first_block = (b.all() + 1).saturating_sub(n);
+        Placement {
+            first_device_layer: first_block.min(b.trunk),
+            head_on_device: b.head && b.trunk >= first_block,
+        }
+    }
+
+    /// Placement with the trunk's layers `first..` on the device and the head there too.
+    pub fn from_first_device_layer(first: usize, b: Blocks) -> Placement {
+        Placement {
+            first_device_layer: first.min(b.trunk),
+            head_on_device: true,
+        }
+    }
+
+    /// Whether any trunk layer runs on the CPU.
+    pub fn is_split(&self) -> bool {
+        self.first_device_layer > 0 || !self.head_on_device
+    }
+
+    /// llama.cpp's `-ngl` count for this placement on a model with `cfg`'s layers.
+    pub fn gpu_layers(&self, b: Blocks) -> usize {
+        let trunk = b.trunk - self.first_device_layer.min(b.trunk);
+        trunk + usize::from(b.head && self.head_on_device) + 1
+    }
+
+    /// Whether block `il` of the file (a trunk layer, or the NextN block) runs on the CPU.
+    pub fn block_on_host(&self, il: usize, b: Blocks) -> bool {
+        if il < b.trunk {
+            il < self.first_device_layer
+        } else {
+            !self.head_on_device
+        }
+    }
+
+    /// One line for the load message: which layers run where.
+    pub fn describe(&self, b: Blocks, device: &str) -> String {
+        let first = self.first_device_layer.min(b.trunk);
+        let span = |a: usize, b: usize| match b - a {
+            0 => None,
+            1 => Some(format!("layer {a}")),
+            _ => Some(format!("layers {a}-{}", b - 1)),
+        };
+        let head = b.head.then_some("the NextN head");
+        let mut on_host: Vec<String> = span(0, first).into_iter().collect();
+        let mut on_device: Vec<String> = span(first, b.trunk).into_iter().collect();
+        on_device.push("the output".into());
+        match (head, self.head_on_device) {
+            (Some(h), true) => on_device.push(h.into()),
+            (Some(h), false) => on_host.push(h.into()),
+            (None, _) => {}
+        }
+        let list = |v: &[String]| v.join(", ");
+        if on_host.is_empty() {
+            format!("all on {device}")
+        } else {
+            format!(
+                "{} on the CPU; {} on {device}",
+                list(&on_host),
+                list(&on_device)
+            )
+        }
+    }
+}
+
+/// What each part of a model takes on a device, in bytes, estimated before anything is uploaded:
+/// its tensors as the file stores them, and the caches of one sequence at the requested context.
+#[derive(Clone, Debug)]
+pub struct DeviceCosts {
+    /// Per file block (the trunk's layers, then the NextN block): weights and caches.
+    pub blocks: Vec<u64>,
+    /// The final norm and the LM head.
+    pub output: u64,
+}
+
+impl DeviceCosts {
+    /// The estimate for `file` with `cfg`, one sequence of `n_ctx` positions in `k_type` /
+    /// `v_type`; the NextN block's cache counts when the head `drafting`.
+    pub fn estimate(
+        file: &GgufFile,
+        cfg: &Qwen35Config,
+        n_ctx: usize,
+        k_type: KvType,
+        v_type: KvType,
+        drafting: bool,
+    ) -> DeviceCosts {
+        let blocks = Blocks::of(cfg);
+        let mut weights = vec![0u64; blocks.all()];
+        let mut output = 0u64;
+        for t in file.tensors() {
+            match t
+                .name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+            {
+                Some(n) => {
+                    if let Some(w) = n.parse::<usize>().ok().and_then(|i| weights.get_mut(i)) {
+                        *w += t.n_bytes;
+                    }
+                }
+                None if t.name.starts_with("output") => output += t.n_bytes,
+                None => {}
+            }
+        }
+        if file.tensor("output.weight").is_none() {
+            // Tied: the LM head is the embedding table.
+            output += file.tensor("token_embd.weight").map_or(0, |t| t.n_bytes);
+        }
+        let kv = |il: usize| {
+            let width = cfg.n_head_kv.get(il).copied().unwrap_or(0) * cfg.head_dim;
+            ((k_type.row_bytes(width) + v_type.row_bytes(width)) * n_ctx) as u64
+        };
+        // A delta-net layer keeps two copies of its recurrent state and of its conv window.
+        let conv_dim = 2 * cfg.ssm_k_heads * cfg.ssm_head_dim + cfg.ssm_inner;
+        let delta = (2 * cfg.ssm_v_heads * cfg.ssm_head_dim * cfg.ssm_head_dim
+            + 2 * cfg.conv_kernel.saturating_sub(1) * conv_dim) as u64
+            * 4;
+        for (il, w) in weights.iter_mut().enumerate() {
+            *w += match cfg.layer_kinds.get(il) {
+                _ if il >= blocks.trunk && drafting => kv(il),
+                _ if il >= blocks.trunk => 0,
+                Some(LayerKind::FullAttention) => kv(il),
+                Some(_) => delta,
+                None => 0,
+            };
+        }
+        DeviceCosts {
+            blocks: weights,
+            output,
+        }
+    }
+
+    /// What `placement` puts on the device.
+    pub fn on_device(&self, placement: Placement, b: Blocks) -> u64 {
+        let blocks: u64 = self
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(il, _)| !placement.block_on_host(*il, b))
+            .map(|(_, &c)| c)
+            .sum();
+        self.output + blocks
+    }
+}
+
+impl Placement {
+    /// llama.cpp's automatic fit: the largest `-ngl` (the output first, then the NextN block, then
+    /// the trunk's layers from the last) whose parts fit in `room` bytes; `None` when not even the
+    /// output does.
+    pub fn fit(costs: &DeviceCosts, b: Blocks, room: u64) -> Option<Placement> {
+        (1..=b.all() + 1)
+            .rev()
+            .map(|n| Placement::from_gpu_layers(n, b))
+            .find(|&p| costs.on_device(p, b) <= room)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(first_device_layer: usize, head_on_device: bool) -> Placement {
+        Placement {
+            first_device_layer,
+            head_on_device,
+        }
+    }
+
+    /// llama.cpp's counting: the output first, then the NextN block, then the trunk from its end.
+    #[test]
+    fn gpu_layers_count_as_llama_cpp_counts_them() {
+        let b = Blocks {
+            trunk: 8,
+            head: true,
+        };
+        let p = |n| Placement::from_gpu_layers(n, b);
+        assert_eq!(p(1), at(8, false));
+        assert_eq!(p(2), at(8, true));
+        assert_eq!(p(3), at(7, true));
+        assert_eq!(p(10), Placement::all_on_device());
+        assert_eq!(p(99), Placement::all_on_device());
+        for n in 1..=10 {
+            assert_eq!(p(n).gpu_layers(b), n, "-ngl {n}");
+        }
+        let plain = Blocks {
+            trunk: 8,
+            head: false,
+        };
+        assert_eq!(Placement::from_gpu_layers(2, plain), at(7, false));
+        assert_eq!(Placement::from_gpu_layers(9, plain).first_device_layer, 0);
+        assert!(p(3).block_on_host(6, b) && !p(3).block_on_host(7, b) && !p(3).block_on_host(8, b));
+        assert!(p(1).block_on_host(8, b));
+    }
+
+    #[test]
+    fn the_load_line_names_each_side() {
+        let b = Blocks {
+            trunk: 8,
+            head: true,
+        };
+        assert_eq!(
+            Placement::from_gpu_layers(5, b).describe(b, "Vulkan0"),
+            "layers 0-4 on the CPU; layers 5-7, the output, the NextN head on Vulkan0"
+        );
+        assert_eq!(
+            Placement::from_gpu_layers(1, b).describe(b, "Vulkan0"),
+            "layers 0-7, the NextN head on the CPU; the output on Vulkan0"
+        );
+        assert_eq!(
+            Placement::all_on_device().describe(b, "Vulkan0"),
+            "all on Vulkan0"
+        );
+    }
+
+    #[test]
+    fn fitting_gives_the_device_the_output_then_the_head_then_layers_from_the_end() {
+        let b = Blocks {
+            trunk: 4,
+            head: true,
+        };
+        let costs = DeviceCosts {
+            blocks: vec![10, 10, 10, 10, 7],
+            output: 5,
+        };
+        let fit = |room| Placement::fit(&costs, b, room);
+        assert_eq!(fit(1000), Some(Placement::all_on_device()));
+        assert_eq!(fit(52), Some(Placement::all_on_device()));
+        assert_eq!(fit(51), Some(at(1, true)));
+        assert_eq!(fit(41), Some(at(2, true)));
+        assert_eq!(fit(12), Some(at(4, true)));
+        assert_eq!(fit(11), Some(at(4, false)));
+        assert_eq!(fit(4), None);
+    }
+}
