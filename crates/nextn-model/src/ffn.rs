@@ -201,6 +201,35 @@ impl MoeFfn {
         out: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
+        self.forward_experts(x, n, routing, out, pool)?;
+        let n_embd = self.router.cols;
+        if let Some((gate_inp, ffn)) = &self.shared {
+            let mut s = vec![0.0f32; n];
+            gate_inp.forward(x, n, &mut s, pool)?;
+            let mut shared = vec![0.0f32; n * n_embd];
+            ffn.forward(x, n, &mut shared, pool)?;
+            for i in 0..n {
+                let gate = ops::sigmoid(s[i]);
+                let o = &mut out[i * n_embd..(i + 1) * n_embd];
+                o.iter_mut()
+                    .zip(&shared[i * n_embd..(i + 1) * n_embd])
+                    .for_each(|(a, &b)| *a += gate * b);
+            }
+        }
+        Ok(())
+    }
+
+    /// The routed experts alone (as `routing` chose them) for the `n` rows of `x`: each row's
+    /// experts weighted and summed in selection order into `out`. A model whose layer runs on a
+    /// device with its experts in host memory computes this part here.
+    pub fn forward_experts(
+        &self,
+        x: &[f32],
+        n: usize,
+        routing: &Routing,
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
         let n_embd = self.router.cols;
         let k = routing.k;
         let n_expert = self.gate.len();
@@ -256,20 +285,6 @@ impl MoeFfn {
                 ops::add_in_place(o, &expert_out[(i * k + slot) * n_embd..][..n_embd]);
             }
         }
-
-        if let Some((gate_inp, ffn)) = &self.shared {
-            let mut s = vec![0.0f32; n];
-            gate_inp.forward(x, n, &mut s, pool)?;
-            let mut shared = vec![0.0f32; n * n_embd];
-            ffn.forward(x, n, &mut shared, pool)?;
-            for i in 0..n {
-                let gate = ops::sigmoid(s[i]);
-                let o = &mut out[i * n_embd..(i + 1) * n_embd];
-                o.iter_mut()
-                    .zip(&shared[i * n_embd..(i + 1) * n_embd])
-                    .for_each(|(a, &b)| *a += gate * b);
-            }
-        }
         Ok(())
     }
 }
@@ -292,6 +307,37 @@ impl Routing {
             .flat_map(|r| r.iter().map(move |&e| (e, 1.0 / r.len() as f32)))
             .collect();
         Routing { k, chosen }
+    }
+
+    /// The routing a device's router made: for each row `k` expert ids and their weights,
+    /// `ids[i·k + slot]`, `weights[i·k + slot]`. An id past `n_expert` or a length that is not
+    /// `rows · k` is [`ModelError::Routing`].
+    pub fn from_ids(
+        k: usize,
+        ids: &[u32],
+        weights: &[f32],
+        rows: usize,
+        n_expert: usize,
+    ) -> Result<Routing, ModelError> {
+        if ids.len() != rows * k
+            || weights.len() != ids.len()
+            || ids.iter().any(|&e| e as usize >= n_expert)
+        {
+            return Err(ModelError::Routing {
+                rows,
+                per_row: k,
+                found: ids.len(),
+                n_expert,
+            });
+        }
+        Ok(Routing {
+            k,
+            chosen: ids
+                .iter()
+                .map(|&e| e as usize)
+                .zip(weights.iter().copied())
+                .collect(),
+        })
     }
 
     /// Experts per row.

@@ -146,7 +146,9 @@ impl Model {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model, ModelError> {
         let blocks = crate::validate::validate(&file).map(|v| Blocks::of(&v.config))?;
-        let w = WeightLoader::split(file.clone(), move |il| placement.block_on_host(il, blocks));
+        let w = WeightLoader::split(file.clone(), move |name| {
+            placement.tensor_on_host(name, blocks)
+        });
         Self::load_from(w, progress)
     }
 
@@ -222,7 +224,7 @@ impl Model {
     }
 
     /// Where the model's parts run: `None` on the CPU alone.
-    pub fn placement(&self) -> Option<Placement> {
+    pub fn placement(&self) -> Option<&Placement> {
         self.device.as_ref().map(|d| d.placement())
     }
 
@@ -407,7 +409,7 @@ impl Model {
         let host = self.host_layers();
         if let Some(d) = &self.device {
             if host == 0 {
-                return d.forward_batch(self, items, None);
+                return d.forward_batch(self, items, None, pool);
             }
         }
         let n = tokens.len();
@@ -437,7 +439,7 @@ impl Model {
         }
         if let Some(d) = &self.device {
             // The rest of the pass on the device, from these rows.
-            return d.forward_batch(self, items, Some(&h));
+            return d.forward_batch(self, items, Some(&h), pool);
         }
         let parts: Vec<_> = items
             .iter()

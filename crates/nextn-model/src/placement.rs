@@ -36,11 +36,15 @@ impl Blocks {
 
 /// The layers a device holds: trunk layers `first_device_layer..`, the final norm and the LM head,
 /// and the NextN head's block when `head_on_device`. Everything before `first_device_layer` runs on
-/// the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// the CPU, and so do the routed experts of the device's layers marked in `host_experts`
+/// (llama.cpp's `--cpu-moe`, `--n-cpu-moe`, `-ot …exps=CPU`): there the router and the shared
+/// expert run on the device, the rows and their experts cross to the CPU and the sum comes back.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
     pub first_device_layer: usize,
     pub head_on_device: bool,
+    /// Per trunk layer: its routed experts on the CPU (missing entries: no).
+    pub host_experts: Vec<bool>,
 }
 
 impl Placement {
@@ -49,6 +53,7 @@ impl Placement {
         Placement {
             first_device_layer: 0,
             head_on_device: true,
+            host_experts: Vec::new(),
         }
     }
 
@@ -62,6 +67,7 @@ impl Placement {
         Placement {
             first_device_layer: first_block.min(b.trunk),
             head_on_device: b.head && b.trunk >= first_block,
+            host_experts: Vec::new(),
         }
     }
 
@@ -70,12 +76,33 @@ impl Placement {
         Placement {
             first_device_layer: first.min(b.trunk),
             head_on_device: true,
+            host_experts: Vec::new(),
         }
     }
 
-    /// Whether any trunk layer runs on the CPU.
-    pub fn is_split(&self) -> bool {
-        self.first_device_layer > 0 || !self.head_on_device
+    /// This placement with the routed experts of trunk layers `layers` on the CPU.
+    pub fn with_host_experts(mut self, layers: impl IntoIterator<Item = usize>) -> Placement {
+        for il in layers {
+            if self.host_experts.len() <= il {
+                self.host_experts.resize(il + 1, false);
+            }
+            self.host_experts[il] = true;
+        }
+        self
+    }
+
+    /// Whether a device layer `il` has its routed experts on the CPU.
+    pub fn experts_on_host(&self, il: usize) -> bool {
+        il >= self.first_device_layer && self.host_experts.get(il).copied().unwrap_or(false)
+    }
+
+    /// Whether tensor `name` is used on the CPU: every tensor of a CPU block, and the routed
+    /// experts' tensors (`ffn_*_exps`) of a device layer whose experts run on the CPU.
+    pub fn tensor_on_host(&self, name: &str, b: Blocks) -> bool {
+        let Some(il) = block_of(name) else {
+            return false;
+        };
+        self.block_on_host(il, b) || (is_routed_expert(name) && self.experts_on_host(il))
     }
 
     /// llama.cpp's `-ngl` count for this placement on a model with `cfg`'s layers.
@@ -110,6 +137,17 @@ impl Placement {
             (Some(h), false) => on_host.push(h.into()),
             (None, _) => {}
         }
+        let experts: Vec<usize> = (first..b.trunk)
+            .filter(|&il| self.experts_on_host(il))
+            .collect();
+        if !experts.is_empty() {
+            let noun = if experts.len() == 1 {
+                "layer"
+            } else {
+                "layers"
+            };
+            on_host.push(format!("the routed experts of {noun} {}", spans(&experts)));
+        }
         let list = |v: &[String]| v.join(", ");
         if on_host.is_empty() {
             format!("all on {device}")
@@ -123,12 +161,46 @@ impl Placement {
     }
 }
 
+/// The block `N` of a tensor named `blk.N.…`.
+pub fn block_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// Whether tensor `name` is one of a layer's routed experts (`ffn_gate_exps`, `ffn_up_exps`,
+/// `ffn_down_exps`, a fused `ffn_gate_up_exps`, their per-expert scales).
+pub fn is_routed_expert(name: &str) -> bool {
+    name.split('.')
+        .nth(2)
+        .is_some_and(|t| t.starts_with("ffn_") && t.ends_with("_exps"))
+}
+
+/// `[0, 1, 2, 5]` as `0-2, 5`.
+fn spans(layers: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let mut j = i;
+        while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            layers[i].to_string()
+        } else {
+            format!("{}-{}", layers[i], layers[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
 /// What each part of a model takes on a device, in bytes, estimated before anything is uploaded:
 /// its tensors as the file stores them, and the caches of one sequence at the requested context.
 #[derive(Clone, Debug)]
 pub struct DeviceCosts {
     /// Per file block (the trunk's layers, then the NextN block): weights and caches.
     pub blocks: Vec<u64>,
+    /// Per file block: the part of `blocks` that is routed experts.
+    pub experts: Vec<u64>,
     /// The final norm and the LM head.
     pub output: u64,
 }
@@ -146,18 +218,17 @@ impl DeviceCosts {
     ) -> DeviceCosts {
         let blocks = Blocks::of(cfg);
         let mut weights = vec![0u64; blocks.all()];
+        let mut experts = vec![0u64; blocks.all()];
         let mut output = 0u64;
         for t in file.tensors() {
-            match t
-                .name
-                .strip_prefix("blk.")
-                .and_then(|r| r.split('.').next())
-            {
-                Some(n) => {
-                    if let Some(w) = n.parse::<usize>().ok().and_then(|i| weights.get_mut(i)) {
-                        *w += t.n_bytes;
+            match block_of(&t.name) {
+                Some(il) if il < weights.len() => {
+                    weights[il] += t.n_bytes;
+                    if is_routed_expert(&t.name) {
+                        experts[il] += t.n_bytes;
                     }
                 }
+                Some(_) => {}
                 None if t.name.starts_with("output") => output += t.n_bytes,
                 None => {}
             }
@@ -186,18 +257,25 @@ impl DeviceCosts {
         }
         DeviceCosts {
             blocks: weights,
+            experts,
             output,
         }
     }
 
     /// What `placement` puts on the device.
-    pub fn on_device(&self, placement: Placement, b: Blocks) -> u64 {
+    pub fn on_device(&self, placement: &Placement, b: Blocks) -> u64 {
         let blocks: u64 = self
             .blocks
             .iter()
             .enumerate()
             .filter(|(il, _)| !placement.block_on_host(*il, b))
-            .map(|(_, &c)| c)
+            .map(|(il, &c)| {
+                if placement.experts_on_host(il) {
+                    c - self.experts.get(il).copied().unwrap_or(0).min(c)
+                } else {
+                    c
+                }
+            })
             .sum();
         self.output + blocks
     }
@@ -207,11 +285,30 @@ impl Placement {
     /// llama.cpp's automatic fit: the largest `-ngl` (the output first, then the NextN block, then
     /// the trunk's layers from the last) whose parts fit in `room` bytes; `None` when not even the
     /// output does.
+    ///
+    /// On a MoE model the routed experts go first, as llama.cpp fits such a model: the experts of
+    /// the first layers move to the CPU, one layer at a time, until the rest fits (attention, the
+    /// router, the shared expert and the caches stay on the device); with every layer's experts
+    /// on the CPU and still too much, whole layers follow.
     pub fn fit(costs: &DeviceCosts, b: Blocks, room: u64) -> Option<Placement> {
+        let all = Placement::all_on_device();
+        if costs.on_device(&all, b) <= room {
+            return Some(all);
+        }
+        let has_experts = costs.experts.iter().take(b.trunk).any(|&x| x > 0);
+        if has_experts {
+            if let Some(p) = (1..=b.trunk)
+                .map(|k| Placement::all_on_device().with_host_experts(0..k))
+                .find(|p| costs.on_device(p, b) <= room)
+            {
+                return Some(p);
+            }
+        }
+        let experts_out = if has_experts { b.trunk } else { 0 };
         (1..=b.all() + 1)
             .rev()
-            .map(|n| Placement::from_gpu_layers(n, b))
-            .find(|&p| costs.on_device(p, b) <= room)
+            .map(|n| Placement::from_gpu_layers(n, b).with_host_experts(0..experts_out))
+            .find(|p| costs.on_device(p, b) <= room)
     }
 }
 
@@ -223,6 +320,7 @@ mod tests {
         Placement {
             first_device_layer,
             head_on_device,
+            host_experts: Vec::new(),
         }
     }
 
@@ -280,6 +378,7 @@ mod tests {
         };
         let costs = DeviceCosts {
             blocks: vec![10, 10, 10, 10, 7],
+            experts: vec![0; 5],
             output: 5,
         };
         let fit = |room| Placement::fit(&costs, b, room);
@@ -290,5 +389,38 @@ mod tests {
         assert_eq!(fit(12), Some(at(4, true)));
         assert_eq!(fit(11), Some(at(4, false)));
         assert_eq!(fit(4), None);
+    }
+
+    /// A MoE model gives up its routed experts first, from the first layer on, then whole layers.
+    #[test]
+    fn fitting_a_moe_model_moves_experts_first() {
+        let b = Blocks {
+            trunk: 4,
+            head: true,
+        };
+        let costs = DeviceCosts {
+            blocks: vec![10, 10, 10, 10, 7],
+            experts: vec![8, 8, 8, 8, 0],
+            output: 5,
+        };
+        let fit = |room| Placement::fit(&costs, b, room);
+        assert_eq!(fit(52), Some(Placement::all_on_device()));
+        let experts = |k| Placement::all_on_device().with_host_experts(0..k);
+        assert_eq!(fit(51), Some(experts(1)));
+        assert_eq!(fit(36), Some(experts(2)));
+        assert_eq!(fit(20), Some(experts(4)));
+        assert_eq!(
+            fit(19),
+            Some(Placement::from_gpu_layers(5, b).with_host_experts(0..4))
+        );
+        assert!(experts(2).experts_on_host(1) && !experts(2).experts_on_host(2));
+        assert_eq!(
+            experts(2).describe(b, "Vulkan0"),
+            "the routed experts of layers 0-1 on the CPU; layers 0-3, the output, the NextN head on Vulkan0"
+        );
+        assert!(experts(2).tensor_on_host("blk.1.ffn_down_exps.weight", b));
+        assert!(!experts(2).tensor_on_host("blk.1.ffn_gate_inp.weight", b));
+        assert!(!experts(2).tensor_on_host("blk.2.ffn_up_exps.weight", b));
+        assert!(!experts(2).tensor_on_host("output.weight", b));
     }
 }

@@ -12,14 +12,17 @@ use nextn_quant::kernels::{repack, QMatrix, ThreadPool};
 
 use crate::ModelError;
 
+/// Says of a tensor, by name, whether it is used on the CPU.
+type TensorFilter = dyn Fn(&str) -> bool + Send + Sync;
+
 /// Looks tensors up by name and checks their shapes; the only way layers get their weights.
 pub struct WeightLoader {
     file: Arc<GgufFile>,
     /// Whether matrices for products are copied into the kernels' repacked layout.
     repack: bool,
-    /// With a device: the matrices that stay on the host are those of blocks (`blk.N.`) for which
-    /// this says so; the others are left as mapped. `None`: every matrix is a host one.
-    host_blocks: Option<Box<dyn Fn(usize) -> bool + Send + Sync>>,
+    /// With a device: the matrices that stay on the host are the tensors for which this says so;
+    /// the others are left as mapped. `None`: every matrix is a host one.
+    host_tensors: Option<Box<TensorFilter>>,
 }
 
 impl WeightLoader {
@@ -29,29 +32,29 @@ impl WeightLoader {
         WeightLoader {
             file,
             repack,
-            host_blocks: None,
+            host_tensors: None,
         }
     }
 
-    /// A loader for a model split between the CPU and a device: matrices of the blocks for which
-    /// `on_host` holds are prepared for the CPU kernels as [`WeightLoader::new`] prepares them, the
-    /// rest (and the output matrix) are left as mapped, as [`WeightLoader::mapped_only`] does.
+    /// A loader for a model split between the CPU and a device: the tensors for which `on_host`
+    /// holds are prepared for the CPU kernels as [`WeightLoader::new`] prepares them, the rest are
+    /// left as mapped, as [`WeightLoader::mapped_only`] does.
     pub fn split(
         file: Arc<GgufFile>,
-        on_host: impl Fn(usize) -> bool + Send + Sync + 'static,
+        on_host: impl Fn(&str) -> bool + Send + Sync + 'static,
     ) -> Self {
         let mut w = WeightLoader::new(file);
-        w.host_blocks = Some(Box::new(on_host));
+        w.host_tensors = Some(Box::new(on_host));
         w
     }
 
     /// Whether tensor `name` goes to the CPU kernels' layout.
     fn repacks(&self, name: &str) -> bool {
         self.repack
-            && match &self.host_blocks {
-                None => true,
-                Some(on_host) => block_of(name).is_some_and(on_host),
-            }
+            && self
+                .host_tensors
+                .as_ref()
+                .is_none_or(|on_host| on_host(name))
     }
 
     /// A loader that leaves every matrix as mapped: for a model whose products run on a device,
@@ -60,7 +63,7 @@ impl WeightLoader {
         WeightLoader {
             file,
             repack: false,
-            host_blocks: None,
+            host_tensors: None,
         }
     }
 
@@ -388,11 +391,6 @@ impl Linear {
         }
         Ok(())
     }
-}
-
-/// The block `N` of a tensor named `blk.N.…`.
-fn block_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 #[cfg(test)]

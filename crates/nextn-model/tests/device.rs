@@ -28,21 +28,29 @@ fn load(path: &Path, gpu: Option<&Arc<Gpu>>) -> Model {
 /// others on `gpu`.
 fn load_placed(path: &Path, gpu: &Arc<Gpu>, placement: Placement) -> Model {
     let file = Arc::new(GgufFile::open(path).expect("open"));
-    let mut m = Model::load_for_placement(file, placement, &mut |_, _| {}).expect("load");
+    let mut m = Model::load_for_placement(file, placement.clone(), &mut |_, _| {}).expect("load");
     m.offload_placed(gpu.clone(), placement).expect("offload");
     m
 }
 
 /// The placements the split tests run: everything on the device, half the trunk, the output and
-/// the NextN block only (llama.cpp's `-ngl 2`), the output only (`-ngl 1`).
+/// the NextN block only (llama.cpp's `-ngl 2`), the output only (`-ngl 1`), and on a MoE model
+/// the routed experts of every layer (`--cpu-moe`) or of the first half (`--n-cpu-moe`) on the
+/// CPU, the last with the first layer on the CPU too.
 fn split_placements(model: &Model) -> Vec<Placement> {
     let b = Blocks::of(&model.config);
-    vec![
+    let mut v = vec![
         Placement::all_on_device(),
         Placement::from_first_device_layer(b.trunk / 2, b),
         Placement::from_gpu_layers(2, b),
         Placement::from_gpu_layers(1, b),
-    ]
+    ];
+    if model.config.n_expert > 0 {
+        v.push(Placement::all_on_device().with_host_experts(0..b.trunk));
+        v.push(Placement::all_on_device().with_host_experts(0..b.trunk / 2));
+        v.push(Placement::from_first_device_layer(1, b).with_host_experts(0..b.trunk / 2 + 1));
+    }
+    v
 }
 
 fn tokens(v: &Value) -> Vec<u32> {
@@ -211,7 +219,7 @@ fn verify_and_commit_on_the_device_equal_decoding() {
             .into_iter()
             .map(move |p| (f.clone(), p))
     }) {
-        let model = load_placed(&file, &gpu, placement);
+        let model = load_placed(&file, &gpu, placement.clone());
         let file = format!("{} at {placement:?}", file.display());
         let prompt: Vec<u32> = (0..23).map(|i| (i * 37 % 500 + 3) as u32).collect();
         let more: Vec<u32> = vec![11, 400, 7, 250, 90];
@@ -294,7 +302,7 @@ fn a_split_model_gives_the_cpus_logits() {
             next = vec![t];
         }
         for placement in split_placements(&cpu) {
-            let model = load_placed(&file, &gpu, placement);
+            let model = load_placed(&file, &gpu, placement.clone());
             let mut s = model.new_sequence(64, KvType::F16, KvType::F16).unwrap();
             let mut at = 0;
             for (step, w) in want.iter().enumerate() {

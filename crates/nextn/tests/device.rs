@@ -680,3 +680,139 @@ fn a_split_model_serves_turns_from_its_prefix_cache() {
     assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
     assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
 }
+
+/// The routed experts of a MoE model on the CPU while the rest of each layer runs on the device
+/// (`--cpu-moe`, `--n-cpu-moe N`, `-ot REGEX=CPU`, with `-ngl` too): the load line names what went
+/// to the CPU, and greedy drafting gives plain decoding's tokens in each placement.
+#[test]
+fn moe_experts_on_the_cpu_by_flag() {
+    let Some(dev) = lavapipe() else { return };
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let m = golden.join("q35moe-a/q35moe-a-Q4_K_M.gguf");
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            "hello world",
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--json",
+            "-c",
+            "256",
+            "-dev",
+            &dev,
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a)
+    };
+    for (flags, line) in [
+        (
+            &["--cpu-moe"][..],
+            "the routed experts of layers 0-7 on the CPU; layers 0-7, the output, the NextN head on",
+        ),
+        (&["-ncmoe", "2"][..], "the routed experts of layers 0-1 on the CPU;"),
+        (
+            &["-ot", r"blk\.[36]\.ffn_.*_exps\.=CPU"][..],
+            "the routed experts of layers 3, 6 on the CPU;",
+        ),
+        (
+            &["-ngl", "6", "--n-cpu-moe", "5"][..],
+            "layers 0-3, the routed experts of layer 4 on the CPU; layers 4-7, the output",
+        ),
+    ] {
+        let (plain, err) = run(flags);
+        assert!(err.contains(line), "{flags:?}: {err}");
+        let (spec, _) = run(&[flags, &["--spec-type", "nextn", "--spec-draft-n-max", "3"]].concat());
+        assert_eq!(spec["tokens"], plain["tokens"], "{flags:?}");
+    }
+    // A rule for the device's own name keeps those experts there: the first rule wins.
+    let keep = format!(r"blk\.0\.ffn_.*_exps\.={dev}");
+    let (_, err) = run(&["-ot", &keep, "--cpu-moe"]);
+    assert!(
+        err.contains("the routed experts of layers 1-7 on the CPU"),
+        "{err}"
+    );
+}
+
+/// A MoE model over the device's budget gives up its routed experts first, from the first layer.
+#[test]
+fn a_moe_model_over_the_budget_moves_its_experts_first() {
+    let Some(dev) = lavapipe() else { return };
+    let Some(golden) = nextn_testdata::shared("golden") else {
+        return;
+    };
+    let m = golden.join("q35moe-a/q35moe-a-Q4_K_M.gguf");
+    let o = bin()
+        .env("NEXTN_GPU_MEMORY_MIB", "3")
+        .args([
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "hello",
+            "-n",
+            "4",
+            "-c",
+            "256",
+            "-dev",
+            &dev,
+        ])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("fit: the model"), "{err}");
+    assert!(err.contains("the routed experts of layers 0-"), "{err}");
+    assert!(err.contains("fitted to the device"), "{err}");
+}
+
+/// Placement flags that cannot be followed are refused with the flag named: a regex that does not
+/// compile, a side that does not exist, a rule moving a tensor other than a routed expert, the
+/// expert flags on a dense model.
+#[test]
+fn bad_placement_flags_are_refused() {
+    let Some(dev) = lavapipe() else { return };
+    let dense = bundled();
+    let dense = dense.to_str().unwrap();
+    let refused = |m: &str, flags: &[&str], says: &str| {
+        let o = bin()
+            .args(
+                [
+                    &["run", "-m", m, "-p", "x", "-n", "1", "-dev", &dev][..],
+                    flags,
+                ]
+                .concat(),
+            )
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{flags:?} was accepted: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    refused(
+        dense,
+        &["--n-cpu-moe", "2"],
+        "--n-cpu-moe: this model has no routed experts",
+    );
+    refused(
+        dense,
+        &["--cpu-moe"],
+        "--cpu-moe: this model has no routed experts",
+    );
+    refused(dense, &["-ot", r"blk\.[=CPU"], "does not compile");
+    refused(dense, &["-ot", "exps=CUDA7"], "no buffer type \"CUDA7\"");
+    refused(dense, &["-ot", "ffn_down"], "expected REGEX=SIDE");
+    refused(
+        dense,
+        &["-ot", r"blk\.1\.attn_norm=CPU"],
+        "per tensor, routed experts",
+    );
+}

@@ -32,6 +32,7 @@ use crate::ffn::{DenseFfn, Ffn, MoeFfn};
 use crate::model::{DecoderLayer, Mixer};
 use crate::weights::Linear;
 use crate::ModelError;
+use nextn_quant::kernels::ThreadPool;
 
 /// Which quantized forms of an activation its products read: Q8_0 rows, Q8_K rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -397,15 +398,29 @@ pub(crate) struct DeviceDense {
 pub(crate) struct DeviceMoe {
     /// The router, and the shared expert's gate in the same product when they stack.
     router: Stack,
-    /// Gate and up of every expert, each stack as the CPU binds it (a fused gate|up tensor gives
-    /// the gate rows and the up rows of each expert).
-    gate: DeviceExperts,
-    up: DeviceExperts,
-    down: DeviceExperts,
+    /// The routed experts, when they are on the device; `None`: in host memory, computed there
+    /// ([`HostExperts`]).
+    experts: Option<RoutedExperts>,
     n_used: usize,
     n_ff: usize,
     n_expert: usize,
     shared: Option<DeviceDense>,
+}
+
+/// Gate and up of every expert, each stack as the CPU binds it (a fused gate|up tensor gives the
+/// gate rows and the up rows of each expert), and down.
+pub(crate) struct RoutedExperts {
+    gate: DeviceExperts,
+    up: DeviceExperts,
+    down: DeviceExperts,
+}
+
+/// A layer's routed experts in host memory: the CPU's weights and threads, and the counters the
+/// crossing's submission is counted in.
+pub(crate) struct HostExperts<'a> {
+    pub(crate) ffn: &'a MoeFfn,
+    pub(crate) pool: &'a ThreadPool,
+    pub(crate) counters: &'a super::Counters,
 }
 
 // One per layer: the size of the variants does not matter.
@@ -550,10 +565,13 @@ impl DeviceDense {
 }
 
 impl DeviceLayer {
+    /// Upload layer `l`; `experts_on_host`: its routed experts (a MoE layer's) stay in host
+    /// memory and run on the CPU.
     pub(crate) fn upload(
         gpu: &Gpu,
         l: &DecoderLayer,
         cfg: &Qwen35Config,
+        experts_on_host: bool,
     ) -> Result<DeviceLayer, ModelError> {
         let mixer = match &l.mixer {
             Mixer::Attention(m) => DeviceMixer::Attention(DeviceAttention::upload(gpu, m, cfg)?),
@@ -561,7 +579,7 @@ impl DeviceLayer {
         };
         let ffn = match &l.ffn {
             Ffn::Dense(f) => DeviceFfn::Dense(DeviceDense::upload(gpu, f)?),
-            Ffn::Moe(m) => DeviceFfn::Moe(DeviceMoe::upload(gpu, m)?),
+            Ffn::Moe(m) => DeviceFfn::Moe(DeviceMoe::upload(gpu, m, experts_on_host)?),
         };
         let (mixer_bytes, mixer_needs) = match &mixer {
             DeviceMixer::Attention(a) => (a.qkv.bytes() + a.wo.device_bytes(), a.qkv.needs()),
@@ -612,8 +630,10 @@ impl DeviceLayer {
             DeviceFfn::Dense(f) => f.kernels(out),
             DeviceFfn::Moe(m) => {
                 m.router.kernels(out);
-                for s in [&m.gate, &m.up, &m.down] {
-                    out.extend(s.kernels());
+                if let Some(x) = &m.experts {
+                    for s in [&x.gate, &x.up, &x.down] {
+                        out.extend(s.kernels());
+                    }
                 }
                 if let Some(f) = &m.shared {
                     f.kernels(out);
@@ -664,6 +684,7 @@ impl DeviceLayer {
         n: usize,
         segments: &mut [Segment],
         b: &mut PassBuffers,
+        host: Option<HostExperts>,
     ) -> Result<(), ModelError> {
         let e = self.n_embd;
         let (nu, eu) = (u(n)?, u(e)?);
@@ -694,7 +715,7 @@ impl DeviceLayer {
         let x = b.xq.acts(&b.x, eu, self.ffn_needs);
         match &self.ffn {
             DeviceFfn::Dense(f) => f.forward(rec, &x, n, b, h, true),
-            DeviceFfn::Moe(f) => f.forward(rec, &x, n, e, b, h),
+            DeviceFfn::Moe(f) => f.forward(rec, &x, n, e, b, h, host),
         }
     }
 
@@ -1037,17 +1058,25 @@ impl DeviceDeltaNet {
 }
 
 impl DeviceMoe {
-    fn upload(gpu: &Gpu, m: &MoeFfn) -> Result<Self, ModelError> {
+    /// `experts_on_host`: the routed experts stay in host memory.
+    fn upload(gpu: &Gpu, m: &MoeFfn, experts_on_host: bool) -> Result<Self, ModelError> {
         let n_ff = m.gate.first().map_or(0, |l| l.rows);
         let mut router_parts = vec![&m.router];
         if let Some((gate_inp, _)) = &m.shared {
             router_parts.push(gate_inp);
         }
+        let experts = if experts_on_host {
+            None
+        } else {
+            Some(RoutedExperts {
+                gate: upload_experts(gpu, &m.gate)?,
+                up: upload_experts(gpu, &m.up)?,
+                down: upload_experts(gpu, &m.down)?,
+            })
+        };
         Ok(DeviceMoe {
             router: Stack::upload(gpu, "ffn_gate_inp", &router_parts)?,
-            gate: upload_experts(gpu, &m.gate)?,
-            up: upload_experts(gpu, &m.up)?,
-            down: upload_experts(gpu, &m.down)?,
+            experts,
             n_used: m.n_used,
             n_ff,
             n_expert: m.router.rows,
@@ -1060,9 +1089,9 @@ impl DeviceMoe {
 
     fn bytes(&self) -> u64 {
         self.router.bytes()
-            + self.gate.device_bytes()
-            + self.up.device_bytes()
-            + self.down.device_bytes()
+            + self.experts.as_ref().map_or(0, |x| {
+                x.gate.device_bytes() + x.up.device_bytes() + x.down.device_bytes()
+            })
             + self.shared.as_ref().map_or(0, DeviceDense::bytes)
     }
 
@@ -1072,7 +1101,11 @@ impl DeviceMoe {
         self.router.needs().or(shared)
     }
 
-    /// Routed experts plus the shared expert for `n` rows of `x`, added into `h`.
+    /// Routed experts plus the shared expert for `n` rows of `x`, added into `h`. With the
+    /// experts in host memory (`host`) the pass crosses once: what was recorded so far is
+    /// submitted with the rows and their routing read back, the CPU computes each row's weighted
+    /// sum of its experts, and the sum goes up to be added as one expert of weight 1.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         rec: &mut Recorder,
@@ -1081,6 +1114,7 @@ impl DeviceMoe {
         e: usize,
         b: &PassBuffers,
         h: &wgpu::Buffer,
+        host: Option<HostExperts>,
     ) -> Result<(), ModelError> {
         let ne = self.n_expert;
         let (k, nf) = (self.n_used, self.n_ff);
@@ -1089,7 +1123,36 @@ impl DeviceMoe {
         self.router.forward(rec, x, n, &b.router)?;
         moe_route(rec, &b.router, u(rw)?, &b.ids, &b.weights, nu, u(ne)?, ku).map_err(gpu_err)?;
         let (e32, nf32) = (u(e)?, u(nf)?);
-        for (stack, out) in [(&self.gate, &b.eg), (&self.up, &b.eu)] {
+        let shared = match &self.shared {
+            Some(ffn) => {
+                ffn.forward(rec, x, n, b, &b.shared, false)?;
+                Some((&b.shared, &b.router, u(self.router.cols[1])?, u(rw)?))
+            }
+            None => None,
+        };
+        let Some(experts) = &self.experts else {
+            let host = host.ok_or_else(|| {
+                ModelError::Device("a layer's routed experts are on neither side".into())
+            })?;
+            let (n4, nk4) = ((n * e * 4) as u64, (n * k * 4) as u64);
+            let rows = rec.read_back(x.x, 0, n4);
+            let ids = rec.read_back(&b.ids, 0, nk4);
+            let weights = rec.read_back(&b.weights, 0, nk4);
+            let gpu = rec.gpu();
+            let before = std::mem::replace(rec, Recorder::new(gpu));
+            let mut back = host.counters.submit_read(before, false)?;
+            let (rows, ids, weights) = (back.f32s(rows), back.u32s(ids), back.f32s(weights));
+            host.counters.read_back(rows.len() * 4 + ids.len() * 8);
+            let routing = crate::ffn::Routing::from_ids(k, &ids, &weights, n, ne)?;
+            let mut sum = vec![0.0f32; n * e];
+            host.ffn
+                .forward_experts(&rows, n, &routing, &mut sum, host.pool)?;
+            rec.upload(&b.ey, 0, bytemuck::cast_slice(&sum));
+            rec.upload(&b.weights, 0, bytemuck::cast_slice(&vec![1.0f32; n]));
+            return moe_combine(rec, &b.ey, &b.weights, shared, h, nu, 1, e32, true)
+                .map_err(gpu_err);
+        };
+        for (stack, out) in [(&experts.gate, &b.eg), (&experts.up, &b.eu)] {
             matvec_experts(
                 rec, stack, &b.ids, 0, ku, x.x, 0, e32, false, nu, out, 0, nf32,
             )
@@ -1105,16 +1168,21 @@ impl DeviceMoe {
         )
         .map_err(gpu_err)?;
         matvec_experts(
-            rec, &self.down, &b.ids, 0, ku, &b.eact, 0, nf32, true, nu, &b.ey, 0, e32,
+            rec,
+            &experts.down,
+            &b.ids,
+            0,
+            ku,
+            &b.eact,
+            0,
+            nf32,
+            true,
+            nu,
+            &b.ey,
+            0,
+            e32,
         )
         .map_err(gpu_err)?;
-        let shared = match &self.shared {
-            Some(ffn) => {
-                ffn.forward(rec, x, n, b, &b.shared, false)?;
-                Some((&b.shared, &b.router, u(self.router.cols[1])?, u(rw)?))
-            }
-            None => None,
-        };
         moe_combine(rec, &b.ey, &b.weights, shared, h, nu, ku, e32, true).map_err(gpu_err)
     }
 }

@@ -20,9 +20,10 @@ use nextn_gpu::kernels::matvec::{embed_rows, product, Acts, Epilogue};
 use nextn_gpu::kernels::norm::{norm_quant, NormOut};
 use nextn_gpu::weights::DeviceMatrix;
 use nextn_gpu::{Gpu, GpuError, ReadBack, ReadSlot, Recorder};
+use nextn_quant::kernels::ThreadPool;
 
 pub use cache::{DeviceDeltaNetCache, DeviceKvCache};
-pub(crate) use layer::DeviceLayer;
+pub(crate) use layer::{DeviceLayer, HostExperts};
 pub(crate) use nextn::DeviceHead;
 
 use crate::batch::{
@@ -30,6 +31,7 @@ use crate::batch::{
     DEVICE_TOKENS,
 };
 use crate::cache::{KvType, LayerCache};
+use crate::ffn::Ffn;
 use crate::model::Model;
 use crate::placement::Placement;
 use crate::weights::Linear;
@@ -673,8 +675,8 @@ impl DeviceModel {
         let first = placement.first_device_layer.min(model.layers.len());
         let mut bytes = 0;
         let mut layers = Vec::with_capacity(model.layers.len() - first);
-        for l in &model.layers[first..] {
-            let d = DeviceLayer::upload(&gpu, l, cfg)?;
+        for (j, l) in model.layers[first..].iter().enumerate() {
+            let d = DeviceLayer::upload(&gpu, l, cfg, placement.experts_on_host(first + j))?;
             bytes += d.device_bytes();
             layers.push(d);
         }
@@ -786,8 +788,8 @@ impl DeviceModel {
     }
 
     /// Which parts run here.
-    pub fn placement(&self) -> Placement {
-        self.placement
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// Device memory the weights take.
@@ -852,6 +854,7 @@ impl DeviceModel {
         model: &Model,
         items: &mut [BatchItem],
         host_rows: Option<&[f32]>,
+        pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         let gpu = &*self.gpu;
         let cfg = &model.config;
@@ -935,7 +938,16 @@ impl DeviceModel {
                     positions: crate::ops::RowPositions::default(),
                 });
             }
-            layer.forward(&mut rec, &h, n, &mut segments, &mut pass)?;
+            // A layer whose routed experts are in host memory computes them there.
+            let host = match &model.layers[first + j].ffn {
+                Ffn::Moe(ffn) if self.placement.experts_on_host(first + j) => Some(HostExperts {
+                    ffn,
+                    pool,
+                    counters: &self.counters,
+                }),
+                _ => None,
+            };
+            layer.forward(&mut rec, &h, n, &mut segments, &mut pass, host)?;
         }
         drop(pass);
         let readbacks: Vec<Readback> = items.iter().map(|it| it.readback).collect();

@@ -97,7 +97,7 @@ impl DeviceHead {
             &[head.enorm.as_slice(), head.hnorm.as_slice()].concat(),
         )?;
         let eh_proj = Mat::upload(&gpu, &head.eh_proj)?;
-        let layer = DeviceLayer::upload(&gpu, &head.layer, cfg)?;
+        let layer = DeviceLayer::upload(&gpu, &head.layer, cfg, false)?;
         let shared_head_norm = vector(&gpu, "nextn.shared_head_norm", &head.shared_head_norm)?;
         // The table pays only when the drafts can stay: when the verifying trunk gathers its
         // embeddings on the device too (its first layer there).
@@ -339,7 +339,7 @@ impl DeviceHead {
             })
             .collect();
         self.layer
-            .forward(&mut rec, &h, n, &mut segments, &mut pass)?;
+            .forward(&mut rec, &h, n, &mut segments, &mut pass, None)?;
         drop(segments);
         drop(pass);
         let lm = self.draft.as_ref().unwrap_or(&self.lm_head);

@@ -122,6 +122,19 @@ pub struct CpuOnlyArgs {
         allow_hyphen_values = true
     )]
     pub n_gpu_layers: Option<String>,
+    /// Run every layer's routed experts (MoE) on the CPU from host memory, the rest of each layer
+    /// on the GPU (-cmoe)
+    #[arg(long = "cpu-moe", env = "LLAMA_ARG_CPU_MOE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub cpu_moe: bool,
+    /// Run the routed experts of the first N layers on the CPU (-ncmoe)
+    #[arg(long = "n-cpu-moe", env = "LLAMA_ARG_N_CPU_MOE", value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
+    /// Put the tensors a regex matches on a side, llama.cpp's form: REGEX=CPU or REGEX=<device>
+    /// (as --list-devices names it), several comma-separated or repeated, the first rule that
+    /// matches a tensor deciding (-ot). Per tensor, routed experts (`ffn_*_exps`) move; whole
+    /// layers move with -ngl
+    #[arg(long = "override-tensor", value_name = "REGEX=SIDE", action = clap::ArgAction::Append)]
+    pub override_tensor: Vec<String>,
     /// Fit the model to the device's memory when -ngl is not given (on, the default): the parts
     /// that do not fit (the trunk's first layers, then the NextN head) run on the CPU; off: a
     /// model too large for the device is refused
@@ -229,6 +242,9 @@ pub const LLAMA_SHORT_FLAGS: &[(&str, &str)] = &[
     ("-hff", "--hf-file"),
     ("-ngl", "--n-gpu-layers"),
     ("-ngld", "--n-gpu-layers-draft"),
+    ("-cmoe", "--cpu-moe"),
+    ("-ncmoe", "--n-cpu-moe"),
+    ("-ot", "--override-tensor"),
     ("-fa", "--flash-attn"),
     ("-ub", "--ubatch-size"),
     ("-tb", "--threads-batch"),
@@ -529,7 +545,7 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
     let placed = place_model(&args.cpu_only, &file, cfg, n_ctx, k_type, v_type, drafting)?;
     let mut model = match &placed {
         Some(p) if p.placement != Placement::all_on_device() => {
-            Model::load_for_placement(file.clone(), p.placement, &mut progress)
+            Model::load_for_placement(file.clone(), p.placement.clone(), &mut progress)
         }
         Some(_) => Model::load_for_device(file.clone(), &mut progress),
         None => Model::load_with_progress(file.clone(), &mut progress),
@@ -547,7 +563,7 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
         // kernels' layout, buffers the estimate does not see) moves the next layer to the CPU.
         loop {
             let tried = model
-                .offload_placed(gpu.clone(), placement)
+                .offload_placed(gpu.clone(), placement.clone())
                 .with_context(|| format!("cannot put {} on {name}", path.display()))
                 .and_then(|()| {
                     // The caches of one sequence at full context, allocated once so that a
@@ -556,21 +572,23 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
                         .check_sequence(n_ctx, k_type, v_type)
                         .with_context(|| format!("context {n_ctx} on {name}"))
                 });
-            let n = placement.gpu_layers(blocks);
             match tried {
                 Ok(()) => break,
-                Err(e) if fitted && n > 1 && is_device_memory(&e) => {
+                Err(e) if fitted && is_device_memory(&e) => {
+                    let Some(next) = one_part_less(&placement, blocks, cfg.n_expert > 0) else {
+                        return Err(e);
+                    };
                     model.device = None;
-                    placement = Placement::from_gpu_layers(n - 1, blocks);
-                    eprintln!("fit: {e:#}; trying -ngl {}", n - 1);
+                    placement = next;
+                    eprintln!("fit: {e:#}; trying {}", placement_flags(&placement, blocks));
                 }
                 Err(e) => return Err(e),
             }
         }
         placement_line = format!(
-            ", {} (-ngl {}{})",
+            ", {} ({}{})",
             placement.describe(blocks, &name),
-            placement.gpu_layers(blocks),
+            placement_flags(&placement, blocks),
             if fitted { ", fitted to the device" } else { "" }
         );
     }
@@ -684,13 +702,28 @@ fn place_model(
     drafting: bool,
 ) -> Result<Option<Placed>> {
     let blocks = Blocks::of(cfg);
-    let Some((gpu, ngl)) = choose_device(args)? else {
+    let device = choose_device(args)?;
+    let experts = host_expert_layers(
+        args,
+        file,
+        cfg,
+        device.as_ref().map(|(g, _)| g.info.name.as_str()),
+    )?;
+    let Some((gpu, ngl)) = device else {
         return Ok(None);
     };
     if let Some(n) = ngl {
         return Ok(Some(Placed {
             gpu,
-            placement: Placement::from_gpu_layers(n, blocks),
+            placement: Placement::from_gpu_layers(n, blocks).with_host_experts(experts),
+            fitted: false,
+        }));
+    }
+    if !experts.is_empty() {
+        // Experts placed by flag: the rest of the model goes to the device whole, as with -ngl 99.
+        return Ok(Some(Placed {
+            gpu,
+            placement: Placement::all_on_device().with_host_experts(experts),
             fitted: false,
         }));
     }
@@ -713,7 +746,7 @@ fn place_model(
         .min(gpu.info.free_bytes.unwrap_or(u64::MAX))
         .saturating_sub(limit / 32);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let whole = costs.on_device(all, blocks);
+    let whole = costs.on_device(&all, blocks);
     if !fit || whole <= room {
         return Ok(Some(Placed {
             gpu,
@@ -725,11 +758,11 @@ fn place_model(
     match Placement::fit(&costs, blocks, room) {
         Some(placement) => {
             eprintln!(
-                "fit: the model and one sequence's caches at context {n_ctx} take about {:.0} MiB, {name} has {:.0} MiB: {} (-ngl {}; --fit off refuses instead, -ngl N chooses)",
+                "fit: the model and one sequence's caches at context {n_ctx} take about {:.0} MiB, {name} has {:.0} MiB: {} ({}; --fit off refuses instead, -ngl N and --n-cpu-moe N choose)",
                 mib(whole),
                 mib(room),
                 placement.describe(blocks, &name),
-                placement.gpu_layers(blocks)
+                placement_flags(&placement, blocks)
             );
             Ok(Some(Placed {
                 gpu,
@@ -746,6 +779,134 @@ fn place_model(
             Ok(None)
         }
     }
+}
+
+/// The flags that ask for `placement`: `-ngl N`, with `--n-cpu-moe N` (or the layers whose
+/// experts run on the CPU) when some do.
+fn placement_flags(placement: &Placement, blocks: Blocks) -> String {
+    let ngl = format!("-ngl {}", placement.gpu_layers(blocks));
+    let experts: Vec<usize> = (0..blocks.trunk)
+        .filter(|&il| placement.experts_on_host(il))
+        .collect();
+    let first = placement.first_device_layer;
+    match experts.last() {
+        None => ngl,
+        Some(&last) if experts.len() == last + 1 - first && (first == 0 || experts[0] == first) => {
+            format!("{ngl} --n-cpu-moe {}", last + 1)
+        }
+        Some(_) => format!(
+            "{ngl}, the routed experts of {} layers on the CPU",
+            experts.len()
+        ),
+    }
+}
+
+/// The placement that holds one part less than `placement` on the device: on a MoE model the
+/// next layer's routed experts, then whole layers from the first (with every layer's experts on
+/// the CPU). `None`: only the output is left.
+fn one_part_less(placement: &Placement, blocks: Blocks, moe: bool) -> Option<Placement> {
+    if moe {
+        if let Some(il) =
+            (placement.first_device_layer..blocks.trunk).find(|&il| !placement.experts_on_host(il))
+        {
+            return Some(placement.clone().with_host_experts(0..=il));
+        }
+    }
+    let n = placement.gpu_layers(blocks);
+    (n > 1).then(|| {
+        Placement::from_gpu_layers(n - 1, blocks)
+            .with_host_experts(0..if moe { blocks.trunk } else { 0 })
+    })
+}
+
+/// The trunk layers whose routed experts `--cpu-moe`, `--n-cpu-moe N` and `-ot REGEX=CPU` put on
+/// the CPU (the `-ot` rules first, in order, the first that matches a tensor deciding; then the
+/// two flags, as llama.cpp appends them). Bad rules, a side that does not exist, a rule that moves
+/// a tensor other than a routed expert, and the expert flags on a dense model are errors naming
+/// the flag. `device`: the device's name, when one runs the model.
+fn host_expert_layers(
+    args: &CpuOnlyArgs,
+    file: &GgufFile,
+    cfg: &Qwen35Config,
+    device: Option<&str>,
+) -> Result<Vec<usize>> {
+    let moe = cfg.n_expert > 0;
+    for (flag, given) in [
+        ("--cpu-moe", args.cpu_moe),
+        ("--n-cpu-moe", args.n_cpu_moe.is_some()),
+    ] {
+        if given && !moe {
+            bail!(
+                "{flag}: this model has no routed experts (a dense {}); -ngl N splits it by layers",
+                cfg.arch.name()
+            );
+        }
+    }
+    // (regex, on the CPU, the rule as given)
+    let mut rules: Vec<(regex::Regex, bool, String)> = Vec::new();
+    for given in &args.override_tensor {
+        for rule in given.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+            let Some((pattern, side)) = rule.rsplit_once('=') else {
+                bail!("-ot {rule}: expected REGEX=SIDE (SIDE: CPU or the device's name)");
+            };
+            let re = regex::Regex::new(pattern)
+                .with_context(|| format!("-ot {rule}: the regex {pattern:?} does not compile"))?;
+            let on_cpu = if side.eq_ignore_ascii_case("cpu") {
+                true
+            } else if device.is_some_and(|d| d.eq_ignore_ascii_case(side)) {
+                false
+            } else {
+                bail!(
+                    "-ot {rule}: no buffer type {side:?} here; the sides are CPU{}",
+                    device.map(|d| format!(" and {d}")).unwrap_or_default()
+                );
+            };
+            rules.push((re, on_cpu, rule.to_string()));
+        }
+    }
+    let mut matched = vec![false; rules.len()];
+    let mut layers = Vec::new();
+    for il in 0..cfg.n_layer {
+        let prefix = format!("blk.{il}.");
+        let mut side: Option<bool> = None;
+        for t in file
+            .tensors()
+            .iter()
+            .filter(|t| t.name.starts_with(&prefix))
+        {
+            let hit = rules.iter().position(|(re, _, _)| re.is_match(&t.name));
+            let Some(r) = hit else { continue };
+            matched[r] = true;
+            let (_, on_cpu, rule) = &rules[r];
+            if !nextn_model::placement::is_routed_expert(&t.name) {
+                if *on_cpu {
+                    bail!(
+                        "-ot {rule}: it puts {} on the CPU; per tensor, routed experts (ffn_*_exps) move, whole layers move with -ngl",
+                        t.name
+                    );
+                }
+                continue;
+            }
+            if side.is_some_and(|s| s != *on_cpu) {
+                bail!("-ot {rule}: the routed experts of layer {il} go to one side together");
+            }
+            side = Some(*on_cpu);
+        }
+        let by_flag = args.cpu_moe || args.n_cpu_moe.is_some_and(|n| il < n);
+        if side.unwrap_or(by_flag) {
+            layers.push(il);
+        }
+    }
+    for (r, (_, _, rule)) in rules.iter().enumerate() {
+        if !matched[r] {
+            eprintln!("-ot {rule}: matches no tensor of this model's layers");
+        }
+    }
+    if device.is_none() && (!layers.is_empty() || !rules.is_empty()) {
+        eprintln!("--cpu-moe / --n-cpu-moe / -ot: no effect (the whole model runs on the CPU)");
+        return Ok(Vec::new());
+    }
+    Ok(layers)
 }
 
 /// The device to run on and the `-ngl` asked for (`None`: not given, `auto` or `all`): `-dev NAME`
