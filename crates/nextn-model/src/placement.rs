@@ -290,13 +290,16 @@ impl Placement {
     /// the first layers move to the CPU, one layer at a time, until the rest fits (attention, the
     /// router, the shared expert and the caches stay on the device); with every layer's experts
     /// on the CPU and still too much, whole layers follow.
-    pub fn fit(costs: &DeviceCosts, b: Blocks, room: u64) -> Option<Placement> {
-        let all = Placement::all_on_device();
-        if costs.on_device(&all, b) <= room {
-            return Some(all);
+    ///
+    /// `flagged`: trunk layers whose experts flags put on the CPU already (`--cpu-moe`,
+    /// `--n-cpu-moe`, `-ot`); then only whole layers move.
+    pub fn fit(costs: &DeviceCosts, b: Blocks, room: u64, flagged: &[usize]) -> Option<Placement> {
+        let start = Placement::all_on_device().with_host_experts(flagged.iter().copied());
+        if costs.on_device(&start, b) <= room {
+            return Some(start);
         }
         let has_experts = costs.experts.iter().take(b.trunk).any(|&x| x > 0);
-        if has_experts {
+        if has_experts && flagged.is_empty() {
             if let Some(p) = (1..=b.trunk)
                 .map(|k| Placement::all_on_device().with_host_experts(0..k))
                 .find(|p| costs.on_device(p, b) <= room)
@@ -304,10 +307,18 @@ impl Placement {
                 return Some(p);
             }
         }
-        let experts_out = if has_experts { b.trunk } else { 0 };
+        let experts_out: Vec<usize> = if !flagged.is_empty() {
+            flagged.to_vec()
+        } else if has_experts {
+            (0..b.trunk).collect()
+        } else {
+            Vec::new()
+        };
         (1..=b.all() + 1)
             .rev()
-            .map(|n| Placement::from_gpu_layers(n, b).with_host_experts(0..experts_out))
+            .map(|n| {
+                Placement::from_gpu_layers(n, b).with_host_experts(experts_out.iter().copied())
+            })
             .find(|p| costs.on_device(p, b) <= room)
     }
 }
@@ -381,7 +392,7 @@ mod tests {
             experts: vec![0; 5],
             output: 5,
         };
-        let fit = |room| Placement::fit(&costs, b, room);
+        let fit = |room| Placement::fit(&costs, b, room, &[]);
         assert_eq!(fit(1000), Some(Placement::all_on_device()));
         assert_eq!(fit(52), Some(Placement::all_on_device()));
         assert_eq!(fit(51), Some(at(1, true)));
@@ -403,7 +414,7 @@ mod tests {
             experts: vec![8, 8, 8, 8, 0],
             output: 5,
         };
-        let fit = |room| Placement::fit(&costs, b, room);
+        let fit = |room| Placement::fit(&costs, b, room, &[]);
         assert_eq!(fit(52), Some(Placement::all_on_device()));
         let experts = |k| Placement::all_on_device().with_host_experts(0..k);
         assert_eq!(fit(51), Some(experts(1)));
@@ -422,5 +433,25 @@ mod tests {
         assert!(!experts(2).tensor_on_host("blk.1.ffn_gate_inp.weight", b));
         assert!(!experts(2).tensor_on_host("blk.2.ffn_up_exps.weight", b));
         assert!(!experts(2).tensor_on_host("output.weight", b));
+    }
+
+    /// Experts placed by flag stay as the flags put them; fitting then moves whole layers.
+    #[test]
+    fn fitting_keeps_the_experts_the_flags_placed() {
+        let b = Blocks {
+            trunk: 4,
+            head: true,
+        };
+        let costs = DeviceCosts {
+            blocks: vec![10, 10, 10, 10, 7],
+            experts: vec![8, 8, 8, 8, 0],
+            output: 5,
+        };
+        let two = Placement::all_on_device().with_host_experts(0..2);
+        assert_eq!(Placement::fit(&costs, b, 36, &[0, 1]), Some(two));
+        assert_eq!(
+            Placement::fit(&costs, b, 35, &[0, 1]),
+            Some(Placement::from_gpu_layers(5, b).with_host_experts(0..2))
+        );
     }
 }

@@ -719,15 +719,8 @@ fn place_model(
             fitted: false,
         }));
     }
-    if !experts.is_empty() {
-        // Experts placed by flag: the rest of the model goes to the device whole, as with -ngl 99.
-        return Ok(Some(Placed {
-            gpu,
-            placement: Placement::all_on_device().with_host_experts(experts),
-            fitted: false,
-        }));
-    }
-    let all = Placement::all_on_device();
+    // Experts placed by flag stay there; the rest goes to the device whole when it fits.
+    let all = Placement::all_on_device().with_host_experts(experts.iter().copied());
     let fit = args.fit.as_deref().is_none_or(|f| f == "on");
     let (Some(limit), used) = gpu.memory_budget() else {
         return Ok(Some(Placed {
@@ -755,7 +748,7 @@ fn place_model(
         }));
     }
     let name = gpu.info.name.clone();
-    match Placement::fit(&costs, blocks, room) {
+    match Placement::fit(&costs, blocks, room, &experts) {
         Some(placement) => {
             eprintln!(
                 "fit: the model and one sequence's caches at context {n_ctx} take about {:.0} MiB, {name} has {:.0} MiB: {} ({}; --fit off refuses instead, -ngl N and --n-cpu-moe N choose)",
