@@ -739,6 +739,43 @@ fn moe_experts_on_the_cpu_by_flag() {
         err.contains("the routed experts of layers 1-7 on the CPU"),
         "{err}"
     );
+    // Each trunk pass (prefill, decode, verify) crosses once per layer with its experts on the
+    // CPU, drafting or not; the head's passes keep theirs on the device and do not cross.
+    let json = std::env::temp_dir().join(format!("nextn-cpumoe-{}.json", std::process::id()));
+    let o = bin()
+        .args([
+            "bench",
+            "-m",
+            m,
+            "-t",
+            "2",
+            "-c",
+            "256",
+            "-n",
+            "8",
+            "--spec-draft-n-max",
+            "0,2",
+            "--force-acceptance",
+            "0.95,0.86,0.75",
+            "-dev",
+            &dev,
+            "--n-cpu-moe",
+            "3",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    for run in v["runs"].as_array().unwrap() {
+        let d = &run["device"];
+        let trunk = d["target_passes"].as_u64().unwrap();
+        assert!(trunk > 0, "{d}");
+        assert_eq!(d["crossings"].as_u64(), Some(3 * trunk), "{d}");
+    }
 }
 
 /// A MoE model over the device's budget gives up its routed experts first, from the first layer.

@@ -1140,7 +1140,7 @@ impl DeviceMoe {
             let weights = rec.read_back(&b.weights, 0, nk4);
             let gpu = rec.gpu();
             let before = std::mem::replace(rec, Recorder::new(gpu));
-            let mut back = host.counters.submit_read(before, false)?;
+            let mut back = host.counters.submit_crossing(before)?;
             let (rows, ids, weights) = (back.f32s(rows), back.u32s(ids), back.f32s(weights));
             host.counters.read_back(rows.len() * 4 + ids.len() * 8);
             let routing = crate::ffn::Routing::from_ids(k, &ids, &weights, n, ne)?;

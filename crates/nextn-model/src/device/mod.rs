@@ -480,6 +480,9 @@ pub struct DeviceStats {
     pub passes: u64,
     /// The trunk's forward passes: one per step of the generation loop.
     pub target_passes: u64,
+    /// Submissions inside a pass where it hands rows to the CPU (a layer's routed experts in
+    /// host memory); not passes of their own.
+    pub crossings: u64,
     /// The runtime's counters over the same span (commits and reads of caches included).
     pub runtime: nextn_gpu::Counters,
     /// Bytes the forward passes read back: hidden rows, logits rows and top-1 rows.
@@ -562,6 +565,17 @@ impl Counters {
     /// Submit the forward pass in `rec` (after any deferred work) and wait for what it reads
     /// back, counting it (`target`: a trunk pass) and timing it when timing is on.
     pub(crate) fn submit_read(&self, rec: Recorder, target: bool) -> Result<ReadBack, ModelError> {
+        self.submit(rec, Some(target))
+    }
+
+    /// Submit what a pass recorded so far (after any deferred work) and wait for what it reads
+    /// back, counted as a crossing to the CPU inside the pass.
+    pub(crate) fn submit_crossing(&self, rec: Recorder) -> Result<ReadBack, ModelError> {
+        self.submit(rec, None)
+    }
+
+    /// `pass`: a forward pass (`Some(target)`) or a crossing inside one (`None`).
+    fn submit(&self, rec: Recorder, pass: Option<bool>) -> Result<ReadBack, ModelError> {
         let order = std::sync::atomic::Ordering::Relaxed;
         let timing = if self.profiling.load(order) {
             nextn_gpu::Timing::Dispatches
@@ -572,8 +586,13 @@ impl Counters {
         };
         let back = rec.submit_read(timing).map_err(gpu_err)?;
         if let Ok(mut s) = self.stats.lock() {
-            s.passes += 1;
-            s.target_passes += u64::from(target);
+            match pass {
+                Some(target) => {
+                    s.passes += 1;
+                    s.target_passes += u64::from(target);
+                }
+                None => s.crossings += 1,
+            }
             if let Some(t) = &back.time {
                 s.timed_submissions += 1;
                 s.gpu_seconds += t.seconds;

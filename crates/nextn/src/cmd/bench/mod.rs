@@ -220,11 +220,16 @@ fn device_report(
     let passes = steady.passes.max(1) as f64;
     let steps = steady.target_passes.max(1) as f64;
     let line = format!(
-        "  device {}{}: {} passes, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
+        "  device {}{}: {} passes{}, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
          steady state ({} steps, {} passes): per step {:.0} dispatches, {:.2} submissions, {:.2} waits for the device; per pass {:.2} buffers, {:.2} bind groups and {:.2} pipelines created",
         info.name,
         if info.software { " (software: its times are CPU times)" } else { "" },
         s.passes,
+        if s.crossings > 0 {
+            format!(" ({} crossings to the CPU's experts within them)", s.crossings)
+        } else {
+            String::new()
+        },
         per_pass(s.runtime.dispatches as f64),
         s.runtime.dispatches as f64 / tok,
         s.read_back_bytes as f64 / tok / 1024.0,
@@ -277,6 +282,7 @@ fn device_report(
         "kernels": kernel_json,
         "passes": s.passes,
         "target_passes": s.target_passes,
+        "crossings": s.crossings,
         "dispatches": s.runtime.dispatches,
         "submissions": s.runtime.submissions,
         "read_backs": s.runtime.read_backs,
