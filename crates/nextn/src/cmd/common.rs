@@ -136,8 +136,9 @@ pub struct CpuOnlyArgs {
     #[arg(long = "override-tensor", value_name = "REGEX=SIDE", action = clap::ArgAction::Append)]
     pub override_tensor: Vec<String>,
     /// Fit the model to the device's memory when -ngl is not given (on, the default): the parts
-    /// that do not fit (the trunk's first layers, then the NextN head) run on the CPU; off: a
-    /// model too large for the device is refused
+    /// that do not fit run on the CPU (a MoE model's routed experts from the first layer on,
+    /// then the trunk's first layers, then the NextN head); off: a model too large for the
+    /// device is refused
     #[arg(long = "fit", env = "LLAMA_ARG_FIT", value_name = "on|off")]
     pub fit: Option<String>,
     /// Flash attention on|off|auto (-fa; no effect: attention runs in one CPU kernel either way)
@@ -560,7 +561,8 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
     {
         let name = gpu.info.name.clone();
         // With the placement fitted from estimates, a part the device refuses after all (its
-        // kernels' layout, buffers the estimate does not see) moves the next layer to the CPU.
+        // kernels' layout, buffers the estimate does not see) moves one more part to the CPU:
+        // the next layer's routed experts, or the next layer.
         loop {
             let tried = model
                 .offload_placed(gpu.clone(), placement.clone())
