@@ -402,6 +402,15 @@ mod tests {
         assert_eq!(fit(4), None);
     }
 
+    /// Four trunk layers of 10 (8 of them routed experts), a head of 7, an output of 5.
+    fn moe_costs() -> DeviceCosts {
+        DeviceCosts {
+            blocks: vec![10, 10, 10, 10, 7],
+            experts: vec![8, 8, 8, 8, 0],
+            output: 5,
+        }
+    }
+
     /// A MoE model gives up its routed experts first, from the first layer on, then whole layers.
     #[test]
     fn fitting_a_moe_model_moves_experts_first() {
@@ -409,11 +418,7 @@ mod tests {
             trunk: 4,
             head: true,
         };
-        let costs = DeviceCosts {
-            blocks: vec![10, 10, 10, 10, 7],
-            experts: vec![8, 8, 8, 8, 0],
-            output: 5,
-        };
+        let costs = moe_costs();
         let fit = |room| Placement::fit(&costs, b, room, &[]);
         assert_eq!(fit(52), Some(Placement::all_on_device()));
         let experts = |k| Placement::all_on_device().with_host_experts(0..k);
@@ -442,11 +447,7 @@ mod tests {
             trunk: 4,
             head: true,
         };
-        let costs = DeviceCosts {
-            blocks: vec![10, 10, 10, 10, 7],
-            experts: vec![8, 8, 8, 8, 0],
-            output: 5,
-        };
+        let costs = moe_costs();
         let two = Placement::all_on_device().with_host_experts(0..2);
         assert_eq!(Placement::fit(&costs, b, 36, &[0, 1]), Some(two));
         assert_eq!(

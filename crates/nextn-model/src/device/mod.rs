@@ -909,17 +909,16 @@ impl DeviceModel {
         pass.reserve(n)?;
         let h = grow(gpu, &mut io.h, "h", n * e)?;
         let mut rec = Recorder::new(gpu);
-        match &table {
-            _ if drafted_rows && host_rows.is_some() => {
+        match (host_rows, &table) {
+            (Some(_), _) if drafted_rows => {
                 return Err(ModelError::Device(
                     "drafted tokens on the device, and the first layers on the CPU".into(),
                 ))
             }
-            _ if host_rows.is_some() => {
-                rec.upload(&h, 0, bytemuck::cast_slice(host_rows.unwrap_or_default()))
-            }
+            // The rows after the layers that ran on the CPU.
+            (Some(rows), _) => rec.upload(&h, 0, bytemuck::cast_slice(rows)),
             // The rows gathered on the device, drafted tokens among them.
-            Some(table) => {
+            (None, Some(table)) => {
                 let ids = grow(gpu, &mut io.ids, "token ids", n)?;
                 rec.upload(&ids, 0, bytemuck::cast_slice(&tokens));
                 embed_rows(
@@ -935,12 +934,12 @@ impl DeviceModel {
                 )
                 .map_err(gpu_err)?;
             }
-            None if drafted_rows => {
+            (None, None) if drafted_rows => {
                 return Err(ModelError::Device(
                     "drafted tokens on the device, and no embedding table there".into(),
                 ))
             }
-            None => rec.upload(&h, 0, bytemuck::cast_slice(&model.embed(&tokens)?)),
+            (None, None) => rec.upload(&h, 0, bytemuck::cast_slice(&model.embed(&tokens)?)),
         }
         let first = self.placement.first_device_layer;
         for (j, layer) in self.layers.iter().enumerate() {

@@ -561,8 +561,9 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
     {
         let name = gpu.info.name.clone();
         // With the placement fitted from estimates, a part the device refuses after all (its
-        // kernels' layout, buffers the estimate does not see) moves one more part to the CPU:
-        // the next layer's routed experts, or the next layer.
+        // kernels' layout, buffers the estimate does not see) makes the fitting choose again with
+        // less room than this placement took: the next layer's routed experts, or the next layer,
+        // go to the CPU.
         loop {
             let tried = model
                 .offload_placed(gpu.clone(), placement.clone())
@@ -576,8 +577,11 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
                 });
             match tried {
                 Ok(()) => break,
-                Err(e) if fitted && is_device_memory(&e) => {
-                    let Some(next) = one_part_less(&placement, blocks, cfg.n_expert > 0) else {
+                Err(e) if fitted.is_some() && is_device_memory(&e) => {
+                    let Some(next) = fitted.as_ref().and_then(|f| {
+                        let took = f.costs.on_device(&placement, blocks);
+                        Placement::fit(&f.costs, blocks, took.saturating_sub(1), &f.flagged)
+                    }) else {
                         return Err(e);
                     };
                     model.device = None;
@@ -591,7 +595,11 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
             ", {} ({}{})",
             placement.describe(blocks, &name),
             placement_flags(&placement, blocks),
-            if fitted { ", fitted to the device" } else { "" }
+            if fitted.is_some() {
+                ", fitted to the device"
+            } else {
+                ""
+            }
         );
     }
     let tokenizer =
@@ -671,12 +679,19 @@ pub fn list_devices() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-/// A model's place on a device: the device, which parts it holds, and whether that was fitted to
-/// its memory rather than asked for.
+/// A model's place on a device: the device, which parts it holds, and, when that was fitted to
+/// its memory rather than asked for, what the fitting went by.
 struct Placed {
     gpu: Arc<nextn_gpu::Gpu>,
     placement: Placement,
-    fitted: bool,
+    fitted: Option<Fitted>,
+}
+
+/// What a fitted placement was chosen by: the estimated costs and the layers whose experts the
+/// flags put on the CPU.
+struct Fitted {
+    costs: nextn_model::placement::DeviceCosts,
+    flagged: Vec<usize>,
 }
 
 /// Whether `e` says the device had no room for something.
@@ -718,7 +733,7 @@ fn place_model(
         return Ok(Some(Placed {
             gpu,
             placement: Placement::from_gpu_layers(n, blocks).with_host_experts(experts),
-            fitted: false,
+            fitted: None,
         }));
     }
     // Experts placed by flag stay there; the rest goes to the device whole when it fits.
@@ -728,7 +743,7 @@ fn place_model(
         return Ok(Some(Placed {
             gpu,
             placement: all,
-            fitted: false,
+            fitted: None,
         }));
     };
     let costs =
@@ -746,7 +761,7 @@ fn place_model(
         return Ok(Some(Placed {
             gpu,
             placement: all,
-            fitted: false,
+            fitted: None,
         }));
     }
     let name = gpu.info.name.clone();
@@ -762,7 +777,10 @@ fn place_model(
             Ok(Some(Placed {
                 gpu,
                 placement,
-                fitted: true,
+                fitted: Some(Fitted {
+                    costs,
+                    flagged: experts,
+                }),
             }))
         }
         None => {
@@ -783,10 +801,12 @@ fn placement_flags(placement: &Placement, blocks: Blocks) -> String {
     let experts: Vec<usize> = (0..blocks.trunk)
         .filter(|&il| placement.experts_on_host(il))
         .collect();
+    // The device's layers start at `first`: experts on the CPU in each of `first..=last` are
+    // what `--n-cpu-moe last + 1` asks for.
     let first = placement.first_device_layer;
     match experts.last() {
         None => ngl,
-        Some(&last) if experts.len() == last + 1 - first && (first == 0 || experts[0] == first) => {
+        Some(&last) if experts.len() == last + 1 - first => {
             format!("{ngl} --n-cpu-moe {}", last + 1)
         }
         Some(_) => format!(
@@ -794,24 +814,6 @@ fn placement_flags(placement: &Placement, blocks: Blocks) -> String {
             experts.len()
         ),
     }
-}
-
-/// The placement that holds one part less than `placement` on the device: on a MoE model the
-/// next layer's routed experts, then whole layers from the first (with every layer's experts on
-/// the CPU). `None`: only the output is left.
-fn one_part_less(placement: &Placement, blocks: Blocks, moe: bool) -> Option<Placement> {
-    if moe {
-        if let Some(il) =
-            (placement.first_device_layer..blocks.trunk).find(|&il| !placement.experts_on_host(il))
-        {
-            return Some(placement.clone().with_host_experts(0..=il));
-        }
-    }
-    let n = placement.gpu_layers(blocks);
-    (n > 1).then(|| {
-        Placement::from_gpu_layers(n - 1, blocks)
-            .with_host_experts(0..if moe { blocks.trunk } else { 0 })
-    })
 }
 
 /// The trunk layers whose routed experts `--cpu-moe`, `--n-cpu-moe N` and `-ot REGEX=CPU` put on
