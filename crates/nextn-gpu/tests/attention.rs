@@ -1,7 +1,9 @@
 //! The gated full-attention kernels and the device KV cache against scalar definitions
 //! written from the spec (§4.4-§4.5), and the cache's rows against the CPU cache's encoding.
 
-use nextn_gpu::kernels::attention::{attention, prep, steps, AttentionScratch, PrepRows, CHUNK};
+use nextn_gpu::kernels::attention::{
+    attention, prep, steps, AttentionScratch, PrepRows, RotaryPositions, CHUNK,
+};
 use nextn_gpu::kv::{DeviceKv, KvElem};
 use nextn_gpu::validation::{assert_clean, test_device};
 use nextn_gpu::{Gpu, GpuError, Recorder};
@@ -55,6 +57,7 @@ fn store(
         freq_base: 1e4,
         freq_scale: 1.0,
         eps: 1e-6,
+        rotary: RotaryPositions::TEXT,
     };
     let norms = gpu.buffer("no norms", 16).unwrap();
     let mut rec = Recorder::new(gpu);
@@ -270,6 +273,7 @@ fn head_norm_matches_the_definition() {
             freq_base: 1e4,
             freq_scale: 1.0,
             eps: 1e-6,
+            rotary: RotaryPositions::TEXT,
         };
         let mut rec = Recorder::new(&gpu);
         prep(&mut rec, &xb, &wb, None, &rows, steps::NORM).unwrap();
@@ -348,6 +352,7 @@ fn rope_matches_the_definition() {
             freq_base: base,
             freq_scale: fscale,
             eps: 1e-6,
+            rotary: RotaryPositions::TEXT,
         };
         let norms = gpu.buffer("no norms", 16).unwrap();
         let mut rec = Recorder::new(&gpu);
@@ -383,6 +388,125 @@ fn rope_matches_the_definition() {
             }
         }
     }
+    assert_clean(&gpu);
+}
+
+/// Multi-section rotary positions (IMROPE, as the CPU's `RopeTable::new_3d` defines them): the
+/// rows of an image grid at `(p0, p0 + i / nx, p0 + i % nx)` and text rows after earlier images
+/// at their cache position less the shift, each pair turned by its section's component (pair `j`:
+/// `j % 3` picks t, h or w while `j / 3` is under that section) and pairs no section covers left
+/// bit for bit as they were. Each pair within 4e-7 of the f64 rotation by the f32 angle, as in
+/// `rope_matches_the_definition`; the angles' bits are ggml's, so a row turned at the wrong
+/// component or position would miss by far more.
+#[test]
+fn rope_at_image_and_shifted_text_positions_matches_the_definition() {
+    let Some(gpu) = test_device() else { return };
+    let mut rng = Rng(9090);
+    let (n_rot, heads, head_stride, base) = (64usize, 2usize, 256usize, 1e7f32);
+    // (cache start, shift, image width or 0 for text, rows, sections)
+    for (start, shift, nx, n, sections) in [
+        (40usize, 0usize, 4usize, 12usize, [11u32, 11, 10]),
+        (57, 9, 3, 9, [11, 11, 10]),
+        (90, 21, 0, 5, [11, 11, 10]),
+        (12, 5, 5, 10, [5, 6, 4]),
+        (12, 5, 0, 3, [5, 6, 4]),
+    ] {
+        let (off, row_stride) = (3usize, heads * head_stride + 2);
+        let x = rng.vec(off + n * row_stride, 2.0);
+        let xb = upload(&gpu, &x);
+        let rows = PrepRows {
+            x_off: off as u32,
+            x_stride: row_stride as u32,
+            n: n as u32,
+            n_head: heads as u32,
+            n_kv: 0,
+            head_dim: n_rot as u32,
+            q_head_stride: head_stride as u32,
+            k_col: 0,
+            v_col: 0,
+            qn_off: 0,
+            kn_off: 0,
+            n_rot: n_rot as u32,
+            start_pos: start as u32,
+            freq_base: base,
+            freq_scale: 1.0,
+            eps: 1e-6,
+            rotary: RotaryPositions {
+                shift: shift as u32,
+                image_nx: nx as u32,
+                sections,
+            },
+        };
+        let norms = gpu.buffer("no norms", 16).unwrap();
+        let mut rec = Recorder::new(&gpu);
+        prep(&mut rec, &xb, &norms, None, &rows, steps::ROPE).unwrap();
+        rec.submit(false).unwrap();
+        let y = gpu.read_f32(&xb, 0, x.len()).unwrap();
+        let half = n_rot / 2;
+        let p0 = start - shift;
+        for i in 0..n {
+            let pos = match i.checked_div(nx) {
+                Some(row) => [p0, p0 + row, p0 + i % nx],
+                None => [p0 + i; 3],
+            };
+            // Each component's running angle, as ggml keeps one per component.
+            let th = pos.map(|p| thetas(p, n_rot, base, 1.0));
+            for h in 0..heads {
+                let b = off + i * row_stride + h * head_stride;
+                for j in 0..half {
+                    let c = j % 3;
+                    let (x0, x1) = (x[b + j], x[b + j + half]);
+                    if j / 3 >= sections[c] as usize {
+                        assert_eq!(
+                            (y[b + j].to_bits(), y[b + j + half].to_bits()),
+                            (x0.to_bits(), x1.to_bits()),
+                            "start {start}, row {i}, pair {j} turned outside its section"
+                        );
+                        continue;
+                    }
+                    let (s, co) = (th[c][j] as f64).sin_cos();
+                    let (x0, x1) = (x0 as f64, x1 as f64);
+                    let want = [x0 * co - x1 * s, x0 * s + x1 * co];
+                    let tol = 4e-7 * (x0.abs() + x1.abs());
+                    for (k, w) in [(b + j, want[0]), (b + j + half, want[1])] {
+                        assert!(
+                            (y[k] as f64 - w).abs() <= tol,
+                            "start {start}, shift {shift}, image width {nx}, row {i}, head {h}, \
+                             pair {j}: {} vs {w}",
+                            y[k]
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A shift past the rows' cache position is refused.
+    let xb = upload(&gpu, &[0.0; 64]);
+    let norms = gpu.buffer("no norms", 16).unwrap();
+    let rows = PrepRows {
+        x_off: 0,
+        x_stride: 64,
+        n: 1,
+        n_head: 1,
+        n_kv: 0,
+        head_dim: 64,
+        q_head_stride: 64,
+        k_col: 0,
+        v_col: 0,
+        qn_off: 0,
+        kn_off: 0,
+        n_rot: 64,
+        start_pos: 3,
+        freq_base: 1e4,
+        freq_scale: 1.0,
+        eps: 1e-6,
+        rotary: RotaryPositions {
+            shift: 4,
+            ..RotaryPositions::TEXT
+        },
+    };
+    let mut rec = Recorder::new(&gpu);
+    assert!(prep(&mut rec, &xb, &norms, None, &rows, steps::ROPE).is_err());
     assert_clean(&gpu);
 }
 

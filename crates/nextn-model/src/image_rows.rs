@@ -1,11 +1,13 @@
 //! Image embeddings through the trunk: rows that come from a vision tower instead of the token
 //! embedding, at M-RoPE (temporal, height, width) positions, as llama.cpp's mtmd decodes an image
 //! chunk: every token of an `nx x ny` image at `(p0, p0 + row, p0 + col)`, and the rotary
-//! position after it advanced by `max(nx, ny)`, not by its `nx * ny` cache rows.
+//! position after it advanced by `max(nx, ny)`, not by its `nx * ny` cache rows. With the model
+//! on a device the rows go through its layers there (after the CPU's first layers, when split)
+//! at the same positions.
 
 use nextn_quant::kernels::ThreadPool;
 
-use crate::batch::{finish_pass, ForwardOutput, LogitRows, Segment};
+use crate::batch::{finish_pass, BatchItem, ForwardOutput, LogitRows, Readback, Segment};
 use crate::cache::{ImageSpan, SequenceState};
 use crate::model::Model;
 use crate::ops::RowPositions;
@@ -25,9 +27,6 @@ impl Model {
     ) -> Result<ForwardOutput, ModelError> {
         let e = self.config.n_embd;
         let n = nx * ny;
-        if self.device.is_some() {
-            return Err(ModelError::ImageOnDevice);
-        }
         if n == 0 || embd.len() != n * e {
             return Err(ModelError::ImageShape {
                 found: embd.len(),
@@ -54,7 +53,8 @@ impl Model {
             nx,
         };
         let mut h = embd.to_vec();
-        for (il, layer) in self.layers.iter().enumerate() {
+        // The layers on the CPU (all of them, or those before the device's).
+        for (il, layer) in self.layers[..self.host_layers()].iter().enumerate() {
             let mut segments = [Segment {
                 rows: 0..n,
                 start_pos: start,
@@ -63,6 +63,22 @@ impl Model {
                 positions,
             }];
             layer.forward(&mut h, n, &mut segments, self.config.rms_eps, pool)?;
+        }
+        if let Some(d) = &self.device {
+            let item = BatchItem {
+                tokens: &[],
+                state: &mut *state,
+                logits: logit_rows,
+                readback: Readback::Logits,
+                verify: false,
+            };
+            let out = d.forward_image(self, item, &h, nx, pool)?;
+            state.images.push(ImageSpan {
+                start,
+                n_tokens: n,
+                n_pos: nx.max(ny),
+            });
+            return Ok(out);
         }
         let mut outs = finish_pass(
             &h,

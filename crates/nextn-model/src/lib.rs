@@ -111,10 +111,6 @@ pub enum ModelError {
         ny: usize,
         n_embd: usize,
     },
-    #[error(
-        "images are not supported with the model on the device (-dev / -ngl): run it on the CPU"
-    )]
-    ImageOnDevice,
     #[error("a cached state does not fit this sequence: {what} {found}, expected {expected}")]
     SnapshotMismatch {
         what: &'static str,

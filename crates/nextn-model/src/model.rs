@@ -229,7 +229,7 @@ impl Model {
     }
 
     /// The trunk layers that run on the CPU: all of them without a device.
-    fn host_layers(&self) -> usize {
+    pub(crate) fn host_layers(&self) -> usize {
         self.device
             .as_ref()
             .map_or(self.layers.len(), |d| d.placement().first_device_layer)

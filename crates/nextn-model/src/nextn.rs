@@ -279,9 +279,6 @@ impl NextnHead {
         pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         if let Some(d) = &self.device {
-            if items.iter().any(|it| it.rope_shift > 0) {
-                return Err(ModelError::ImageOnDevice);
-            }
             return d.forward_batch(self, items);
         }
         let e = self.n_embd;
@@ -415,9 +412,6 @@ impl NextnHead {
         cache: &mut LayerCache,
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        if self.device.is_some() {
-            return Err(ModelError::ImageOnDevice);
-        }
         let e = self.n_embd;
         let n = hidden_prev.len() / e;
         if hidden_prev.len() != n * e
@@ -432,6 +426,18 @@ impl NextnHead {
                 ny: n / nx.max(1),
                 n_embd: e,
             });
+        }
+        if let Some(d) = &self.device {
+            let item = HeadBatchItem {
+                tokens: &[],
+                hidden_prev: HiddenPrev::Host(hidden_prev),
+                start_pos,
+                rope_shift: start_pos.saturating_sub(p0),
+                cache,
+                logits: LogitRows::None,
+                readback: Readback::Logits,
+            };
+            return d.forward_image(self, item, embd, nx, p0);
         }
         let mut cat = vec![0.0f32; n * 2 * e];
         for (i, dst) in cat.chunks_exact_mut(2 * e).enumerate() {

@@ -543,3 +543,155 @@ fn top1_rows_are_the_argmax_of_the_whole_rows() {
     check(&outs[0], &outs[1]);
     assert_clean(&gpu);
 }
+
+/// llama.cpp's embeddings of the fixture picture (`tests/image_rows.rs` describes them): `(nx,
+/// ny, rows)`.
+fn image_embd() -> (usize, usize, Vec<f32>) {
+    let b = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mtmd-image-embd-fixture.bin"),
+    )
+    .expect("image embeddings fixture");
+    let h: Vec<i32> = b[..20]
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let (nx, ny, n) = (h[0] as usize, h[1] as usize, h[2] as usize);
+    let rows = b[(5 + 3 * n) * 4..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (nx, ny, rows)
+}
+
+/// The spread of a logit row (top to median) and the largest difference of `got` from it.
+fn off_by(want: &[f32], got: &[f32]) -> (f32, f32, f32) {
+    let mut sorted = want.to_vec();
+    sorted.sort_by(|x, y| y.total_cmp(x));
+    let spread = (sorted[0] - sorted[sorted.len() / 2]).abs().max(1e-3);
+    let worst = want
+        .iter()
+        .zip(got)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    (spread, worst, sorted[0] - sorted[1])
+}
+
+/// An image prompt with the model on the device, whole or split: text, the picture's rows at
+/// their M-RoPE positions, text after it at positions shifted back by what the image did not
+/// advance, then greedy decoding: the CPU's logits at every step within the bound the text path
+/// keeps (a_split_model_gives_the_cpus_logits). Rows at text positions instead would miss by far
+/// more (image_rows.rs shows a tenth of the spread against llama.cpp).
+#[test]
+fn an_image_prompt_on_the_device_gives_the_cpus_logits() {
+    let Some(gpu) = device() else { return };
+    let pool = ThreadPool::new(2);
+    let file = nextn_testdata::bundled_model();
+    let (nx, ny, embd) = image_embd();
+    let cpu = load(&file, None);
+    let before: Vec<u32> = (0..7).map(|i| (i * 37 % 500 + 9) as u32).collect();
+    let after: Vec<u32> = (0..5).map(|i| (i * 53 % 400 + 11) as u32).collect();
+    let run = |model: &Model, path: Option<&[u32]>| {
+        let mut s = model.new_sequence(256, KvType::F16, KvType::F16).unwrap();
+        model
+            .forward(&before, &mut s, LogitRows::None, &pool)
+            .expect("text before");
+        let o = model
+            .forward_image(&embd, nx, ny, &mut s, LogitRows::Last, &pool)
+            .expect("image");
+        let mut rows = vec![o.logits_row(0).to_vec()];
+        let o = model
+            .forward(&after, &mut s, LogitRows::Last, &pool)
+            .expect("text after");
+        rows.push(o.logits_row(0).to_vec());
+        let mut tokens = Vec::new();
+        for step in 0..4 {
+            let t = match path {
+                Some(p) => p[step],
+                None => argmax(rows.last().unwrap()) as u32,
+            };
+            tokens.push(t);
+            let o = model
+                .forward(&[t], &mut s, LogitRows::Last, &pool)
+                .expect("decode");
+            rows.push(o.logits_row(0).to_vec());
+        }
+        assert_eq!(s.rope_shift(), nx * ny - nx.max(ny));
+        (rows, tokens)
+    };
+    let (want, path) = run(&cpu, None);
+    for placement in split_placements(&cpu) {
+        let model = load_placed(&file, &gpu, placement.clone());
+        let (got, _) = run(&model, Some(&path));
+        for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+            let (spread, worst, margin) = off_by(w, g);
+            let bound = if gpu.int8_dot() { 0.02 } else { 0.1 };
+            assert!(
+                worst <= bound * spread,
+                "{placement:?}, step {step}: |d| {worst} vs spread {spread}"
+            );
+            if margin > 2.0 * bound * spread {
+                assert_eq!(argmax(g), argmax(w), "{placement:?}, step {step}");
+            }
+        }
+    }
+    assert_clean(&gpu);
+}
+
+/// The head on the device through an image: text rows, the image's rows (their embeddings in
+/// place of token embeddings, at the image's positions), then text rows shifted as the trunk
+/// shifts them: the CPU head's logits within its bound.
+#[test]
+fn the_head_on_the_device_takes_an_image() {
+    let Some(gpu) = device() else { return };
+    let pool = ThreadPool::new(1);
+    let path = nextn_testdata::bundled_model();
+    let (nx, ny, embd) = image_embd();
+    let cpu = load(&path, None);
+    let dev = load(&path, Some(&gpu));
+    let e = cpu.config.n_embd;
+    let n_img = nx * ny;
+    let text: Vec<u32> = (0..4).map(|i| (i * 71 % 600 + 3) as u32).collect();
+    let hidden = |rows: usize, seed: usize| -> Vec<f32> {
+        (0..rows * e)
+            .map(|i| (((i + seed) * 29 % 89) as f32 - 44.0) / 35.0)
+            .collect()
+    };
+    let shift = n_img - nx.max(ny);
+    let run = |head: &NextnHead| {
+        let mut c = head.new_cache(KvType::F16, KvType::F16, 256).unwrap();
+        head.forward(&text, &hidden(4, 1), 0, &mut c, LogitRows::None, &pool)
+            .expect("text");
+        head.forward_image(&embd, &hidden(n_img, 2), nx, 4, 4, &mut c, &pool)
+            .expect("image");
+        let h = hidden(3, 3);
+        let mut items = [nextn_model::HeadBatchItem {
+            tokens: &text[..3],
+            hidden_prev: nextn_model::HiddenPrev::Host(&h),
+            start_pos: 4 + n_img,
+            rope_shift: shift,
+            cache: &mut c,
+            logits: LogitRows::All,
+            readback: nextn_model::Readback::Logits,
+        }];
+        let mut out = head.forward_batch(&mut items, &pool).expect("text after");
+        out.pop().unwrap()
+    };
+    let want = run(&NextnHead::load(&cpu).expect("cpu head"));
+    let got = run(&NextnHead::load(&dev).expect("device head"));
+    for i in 0..3 {
+        let (spread, worst, margin) = off_by(want.logits_row(i), got.logits_row(i));
+        let bound = if gpu.int8_dot() { 1e-4 } else { 0.05 };
+        assert!(
+            worst <= bound * spread,
+            "row {i}: |d| {worst} vs spread {spread}"
+        );
+        if margin > 0.1 * spread {
+            assert_eq!(
+                argmax(got.logits_row(i)),
+                argmax(want.logits_row(i)),
+                "row {i}"
+            );
+        }
+    }
+    assert_clean(&gpu);
+}

@@ -853,3 +853,129 @@ fn bad_placement_flags_are_refused() {
         "per tensor, routed experts",
     );
 }
+
+/// `run --mmproj F --image IMG` with the model on the device, whole and split (`-ngl 5`): the
+/// CPU's tokens (the picture's rows at their M-RoPE positions there too), and greedy drafting
+/// gives plain decoding's.
+#[test]
+fn run_with_an_image_on_the_device_prints_the_cpu_text() {
+    let Some(dev) = lavapipe() else { return };
+    let d = std::env::temp_dir().join(format!("nextn-device-image-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    let mmproj = d.join("mmproj.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
+        .expect("write mmproj");
+    let img = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    let (m, mp, img) = (bundled(), mmproj, img);
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = vec![
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "--mmproj",
+            mp.to_str().unwrap(),
+            "--image",
+            img.to_str().unwrap(),
+            "-p",
+            "Describe it.",
+            "--chat",
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--json",
+            "-t",
+            "2",
+            "-c",
+            "512",
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a)
+    };
+    let (cpu, _) = run(&["-dev", "none"]);
+    assert_eq!(cpu["timings"]["images_encoded"], 1, "{cpu}");
+    for placement in [vec!["-dev", &dev], vec!["-dev", &dev, "-ngl", "5"]] {
+        let (plain, err) = run(&placement);
+        assert!(err.contains(&dev), "{err}");
+        assert_eq!(plain["tokens"], cpu["tokens"], "{placement:?}: {err}");
+        let (mtp, err) = run(&[&placement[..], &["--spec-type", "nextn"]].concat());
+        assert_eq!(mtp["tokens"], plain["tokens"], "{placement:?}: {err}");
+        assert!(mtp["spec"]["draft_n"].as_u64().unwrap() > 0, "{mtp}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A server with the model on the device takes a picture, and the next turn with the same
+/// picture resumes after it from the prefix cache (the device's caches restored with the image's
+/// positions) with the answer and logprobs of a server without the cache, drafting on; a slot
+/// file saved after the picture resumes it in that other server the same way.
+#[test]
+fn a_device_server_resumes_after_an_image() {
+    use base64::Engine;
+    let Some(dev) = lavapipe() else { return };
+    let slots = std::env::temp_dir().join(format!("nextn-device-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&slots).expect("temp dir");
+    let args = [
+        "--spec-type",
+        "nextn",
+        "-dev",
+        &dev,
+        "-np",
+        "1",
+        "-c",
+        "1024",
+        "--slot-save-path",
+        slots.to_str().unwrap(),
+    ];
+    let warm = serve_common::start_with_mmproj(&args);
+    let cold = serve_common::start_with_mmproj(&[&args[..], &["--cache-ram", "0"]].concat());
+    let png = base64::engine::general_purpose::STANDARD.encode(serve_common::ramp_png());
+    let user = json!({"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+        {"type": "text", "text": "What is in this picture?"}]});
+    let first = json!({"messages": [user], "max_tokens": 8, "temperature": 0});
+    let r = warm.post("/v1/chat/completions", &first);
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), warm.log_text());
+    let first_prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let answer = r.json()["choices"][0]["message"]["content"].clone();
+    let saved = warm.post("/slots/0?action=save", &json!({"filename": "image.bin"}));
+    assert_eq!(saved.status, 200, "{}", saved.text());
+    let body = json!({"messages": [user,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And the colours?"}],
+        "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let w = warm.post("/v1/chat/completions", &body);
+    assert_eq!(w.status, 200, "{}", w.text());
+    let w = w.json();
+    let c = cold.post("/v1/chat/completions", &body).json();
+    let cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // The first turn's prompt, the picture's rows in it, is the second's prefix.
+    assert!(
+        cached >= first_prompt,
+        "resumed {cached} of {first_prompt}: {w}"
+    );
+    assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
+    assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
+    // The slot file, restored where nothing was cached, resumes after the picture as well.
+    let r = cold.post("/slots/0?action=restore", &json!({"filename": "image.bin"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let restored = cold.post("/v1/chat/completions", &body).json();
+    let cached = restored["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= first_prompt,
+        "restored {cached} of {first_prompt}: {restored}"
+    );
+    assert_eq!(
+        restored["choices"][0]["message"],
+        c["choices"][0]["message"]
+    );
+    assert_eq!(
+        restored["choices"][0]["logprobs"],
+        c["choices"][0]["logprobs"]
+    );
+    let _ = std::fs::remove_dir_all(&slots);
+}

@@ -554,9 +554,6 @@ impl<'e> Core<'e> {
                     .into(),
             );
         }
-        if self.engine.model.device.is_some() {
-            return Err(nextn_model::ModelError::ImageOnDevice.to_string());
-        }
         let mut after = 0;
         for (k, im) in request.images.iter().enumerate() {
             if im.pos < after || !im.matches(&request.prompt) {

@@ -89,7 +89,8 @@ pub mod steps {
 /// `x_off`, `x_stride` apart, `n_head` query heads and `n_kv` kv heads of `head_dim` values,
 /// query head `h` at `h * q_head_stride` (its gate after it), key head `g` at `k_col + g *
 /// head_dim`, value head `g` at `v_col + g * head_dim`; the q and k norm weights in `norms` from
-/// `qn_off` and `kn_off`; rows at positions `start_pos..`.
+/// `qn_off` and `kn_off`; rows at cache positions `start_pos..`, turned at the rotary positions
+/// `rotary` gives them.
 #[derive(Clone, Copy, Debug)]
 pub struct PrepRows {
     pub x_off: u32,
@@ -108,6 +109,29 @@ pub struct PrepRows {
     pub freq_base: f32,
     pub freq_scale: f32,
     pub eps: f32,
+    pub rotary: RotaryPositions,
+}
+
+/// The rotary positions of a segment's rows (the CPU's `RowPositions` and `RopeTable::new_3d`):
+/// text row `i` at `(p, p, p)`, `p = start_pos + i - shift`, where `shift` counts the cache rows
+/// earlier images took beyond the positions they advanced; the rows of an image `image_nx`
+/// tokens wide (`image_nx > 0`) at `(p0, p0 + i / image_nx, p0 + i % image_nx)`, `p0 =
+/// start_pos - shift`. Rotated pair `j` turns by the t, h or w component when `j % 3` is 0, 1 or
+/// 2 and `j / 3` is under that component's entry of `sections`, and not at all otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotaryPositions {
+    pub shift: u32,
+    pub image_nx: u32,
+    pub sections: [u32; 3],
+}
+
+impl RotaryPositions {
+    /// Text rows at their cache positions, every pair turning by them.
+    pub const TEXT: RotaryPositions = RotaryPositions {
+        shift: 0,
+        image_nx: 0,
+        sections: [u32::MAX; 3],
+    };
 }
 
 /// The rows between an attention layer's projections and attention, in place, in one dispatch,
@@ -169,6 +193,15 @@ pub fn prep(
     }
     if !r.n_rot.is_multiple_of(2) || r.n_rot > hd {
         return Err(bad("rope", format!("n_rot {} of heads of {hd}", r.n_rot)));
+    }
+    if r.rotary.shift > r.start_pos {
+        return Err(bad(
+            "rope",
+            format!(
+                "a position shift of {} before cache position {}",
+                r.rotary.shift, r.start_pos
+            ),
+        ));
     }
     if r.n == 0 {
         if let (true, Some(kv)) = (store, kv.as_deref_mut()) {
@@ -240,6 +273,11 @@ pub fn prep(
             scales,
             steps,
             r.eps.to_bits(),
+            r.rotary.shift,
+            r.rotary.image_nx,
+            r.rotary.sections[0],
+            r.rotary.sections[1],
+            r.rotary.sections[2],
         ],
         &[x, norms, &k_buf, &v_buf],
         groups,

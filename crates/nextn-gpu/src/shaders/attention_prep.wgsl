@@ -1,5 +1,6 @@
 // An attention layer's rows between their projections and attention, in place, in one
-// dispatch: the RMSNorm of every q and k head, the partial NEOX rotary embedding of both, and the
+// dispatch: the RMSNorm of every q and k head, the partial NEOX rotary embedding of both (at the
+// rows' text or image positions, multi-section as the CPU's RopeTable::new_3d), and the
 // keys and values into the KV cache (converted to its element types). One workgroup of 64 per
 // (row, head): the query heads, then the kv heads, each of which also stores its keys and
 // values. What runs is `flags`: 1 the norms, 2 the rotation, 4 the store.
@@ -34,6 +35,15 @@ struct Params {
     v_scales: u32,
     flags: u32,
     eps: f32,
+    // Rotary position of cache row c: c - shift for text; an image (image_nx > 0) row i at
+    // (p0, p0 + i / image_nx, p0 + i % image_nx), p0 = start_pos - shift.
+    shift: u32,
+    image_nx: u32,
+    // Pair j turns by the t, h or w position when j % 3 is 0, 1 or 2 and j / 3 is under that
+    // section's size, otherwise not at all (IMROPE).
+    sect_t: u32,
+    sect_h: u32,
+    sect_w: u32,
 }
 
 @group(1) @binding(0) var<uniform> p: Params;
@@ -126,8 +136,22 @@ fn attention_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         storageBarrier();
     }
     if ((p.flags & 2u) != 0u) {
+        let p0 = p.start_pos - p.shift;
+        var pos = vec3<u32>(p0 + row, p0 + row, p0 + row);
+        if (p.image_nx != 0u) {
+            pos = vec3<u32>(p0, p0 + row / p.image_nx, p0 + row % p.image_nx);
+        }
         for (var i = lid; i < p.half_rot; i += WG) {
-            var theta = f32(p.start_pos + row);
+            let q = i / 3u;
+            let r = i % 3u;
+            var theta = 0.0;
+            if (r == 1u && q < p.sect_h) {
+                theta = f32(pos.y);
+            } else if (r == 2u && q < p.sect_w) {
+                theta = f32(pos.z);
+            } else if (r == 0u && q < p.sect_t) {
+                theta = f32(pos.x);
+            }
             for (var k = 0u; k < i; k++) {
                 theta = theta * p.theta_scale;
             }

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use nextn_gpu::kernels::attention::{self as attn_k, steps, PrepRows};
+use nextn_gpu::kernels::attention::{self as attn_k, steps, PrepRows, RotaryPositions};
 use nextn_gpu::kernels::delta_net::{self as dn_k, RawRows, StepIo, StepWeights};
 use nextn_gpu::kernels::elementwise::{moe_combine, moe_route, swiglu, Rows};
 use nextn_gpu::kernels::matvec::{matvec_experts, quant_layout, ActBlocks, Acts, QuantOut};
@@ -30,6 +30,7 @@ use crate::config::{Qwen35Config, RopeScaling};
 use crate::delta_net::GatedDeltaNet;
 use crate::ffn::{DenseFfn, Ffn, MoeFfn};
 use crate::model::{DecoderLayer, Mixer};
+use crate::ops::RowPositions;
 use crate::weights::Linear;
 use crate::ModelError;
 use nextn_quant::kernels::ThreadPool;
@@ -361,6 +362,8 @@ pub(crate) struct DeviceAttention {
     n_rot: usize,
     rope_base: f32,
     rope_scale: f32,
+    /// The t, h and w sections of the rotated pairs (`rope.dimension_sections`).
+    rope_sections: [u32; 3],
     eps: f32,
 }
 
@@ -755,7 +758,25 @@ impl DeviceAttention {
                 RopeScaling::None => 1.0,
                 RopeScaling::Linear { freq_scale } => freq_scale,
             },
+            rope_sections: [0, 1, 2].map(|c| cfg.rope_sections[c].max(0) as u32),
             eps: cfg.rms_eps,
+        })
+    }
+
+    /// Where a segment's rows turn: its text shift, or its image's grid.
+    fn rotary(
+        &self,
+        positions: RowPositions,
+        start_pos: usize,
+    ) -> Result<RotaryPositions, ModelError> {
+        let (shift, image_nx) = match positions {
+            RowPositions::Text { shift } => (shift, 0),
+            RowPositions::Image { p0, nx } => (start_pos.saturating_sub(p0), nx),
+        };
+        Ok(RotaryPositions {
+            shift: u(shift)?,
+            image_nx: u(image_nx)?,
+            sections: self.rope_sections,
         })
     }
 
@@ -810,6 +831,7 @@ impl DeviceAttention {
                 freq_base: self.rope_base,
                 freq_scale: self.rope_scale,
                 eps: self.eps,
+                rotary: self.rotary(seg.positions, seg.start_pos)?,
             };
             attn_k::prep(
                 rec,

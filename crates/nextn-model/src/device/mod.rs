@@ -33,6 +33,7 @@ use crate::batch::{
 use crate::cache::{KvType, LayerCache};
 use crate::ffn::Ffn;
 use crate::model::Model;
+use crate::ops::RowPositions;
 use crate::placement::Placement;
 use crate::weights::Linear;
 use crate::ModelError;
@@ -875,16 +876,61 @@ impl DeviceModel {
         host_rows: Option<&[f32]>,
         pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
+        self.run_pass(model, items, host_rows, None, pool)
+    }
+
+    /// [`Model::forward_image`] on the device: the rows of one image `nx` tokens wide, `rows`
+    /// its embeddings (or its hidden rows after the layers that ran on the CPU), through the
+    /// device's layers at the image's positions after `item`'s committed rows (`item.tokens`
+    /// empty). Commits them as a pass of text rows would; the caller notes the image's span.
+    pub(crate) fn forward_image(
+        &self,
+        model: &Model,
+        item: BatchItem,
+        rows: &[f32],
+        nx: usize,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let mut items = [item];
+        let mut outs = self.run_pass(model, &mut items, Some(rows), Some(nx), pool)?;
+        outs.pop()
+            .ok_or_else(|| ModelError::Device("an image pass gave no output".into()))
+    }
+
+    /// One pass over `items`' rows: their tokens, or the host's `host_rows` (the rows of one
+    /// image `image_nx` wide, when given, at the image's positions).
+    fn run_pass(
+        &self,
+        model: &Model,
+        items: &mut [BatchItem],
+        host_rows: Option<&[f32]>,
+        image_nx: Option<usize>,
+        pool: &ThreadPool,
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
         let gpu = &*self.gpu;
         let cfg = &model.config;
         let e = cfg.n_embd;
         let mut tokens = Vec::new();
         let mut starts = Vec::with_capacity(items.len());
+        let mut lens = Vec::with_capacity(items.len());
         for it in items.iter() {
             starts.push(tokens.len());
+            lens.push(it.tokens.len());
             tokens.extend_from_slice(it.tokens);
         }
-        let n = tokens.len();
+        let image = match (image_nx, host_rows) {
+            (Some(nx), Some(rows)) if items.len() == 1 && tokens.is_empty() => {
+                lens[0] = rows.len() / e.max(1);
+                Some(nx)
+            }
+            (None, _) => None,
+            _ => {
+                return Err(ModelError::Device(
+                    "an image pass takes its rows from the host, for one sequence".into(),
+                ))
+            }
+        };
+        let n: usize = lens.iter().sum();
         let n_vocab = model.n_vocab;
         if n == 0 {
             return Ok(items
@@ -915,7 +961,14 @@ impl DeviceModel {
                     "drafted tokens on the device, and the first layers on the CPU".into(),
                 ))
             }
-            // The rows after the layers that ran on the CPU.
+            (Some(rows), _) if rows.len() != n * e => {
+                return Err(ModelError::HiddenLength {
+                    found: rows.len(),
+                    rows: n,
+                    width: e,
+                })
+            }
+            // The rows after the layers that ran on the CPU (or an image's embeddings).
             (Some(rows), _) => rec.upload(&h, 0, bytemuck::cast_slice(rows)),
             // The rows gathered on the device, drafted tokens among them.
             (None, Some(table)) => {
@@ -944,16 +997,24 @@ impl DeviceModel {
         let first = self.placement.first_device_layer;
         for (j, layer) in self.layers.iter().enumerate() {
             let mut segments = Vec::new();
-            for (it, &s) in items.iter_mut().zip(&starts) {
-                if it.tokens.is_empty() {
+            for ((it, &s), &len) in items.iter_mut().zip(&starts).zip(&lens) {
+                if len == 0 {
                     continue;
                 }
+                let shift = it.state.rope_shift();
+                let positions = match image {
+                    Some(nx) => RowPositions::Image {
+                        p0: it.state.n_past - shift,
+                        nx,
+                    },
+                    None => RowPositions::Text { shift },
+                };
                 segments.push(Segment {
-                    rows: s..s + it.tokens.len(),
+                    rows: s..s + len,
                     start_pos: it.state.n_past,
                     cache: &mut it.state.layers[first + j],
                     verify: it.verify,
-                    positions: crate::ops::RowPositions::default(),
+                    positions,
                 });
             }
             // A layer whose routed experts are in host memory computes them there.
@@ -980,8 +1041,8 @@ impl DeviceModel {
             &self.lm_head,
             items
                 .iter()
-                .zip(&starts)
-                .map(|(it, &s)| (s, it.tokens.len(), it.logits)),
+                .zip(starts.iter().zip(&lens))
+                .map(|(it, (&s, &len))| (s, len, it.logits)),
             TailOut::ReadBack(&readbacks),
         )?;
         let tail = tail.ok_or_else(|| ModelError::Device("no read-back recorded".into()))?;
@@ -1008,8 +1069,9 @@ impl DeviceModel {
         };
         let mut outs = Vec::with_capacity(items.len());
         let back = rows_back.into_iter().zip(top1);
-        for ((it, &s), (logits, top1)) in items.iter_mut().zip(&starts).zip(back) {
-            let len = it.tokens.len();
+        for ((it, (&s, &len)), (logits, top1)) in
+            items.iter_mut().zip(starts.iter().zip(&lens)).zip(back)
+        {
             it.state.n_past += len;
             if it.verify {
                 it.state.pending_rows = len;

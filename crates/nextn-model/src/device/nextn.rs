@@ -25,6 +25,7 @@ use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
 use crate::nextn::NextnHead;
+use crate::ops::RowPositions;
 use crate::ModelError;
 
 pub(crate) struct DeviceHead {
@@ -216,11 +217,51 @@ impl DeviceHead {
         head: &NextnHead,
         items: &mut [HeadBatchItem],
     ) -> Result<Vec<ForwardOutput>, ModelError> {
+        self.run_pass(head, items, None)
+    }
+
+    /// [`NextnHead::forward_image`] on the device: `item` (no tokens, its `hidden_prev` the
+    /// target's rows before the image's) with the image's embeddings `embd` in place of token
+    /// embeddings, at the image's positions (rotary `p0`, `nx` wide). Only the keys and values
+    /// matter; the pass runs with the next submission.
+    pub(crate) fn forward_image(
+        &self,
+        head: &NextnHead,
+        item: HeadBatchItem,
+        embd: &[f32],
+        nx: usize,
+        p0: usize,
+    ) -> Result<(), ModelError> {
+        self.run_pass(
+            head,
+            &mut [item],
+            Some((embd, RowPositions::Image { p0, nx })),
+        )
+        .map(drop)
+    }
+
+    /// One head pass over `items`' tokens, or over the host's embeddings of one image's rows
+    /// at the positions given with them.
+    fn run_pass(
+        &self,
+        head: &NextnHead,
+        items: &mut [HeadBatchItem],
+        image: Option<(&[f32], RowPositions)>,
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
         let gpu = &*self.gpu;
         let e = self.config.n_embd;
         let eps = self.config.rms_eps;
         let n_vocab = head.n_vocab();
-        let n: usize = items.iter().map(|it| it.tokens.len()).sum();
+        let mut lens: Vec<usize> = items.iter().map(|it| it.tokens.len()).collect();
+        if let Some((embd, _)) = image {
+            if items.len() != 1 || !items[0].tokens.is_empty() {
+                return Err(ModelError::Device(
+                    "an image's rows go through the head for one sequence, without tokens".into(),
+                ));
+            }
+            lens[0] = embd.len() / e.max(1);
+        }
+        let n: usize = lens.iter().sum();
         if n == 0 {
             return Ok(items
                 .iter()
@@ -254,8 +295,9 @@ impl DeviceHead {
         let h = grow(gpu, &mut io.h, "nextn-h", n * e)?;
         let ids = grow(gpu, &mut io.ids, "nextn token ids", n)?;
         let mut rec = Recorder::new(gpu);
-        match &self.embed {
-            Some(table) => {
+        match (&self.embed, image) {
+            (_, Some((embd, _))) => rec.upload(&raw, 0, bytemuck::cast_slice(embd)),
+            (Some(table), None) => {
                 rec.upload(&ids, 0, bytemuck::cast_slice(&tokens));
                 embed_rows(
                     &mut rec,
@@ -270,10 +312,9 @@ impl DeviceHead {
                 )
                 .map_err(gpu_err)?;
             }
-            None => rec.upload(&raw, 0, bytemuck::cast_slice(&head.embed_rows(&tokens)?)),
+            (None, None) => rec.upload(&raw, 0, bytemuck::cast_slice(&head.embed_rows(&tokens)?)),
         }
-        for (it, &s) in items.iter().zip(&starts) {
-            let rows = it.tokens.len();
+        for ((it, &s), &rows) in items.iter().zip(&starts).zip(&lens) {
             let at = ((n + s) * e * 4) as u64;
             match it.hidden_prev {
                 HiddenPrev::Host(hidden) => {
@@ -328,14 +369,19 @@ impl DeviceHead {
         self.eh_proj.forward(&mut rec, &acts, n, &h, 0, e, false)?;
         let mut segments: Vec<Segment> = items
             .iter_mut()
-            .zip(&starts)
-            .filter(|(it, _)| !it.tokens.is_empty())
-            .map(|(it, &s)| Segment {
-                rows: s..s + it.tokens.len(),
+            .zip(starts.iter().zip(&lens))
+            .filter(|(_, (_, &len))| len > 0)
+            .map(|(it, (&s, &len))| Segment {
+                rows: s..s + len,
                 start_pos: it.start_pos,
+                positions: match image {
+                    Some((_, at)) => at,
+                    None => RowPositions::Text {
+                        shift: it.rope_shift,
+                    },
+                },
                 cache: &mut *it.cache,
                 verify: false,
-                positions: crate::ops::RowPositions::default(),
             })
             .collect();
         self.layer
@@ -347,12 +393,13 @@ impl DeviceHead {
         let parts = || {
             items
                 .iter()
-                .zip(&starts)
-                .map(|(it, &s)| (s, it.tokens.len(), it.logits))
+                .zip(starts.iter().zip(&lens))
+                .map(|(it, (&s, &len))| (s, len, it.logits))
         };
         let logit_rows: usize = items
             .iter()
-            .map(|it| it.logits.span(it.tokens.len()).1)
+            .zip(&lens)
+            .map(|(it, &len)| it.logits.span(len).1)
             .sum();
         // A trimmed LM head's top-1 is an index into its own rows, which the host maps to ids.
         let defer = self.drafts_stay
@@ -382,14 +429,14 @@ impl DeviceHead {
             self.counters.defer(rec)?;
             return Ok(items
                 .iter()
-                .zip(&starts)
+                .zip(starts.iter().zip(&lens))
                 .zip(&ranges)
-                .map(|((it, &s), &(first, count))| ForwardOutput {
+                .map(|((_, (&s, &len)), &(first, count))| ForwardOutput {
                     hidden: Vec::new(),
                     device_hidden: Some(DeviceRows {
                         pass: this_pass,
                         first: s,
-                        count: it.tokens.len(),
+                        count: len,
                     }),
                     tokens: Vec::new(),
                     logits: Vec::new(),
@@ -437,10 +484,10 @@ impl DeviceHead {
         }
         Ok(items
             .iter()
-            .zip(&starts)
+            .zip(starts.iter().zip(&lens))
             .zip(logits.into_iter().zip(top1))
-            .map(|((it, &s), (logits, top1))| ForwardOutput {
-                hidden: hidden_host[s * e..(s + it.tokens.len()) * e].to_vec(),
+            .map(|((_, (&s, &len)), (logits, top1))| ForwardOutput {
+                hidden: hidden_host[s * e..(s + len) * e].to_vec(),
                 device_hidden: None,
                 tokens: Vec::new(),
                 logits,

@@ -410,9 +410,6 @@ impl VisionArgs {
 
     /// Loads the tower at `path` for `model`, checked against its width.
     pub fn load(&self, path: &Path, model: &Model) -> Result<Arc<VisionTower>> {
-        if model.device.is_some() {
-            bail!("--mmproj {}: images need the model on the CPU (drop -dev / -ngl, or use --no-mmproj)", path.display());
-        }
         let mut tower =
             VisionTower::load(path).with_context(|| format!("--mmproj {}", path.display()))?;
         tower

@@ -247,24 +247,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
     };
     let loaded = common::load(&args.model, args.spec.enabled())?;
-    let vision = match &mmproj {
-        // The projector an -hf model brings is left out of a chat on a device, which cannot
-        // take images, rather than refusing the chat.
-        Some(p)
-            if conversation
-                && args.image.is_empty()
-                && args.vision.mmproj.is_none()
-                && loaded.model.device.is_some() =>
-        {
-            eprintln!(
-                "note: {} is not loaded: images need the model on the CPU, so /image is off",
-                p.display()
-            );
-            None
-        }
-        Some(p) => Some(args.vision.load(p, &loaded.model)?),
-        None => None,
-    };
+    let vision = mmproj
+        .as_ref()
+        .map(|p| args.vision.load(p, &loaded.model))
+        .transpose()?;
     // Read now, decoded once the prompt is known to fit the context with them (their token
     // counts come from their headers).
     let image_files = match &vision {
