@@ -22,7 +22,7 @@ use crate::ModelError;
 
 pub struct NextnHead {
     /// Index N of the `blk.N` that holds the head.
-    block: usize,
+    pub(crate) block: usize,
     pub(crate) embed: Linear,
     pub(crate) enorm: Vec<f32>,
     pub(crate) hnorm: Vec<f32>,
@@ -79,10 +79,15 @@ impl NextnHead {
             .device
             .as_ref()
             .filter(|d| d.placement().head_on_device);
-        let w = if on_device.is_some() {
-            WeightLoader::mapped_only(file)
-        } else {
-            WeightLoader::new(file)
+        // On the device the head's tensors stay as mapped, except routed experts the placement
+        // puts on the CPU (`--cpu-moe`, `-ot`), which the CPU's kernels read.
+        let w = match on_device {
+            Some(d) if d.placement().experts_on_host(n) => {
+                let (placement, blocks) = (d.placement().clone(), crate::Blocks::of(cfg));
+                WeightLoader::split(file, move |name| placement.tensor_on_host(name, blocks))
+            }
+            Some(_) => WeightLoader::mapped_only(file),
+            None => WeightLoader::new(file),
         };
         let e = cfg.n_embd;
         let p = |x: &str| format!("blk.{n}.nextn.{x}");
@@ -279,7 +284,7 @@ impl NextnHead {
         pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         if let Some(d) = &self.device {
-            return d.forward_batch(self, items);
+            return d.forward_batch(self, items, pool);
         }
         let e = self.n_embd;
         let n_vocab = self.n_vocab();
@@ -437,7 +442,7 @@ impl NextnHead {
                 logits: LogitRows::None,
                 readback: Readback::Logits,
             };
-            return d.forward_image(self, item, embd, nx, p0);
+            return d.forward_image(self, item, embd, nx, p0, pool);
         }
         let mut cat = vec![0.0f32; n * 2 * e];
         for (i, dst) in cat.chunks_exact_mut(2 * e).enumerate() {

@@ -43,7 +43,8 @@ impl Blocks {
 pub struct Placement {
     pub first_device_layer: usize,
     pub head_on_device: bool,
-    /// Per trunk layer: its routed experts on the CPU (missing entries: no).
+    /// Per file block (the trunk's layers, then the NextN block): its routed experts on the CPU
+    /// (missing entries: no).
     pub host_experts: Vec<bool>,
 }
 
@@ -80,7 +81,8 @@ impl Placement {
         }
     }
 
-    /// This placement with the routed experts of trunk layers `layers` on the CPU.
+    /// This placement with the routed experts of blocks `layers` on the CPU (the NextN block is
+    /// the one after the trunk's, as llama.cpp numbers the file's blocks).
     pub fn with_host_experts(mut self, layers: impl IntoIterator<Item = usize>) -> Placement {
         for il in layers {
             if self.host_experts.len() <= il {
@@ -140,13 +142,24 @@ impl Placement {
         let experts: Vec<usize> = (first..b.trunk)
             .filter(|&il| self.experts_on_host(il))
             .collect();
+        let head_experts = b.head && self.head_on_device && self.experts_on_host(b.trunk);
         if !experts.is_empty() {
             let noun = if experts.len() == 1 {
                 "layer"
             } else {
                 "layers"
             };
-            on_host.push(format!("the routed experts of {noun} {}", spans(&experts)));
+            let head = if head_experts {
+                " and the NextN head"
+            } else {
+                ""
+            };
+            on_host.push(format!(
+                "the routed experts of {noun} {}{head}",
+                spans(&experts)
+            ));
+        } else if head_experts {
+            on_host.push("the routed experts of the NextN head".into());
         }
         let list = |v: &[String]| v.join(", ");
         if on_host.is_empty() {
@@ -379,6 +392,23 @@ mod tests {
             Placement::all_on_device().describe(b, "Vulkan0"),
             "all on Vulkan0"
         );
+        // The NextN block is block 8: `--cpu-moe` takes its experts with the trunk's.
+        let all = Placement::all_on_device().with_host_experts(0..9);
+        assert!(all.experts_on_host(8));
+        assert_eq!(
+            all.describe(b, "Vulkan0"),
+            "the routed experts of layers 0-7 and the NextN head on the CPU; \
+             layers 0-7, the output, the NextN head on Vulkan0"
+        );
+        assert_eq!(
+            Placement::all_on_device()
+                .with_host_experts([8])
+                .describe(b, "Vulkan0"),
+            "the routed experts of the NextN head on the CPU; \
+             layers 0-7, the output, the NextN head on Vulkan0"
+        );
+        assert!(all.tensor_on_host("blk.8.ffn_up_exps.weight", b));
+        assert!(!all.tensor_on_host("blk.8.attn_q.weight", b));
     }
 
     #[test]

@@ -46,7 +46,8 @@ fn split_placements(model: &Model) -> Vec<Placement> {
         Placement::from_gpu_layers(1, b),
     ];
     if model.config.n_expert > 0 {
-        v.push(Placement::all_on_device().with_host_experts(0..b.trunk));
+        // `--cpu-moe`: every block's, the NextN head's too.
+        v.push(Placement::all_on_device().with_host_experts(0..b.trunk + usize::from(b.head)));
         v.push(Placement::all_on_device().with_host_experts(0..b.trunk / 2));
         v.push(Placement::from_first_device_layer(1, b).with_host_experts(0..b.trunk / 2 + 1));
     }

@@ -715,7 +715,7 @@ fn moe_experts_on_the_cpu_by_flag() {
     for (flags, line) in [
         (
             &["--cpu-moe"][..],
-            "the routed experts of layers 0-7 on the CPU; layers 0-7, the output, the NextN head on",
+            "the routed experts of layers 0-7 and the NextN head on the CPU; layers 0-7, the output, the NextN head on",
         ),
         (&["-ncmoe", "2"][..], "the routed experts of layers 0-1 on the CPU;"),
         (
@@ -736,45 +736,52 @@ fn moe_experts_on_the_cpu_by_flag() {
     let keep = format!(r"blk\.0\.ffn_.*_exps\.={dev}");
     let (_, err) = run(&["-ot", &keep, "--cpu-moe"]);
     assert!(
-        err.contains("the routed experts of layers 1-7 on the CPU"),
+        err.contains("the routed experts of layers 1-7 and the NextN head on the CPU"),
         "{err}"
     );
     // Each trunk pass (prefill, decode, verify) crosses once per layer with its experts on the
-    // CPU, drafting or not; the head's passes keep theirs on the device and do not cross.
+    // CPU, drafting or not; the head's passes cross once when its block's experts are there too
+    // (`--cpu-moe`, as llama.cpp's matches every block's), and not at all otherwise.
     let json = std::env::temp_dir().join(format!("nextn-cpumoe-{}.json", std::process::id()));
-    let o = bin()
-        .args([
-            "bench",
-            "-m",
-            m,
-            "-t",
-            "2",
-            "-c",
-            "256",
-            "-n",
-            "8",
-            "--spec-draft-n-max",
-            "0,2",
-            "--force-acceptance",
-            "0.95,0.86,0.75",
-            "-dev",
-            &dev,
-            "--n-cpu-moe",
-            "3",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
-    for run in v["runs"].as_array().unwrap() {
-        let d = &run["device"];
-        let trunk = d["target_passes"].as_u64().unwrap();
-        assert!(trunk > 0, "{d}");
-        assert_eq!(d["crossings"].as_u64(), Some(3 * trunk), "{d}");
+    for (flags, trunk_layers, head_crosses) in [
+        (&["--n-cpu-moe", "3"][..], 3, false),
+        (&["--cpu-moe"][..], 8, true),
+    ] {
+        let o = bin()
+            .args([
+                "bench",
+                "-m",
+                m,
+                "-t",
+                "2",
+                "-c",
+                "256",
+                "-n",
+                "8",
+                "--spec-draft-n-max",
+                "0,2",
+                "--force-acceptance",
+                "0.95,0.86,0.75",
+                "-dev",
+                &dev,
+                "--json",
+            ])
+            .arg(&json)
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        for run in v["runs"].as_array().unwrap() {
+            let d = &run["device"];
+            let trunk = d["target_passes"].as_u64().unwrap();
+            let head = d["passes"].as_u64().unwrap() - trunk;
+            assert!(trunk > 0, "{d}");
+            let want = trunk_layers * trunk + if head_crosses { head } else { 0 };
+            assert_eq!(d["crossings"].as_u64(), Some(want), "{flags:?}: {d}");
+        }
     }
 }
 

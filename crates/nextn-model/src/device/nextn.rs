@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nextn_gpu::kernels::matvec::embed_rows;
 use nextn_gpu::kernels::norm::norm_quant;
 use nextn_gpu::{Gpu, Recorder};
+use nextn_quant::kernels::ThreadPool;
 
 use super::layer::Needs;
-use super::layer::{DeviceLayer, PassBuffers};
+use super::layer::{DeviceLayer, HostExperts, PassBuffers};
 use super::{
     gpu_err, grow, grow_quant, locked, record_tail, rows_read_back, u, vector, Drafted, Mat,
     PassIo, TailOut,
@@ -24,6 +25,7 @@ use crate::batch::{
 use crate::cache::{KvType, LayerCache};
 use crate::config::Qwen35Config;
 use crate::draft_vocab::DraftLmHead;
+use crate::ffn::Ffn;
 use crate::nextn::NextnHead;
 use crate::ops::RowPositions;
 use crate::ModelError;
@@ -55,6 +57,8 @@ pub(crate) struct DeviceHead {
     passes: AtomicU64,
     /// Device memory of the embedding table when the head uploaded it.
     embed_bytes: u64,
+    /// The block's routed experts run on the CPU (`--cpu-moe`, `-ot`).
+    experts_on_host: bool,
 }
 
 impl DeviceHead {
@@ -98,7 +102,8 @@ impl DeviceHead {
             &[head.enorm.as_slice(), head.hnorm.as_slice()].concat(),
         )?;
         let eh_proj = Mat::upload(&gpu, &head.eh_proj)?;
-        let layer = DeviceLayer::upload(&gpu, &head.layer, cfg, false)?;
+        let experts_on_host = trunk.placement().experts_on_host(head.block);
+        let layer = DeviceLayer::upload(&gpu, &head.layer, cfg, experts_on_host)?;
         let shared_head_norm = vector(&gpu, "nextn.shared_head_norm", &head.shared_head_norm)?;
         // The table pays only when the drafts can stay: when the verifying trunk gathers its
         // embeddings on the device too (its first layer there).
@@ -131,6 +136,7 @@ impl DeviceHead {
             drafted: trunk.drafted.clone(),
             passes: AtomicU64::new(0),
             embed_bytes,
+            experts_on_host,
         };
         d.gpu.check().map_err(gpu_err)?;
         let mut kernels = Vec::new();
@@ -216,8 +222,9 @@ impl DeviceHead {
         &self,
         head: &NextnHead,
         items: &mut [HeadBatchItem],
+        pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
-        self.run_pass(head, items, None)
+        self.run_pass(head, items, None, pool)
     }
 
     /// [`NextnHead::forward_image`] on the device: `item` (no tokens, its `hidden_prev` the
@@ -231,13 +238,11 @@ impl DeviceHead {
         embd: &[f32],
         nx: usize,
         p0: usize,
+        pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        self.run_pass(
-            head,
-            &mut [item],
-            Some((embd, RowPositions::Image { p0, nx })),
-        )
-        .map(drop)
+        let at = RowPositions::Image { p0, nx };
+        self.run_pass(head, &mut [item], Some((embd, at)), pool)
+            .map(drop)
     }
 
     /// One head pass over `items`' tokens, or over the host's embeddings of one image's rows
@@ -247,6 +252,7 @@ impl DeviceHead {
         head: &NextnHead,
         items: &mut [HeadBatchItem],
         image: Option<(&[f32], RowPositions)>,
+        pool: &ThreadPool,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         let gpu = &*self.gpu;
         let e = self.config.n_embd;
@@ -384,8 +390,17 @@ impl DeviceHead {
                 verify: false,
             })
             .collect();
+        // Routed experts in host memory are computed there, as the trunk's.
+        let host = match &head.layer.ffn {
+            Ffn::Moe(ffn) if self.experts_on_host => Some(HostExperts {
+                ffn,
+                pool,
+                counters: &self.counters,
+            }),
+            _ => None,
+        };
         self.layer
-            .forward(&mut rec, &h, n, &mut segments, &mut pass, None)?;
+            .forward(&mut rec, &h, n, &mut segments, &mut pass, host)?;
         drop(segments);
         drop(pass);
         let lm = self.draft.as_ref().unwrap_or(&self.lm_head);

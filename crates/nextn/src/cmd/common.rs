@@ -795,7 +795,9 @@ fn place_model(
 /// experts run on the CPU) when some do.
 fn placement_flags(placement: &Placement, blocks: Blocks) -> String {
     let ngl = format!("-ngl {}", placement.gpu_layers(blocks));
-    let experts: Vec<usize> = (0..blocks.trunk)
+    // The file's blocks on the device, the NextN block last, as llama.cpp numbers them.
+    let on_device = blocks.trunk + usize::from(blocks.head && placement.head_on_device);
+    let experts: Vec<usize> = (0..on_device)
         .filter(|&il| placement.experts_on_host(il))
         .collect();
     // The device's layers start at `first`: experts on the CPU in each of `first..=last` are
@@ -860,7 +862,10 @@ fn host_expert_layers(
     }
     let mut matched = vec![false; rules.len()];
     let mut layers = Vec::new();
-    for il in 0..cfg.n_layer {
+    // The file's blocks, the NextN block last, as llama.cpp's flags match them: `--cpu-moe` and
+    // a large enough `--n-cpu-moe` take the head's experts too.
+    let blocks = cfg.nextn_block().map_or(cfg.n_layer, |n| n + 1);
+    for il in 0..blocks {
         let prefix = format!("blk.{il}.");
         let mut side: Option<bool> = None;
         for t in file
