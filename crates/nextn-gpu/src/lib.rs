@@ -16,7 +16,7 @@ pub mod validation;
 pub mod weights;
 
 pub use context::{list_devices, Counters, DeviceInfo, Gpu, OpenOptions, Reservation};
-pub use pass::{groups_1d, PassTime, ReadBack, ReadSlot, Recorder, Timing};
+pub use pass::{groups_1d, DispatchTime, PassTime, ReadBack, ReadSlot, Recorder, Timing};
 pub use weights::{is_device_type, DeviceExperts, DeviceMatrix};
 
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,8 @@ enum Op {
         /// Byte offset of the parameters in the recording's parameter blob.
         params: u64,
         groups: [u32; 3],
+        /// The fewest bytes the dispatch moves through device memory.
+        bytes: u64,
     },
     Copy {
         src: wgpu::Buffer,
@@ -69,12 +71,14 @@ impl Recorded {
                 group,
                 params,
                 groups,
+                bytes,
             } => Op::Dispatch {
                 kernel,
                 pipeline,
                 group,
                 params: params + p0,
                 groups,
+                bytes,
             },
             Op::Upload {
                 data,
@@ -107,9 +111,18 @@ pub enum Timing {
 #[derive(Clone, Debug, Default)]
 pub struct PassTime {
     pub seconds: f64,
-    /// With [`Timing::Dispatches`]: each dispatch's kernel and seconds, in order (the time from
-    /// the end of the dispatch before it, so the barrier between them is counted too).
-    pub dispatches: Vec<(&'static str, f64)>,
+    /// With [`Timing::Dispatches`]: each dispatch, in order.
+    pub dispatches: Vec<DispatchTime>,
+}
+
+/// One timed dispatch: its kernel, its time (from the end of the dispatch before it, so the
+/// barrier between them is counted too) and the fewest bytes it moves through device memory
+/// (each input read once, each output written once), whose ratio is its achieved bandwidth.
+#[derive(Clone, Copy, Debug)]
+pub struct DispatchTime {
+    pub kernel: &'static str,
+    pub seconds: f64,
+    pub bytes: u64,
 }
 
 /// The most timestamps one submission writes.
@@ -192,13 +205,16 @@ impl<'g> Recorder<'g> {
 
     /// Record `kernel` over `groups` workgroups. `params` fill the kernel's uniform struct
     /// (u32 words; f32 values as their bits); `buffers` are its storage bindings 1, 2, ... in
-    /// order, each bound whole (kernels take element offsets in their parameters).
+    /// order, each bound whole (kernels take element offsets in their parameters). `bytes`: the
+    /// fewest bytes the dispatch moves through device memory (each input read once, each output
+    /// written once), which a profile divides by its time.
     pub fn dispatch(
         &mut self,
         kernel: &'static Kernel,
         params: &[u32],
         buffers: &[&wgpu::Buffer],
         groups: [u32; 3],
+        bytes: u64,
     ) -> Result<(), GpuError> {
         if groups.contains(&0) {
             return Ok(());
@@ -227,6 +243,7 @@ impl<'g> Recorder<'g> {
             group,
             params: offset,
             groups,
+            bytes,
         });
         self.rec.dispatches += 1;
         Ok(())
@@ -439,6 +456,7 @@ impl<'g> Recorder<'g> {
                             group,
                             params: offset,
                             groups,
+                            bytes,
                         } = op
                         else {
                             continue;
@@ -448,7 +466,7 @@ impl<'g> Recorder<'g> {
                         pass.set_bind_group(1, &params, &[*offset as u32]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         if let Some(set) = inside {
-                            kernels.push(*kernel);
+                            kernels.push((*kernel, *bytes));
                             pass.write_timestamp(set, kernels.len() as u32);
                         }
                     }
@@ -509,7 +527,11 @@ impl<'g> Recorder<'g> {
                 dispatches: kernels
                     .iter()
                     .zip(ticks.windows(2))
-                    .map(|(k, w)| (*k, secs(w[0], w[1])))
+                    .map(|(&(kernel, bytes), w)| DispatchTime {
+                        kernel,
+                        seconds: secs(w[0], w[1]),
+                        bytes,
+                    })
                     .collect(),
             }
         });

@@ -300,6 +300,44 @@ fn head_norm_matches_the_definition() {
     assert_clean(&gpu);
 }
 
+/// `n` rows of `heads` query heads of `head_dim = n_rot` values (`head_stride` apart, rows
+/// `row_stride` apart from `off`) rotated alone (no norm, no store) at cache positions `start..`
+/// and the rotary positions `rotary` gives them: the prep kernel's rope step, in place; `Err` as
+/// `prep` refuses.
+fn rotate(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    (off, row_stride, n): (usize, usize, usize),
+    (heads, head_stride, n_rot): (usize, usize, usize),
+    start: usize,
+    (base, freq_scale): (f32, f32),
+    rotary: RotaryPositions,
+) -> Result<(), GpuError> {
+    let rows = PrepRows {
+        x_off: off as u32,
+        x_stride: row_stride as u32,
+        n: n as u32,
+        n_head: heads as u32,
+        n_kv: 0,
+        head_dim: n_rot as u32,
+        q_head_stride: head_stride as u32,
+        k_col: 0,
+        v_col: 0,
+        qn_off: 0,
+        kn_off: 0,
+        n_rot: n_rot as u32,
+        start_pos: start as u32,
+        freq_base: base,
+        freq_scale,
+        eps: 1e-6,
+        rotary,
+    };
+    let norms = gpu.buffer("no norms", 16)?;
+    let mut rec = Recorder::new(gpu);
+    prep(&mut rec, x, &norms, None, &rows, steps::ROPE)?;
+    rec.submit(false).map(drop)
+}
+
 /// Rotary angles as ggml computes them: repeated f32 multiplication from the position, the
 /// frequency scale applied after.
 fn thetas(pos: usize, n_rot: usize, base: f32, freq_scale: f32) -> Vec<f32> {
@@ -335,29 +373,16 @@ fn rope_matches_the_definition() {
         let (off, row_stride) = (5usize, heads * head_stride + 1);
         let x = rng.vec(off + n * row_stride, 2.0);
         let xb = upload(&gpu, &x);
-        let rows = PrepRows {
-            x_off: off as u32,
-            x_stride: row_stride as u32,
-            n: n as u32,
-            n_head: heads as u32,
-            n_kv: 0,
-            head_dim: n_rot as u32,
-            q_head_stride: head_stride as u32,
-            k_col: 0,
-            v_col: 0,
-            qn_off: 0,
-            kn_off: 0,
-            n_rot: n_rot as u32,
-            start_pos: start as u32,
-            freq_base: base,
-            freq_scale: fscale,
-            eps: 1e-6,
-            rotary: RotaryPositions::TEXT,
-        };
-        let norms = gpu.buffer("no norms", 16).unwrap();
-        let mut rec = Recorder::new(&gpu);
-        prep(&mut rec, &xb, &norms, None, &rows, steps::ROPE).unwrap();
-        rec.submit(false).unwrap();
+        rotate(
+            &gpu,
+            &xb,
+            (off, row_stride, n),
+            (heads, head_stride, n_rot),
+            start,
+            (base, fscale),
+            RotaryPositions::TEXT,
+        )
+        .unwrap();
         let y = gpu.read_f32(&xb, 0, x.len()).unwrap();
         let mut rotated = vec![false; x.len()];
         let half = n_rot / 2;
@@ -414,33 +439,21 @@ fn rope_at_image_and_shifted_text_positions_matches_the_definition() {
         let (off, row_stride) = (3usize, heads * head_stride + 2);
         let x = rng.vec(off + n * row_stride, 2.0);
         let xb = upload(&gpu, &x);
-        let rows = PrepRows {
-            x_off: off as u32,
-            x_stride: row_stride as u32,
-            n: n as u32,
-            n_head: heads as u32,
-            n_kv: 0,
-            head_dim: n_rot as u32,
-            q_head_stride: head_stride as u32,
-            k_col: 0,
-            v_col: 0,
-            qn_off: 0,
-            kn_off: 0,
-            n_rot: n_rot as u32,
-            start_pos: start as u32,
-            freq_base: base,
-            freq_scale: 1.0,
-            eps: 1e-6,
-            rotary: RotaryPositions {
-                shift: shift as u32,
-                image_nx: nx as u32,
-                sections,
-            },
+        let rotary = RotaryPositions {
+            shift: shift as u32,
+            image_nx: nx as u32,
+            sections,
         };
-        let norms = gpu.buffer("no norms", 16).unwrap();
-        let mut rec = Recorder::new(&gpu);
-        prep(&mut rec, &xb, &norms, None, &rows, steps::ROPE).unwrap();
-        rec.submit(false).unwrap();
+        rotate(
+            &gpu,
+            &xb,
+            (off, row_stride, n),
+            (heads, head_stride, n_rot),
+            start,
+            (base, 1.0),
+            rotary,
+        )
+        .unwrap();
         let y = gpu.read_f32(&xb, 0, x.len()).unwrap();
         let half = n_rot / 2;
         let p0 = start - shift;
@@ -482,31 +495,12 @@ fn rope_at_image_and_shifted_text_positions_matches_the_definition() {
     }
     // A shift past the rows' cache position is refused.
     let xb = upload(&gpu, &[0.0; 64]);
-    let norms = gpu.buffer("no norms", 16).unwrap();
-    let rows = PrepRows {
-        x_off: 0,
-        x_stride: 64,
-        n: 1,
-        n_head: 1,
-        n_kv: 0,
-        head_dim: 64,
-        q_head_stride: 64,
-        k_col: 0,
-        v_col: 0,
-        qn_off: 0,
-        kn_off: 0,
-        n_rot: 64,
-        start_pos: 3,
-        freq_base: 1e4,
-        freq_scale: 1.0,
-        eps: 1e-6,
-        rotary: RotaryPositions {
-            shift: 4,
-            ..RotaryPositions::TEXT
-        },
+    let shifted = RotaryPositions {
+        shift: 4,
+        ..RotaryPositions::TEXT
     };
-    let mut rec = Recorder::new(&gpu);
-    assert!(prep(&mut rec, &xb, &norms, None, &rows, steps::ROPE).is_err());
+    let refused = rotate(&gpu, &xb, (0, 64, 1), (1, 64, 64), 3, (1e4, 1.0), shifted);
+    assert!(refused.is_err());
     assert_clean(&gpu);
 }
 

@@ -1,8 +1,10 @@
 //! The small kernels against their scalar definitions.
 
-use nextn_gpu::kernels::elementwise::{moe_combine, moe_route, swiglu, Rows};
+use nextn_gpu::kernels::elementwise::{
+    copy_bandwidth, copy_words, moe_combine, moe_route, swiglu, Rows,
+};
 use nextn_gpu::validation::{assert_clean, test_device};
-use nextn_gpu::{Gpu, Recorder};
+use nextn_gpu::{Gpu, Recorder, Timing};
 
 fn values(n: usize, salt: usize) -> Vec<f32> {
     (0..n)
@@ -135,6 +137,34 @@ fn moe_routing_and_combination() {
 }
 
 /// Every test above again at lavapipe's 4, 8 and 16 lanes.
+/// The copy moves every word, a per-dispatch profile names it with the bytes it moves (read and
+/// written), and the bandwidth measured with it is a positive rate where the device can time.
+#[test]
+fn copy_words_and_the_bytes_a_profile_counts() {
+    let Some(gpu) = test_device() else { return };
+    let words = 1000u32;
+    let data = values(words as usize * 4, 3);
+    let src = up(&gpu, &data);
+    let dst = gpu.buffer("d", words as u64 * 16 + 64).unwrap();
+    let mut rec = Recorder::new(&gpu);
+    copy_words(&mut rec, &src, &dst, words).unwrap();
+    let time = rec.submit_timed(Timing::Dispatches).unwrap();
+    assert_eq!(gpu.read_f32(&dst, 0, data.len()).unwrap(), data);
+    if gpu.has_dispatch_timestamps() {
+        let t = time.expect("a timed pass");
+        assert_eq!(t.dispatches.len(), 1);
+        assert_eq!(t.dispatches[0].kernel, "copy_words");
+        assert_eq!(t.dispatches[0].bytes, 2 * 16 * words as u64);
+    }
+    let mut rec = Recorder::new(&gpu);
+    assert!(copy_words(&mut rec, &src, &dst, words + 1).is_err());
+    if gpu.has_timestamps() {
+        let rate = copy_bandwidth(&gpu, 4 << 20).unwrap().expect("a rate");
+        assert!(rate > 1e6, "{rate} bytes/s");
+    }
+    assert_clean(&gpu);
+}
+
 #[test]
 fn at_every_lavapipe_width() {
     nextn_gpu::validation::rerun_at_lavapipe_widths("at_every_lavapipe_width");

@@ -62,6 +62,20 @@ fn tokens(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The spread of a logit row `want` (top to median), the largest difference of `got` from it,
+/// and the row's top-2 margin.
+fn off_by(want: &[f32], got: &[f32]) -> (f32, f32, f32) {
+    let mut sorted = want.to_vec();
+    sorted.sort_by(|x, y| y.total_cmp(x));
+    let spread = (sorted[0] - sorted[sorted.len() / 2]).abs().max(1e-3);
+    let worst = want
+        .iter()
+        .zip(got)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    (spread, worst, sorted[0] - sorted[1])
+}
+
 fn argmax(x: &[f32]) -> usize {
     x.iter()
         .enumerate()
@@ -317,14 +331,7 @@ fn a_split_model_gives_the_cpus_logits() {
                     .forward(rows, &mut s, LogitRows::Last, &pool)
                     .expect("split");
                 let got = o.logits_row(0);
-                let mut sorted = w.clone();
-                sorted.sort_by(|x, y| y.total_cmp(x));
-                let spread = (sorted[0] - sorted[sorted.len() / 2]).abs().max(1e-3);
-                let worst = w
-                    .iter()
-                    .zip(got)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
+                let (spread, worst, margin) = off_by(w, got);
                 // Measured on lavapipe, in the spreads above (top logit to median) at the worst
                 // step and placement: the bundled model 3e-3, the dense Q6_K fixture 4e-7, the
                 // MoE one 0.08 (a router that picks another expert moves a row further).
@@ -338,7 +345,7 @@ fn a_split_model_gives_the_cpus_logits() {
                     "{} at {placement:?}, step {step}: |d| {worst} vs spread {spread}",
                     file.display()
                 );
-                if sorted[0] - sorted[1] > 2.0 * bound * spread {
+                if margin > 2.0 * bound * spread {
                     assert_eq!(
                         argmax(got),
                         argmax(w),
@@ -379,14 +386,7 @@ fn head_on_the_device() {
     let mut agree = 0;
     for i in 0..toks.len() {
         let (a, b) = (c.logits_row(i), d.logits_row(i));
-        let mut sorted = a.to_vec();
-        sorted.sort_by(|x, y| y.total_cmp(x));
-        let spread = (sorted[0] - sorted[sorted.len() / 2]).abs().max(1e-3);
-        let worst = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, f32::max);
+        let (spread, worst, margin) = off_by(a, b);
         // Both round activations to int8 for the Q8_0 weights where the adapter has int8 dot
         // products (measured on lavapipe: at most 2.3e-7 of the spread); with f32 activations
         // the device does not, and only the looser bound holds.
@@ -395,7 +395,7 @@ fn head_on_the_device() {
             worst <= bound * spread,
             "row {i}: |d| {worst} vs spread {spread}"
         );
-        if sorted[0] - sorted[1] > 0.1 * spread {
+        if margin > 0.1 * spread {
             assert_eq!(argmax(a), argmax(b), "row {i}: top-1");
             agree += 1;
         }
@@ -562,19 +562,6 @@ fn image_embd() -> (usize, usize, Vec<f32>) {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     (nx, ny, rows)
-}
-
-/// The spread of a logit row (top to median) and the largest difference of `got` from it.
-fn off_by(want: &[f32], got: &[f32]) -> (f32, f32, f32) {
-    let mut sorted = want.to_vec();
-    sorted.sort_by(|x, y| y.total_cmp(x));
-    let spread = (sorted[0] - sorted[sorted.len() / 2]).abs().max(1e-3);
-    let worst = want
-        .iter()
-        .zip(got)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    (spread, worst, sorted[0] - sorted[1])
 }
 
 /// An image prompt with the model on the device, whole or split: text, the picture's rows at

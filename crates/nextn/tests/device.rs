@@ -355,8 +355,8 @@ fn a_request_without_room_on_the_device_is_refused_and_the_server_goes_on() {
 }
 
 /// `bench --device-profile` times every dispatch: the JSON lists the kernels the passes ran, their
-/// dispatch counts add up to the dispatches counted, and their times to the pass times; on the
-/// CPU the flag is refused.
+/// dispatch counts add up to the dispatches counted, each with the bytes it moves and its achieved
+/// bandwidth beside the device's copy bandwidth; on the CPU the flag is refused.
 #[test]
 fn device_profile_accounts_for_every_dispatch() {
     let Some(dev) = lavapipe() else { return };
@@ -399,6 +399,16 @@ fn device_profile_accounts_for_every_dispatch() {
         .map(|k| k["dispatches"].as_u64().unwrap())
         .sum();
     assert_eq!(counted, run["dispatches"].as_u64().unwrap());
+    // Each kernel's bytes moved and achieved bandwidth, against the device's copy bandwidth.
+    for k in kernels {
+        assert!(k["bytes"].as_u64().unwrap() > 0, "{k}");
+        assert!(k["bytes_per_second"].as_f64().unwrap() > 0.0, "{k}");
+    }
+    assert!(
+        run["copy_bandwidth_bytes_per_second"].as_f64().unwrap() > 0.0,
+        "{run}"
+    );
+    assert!(err.contains("% copy"), "{err}");
 
     let o = bin()
         .args([

@@ -38,10 +38,13 @@ pub fn argmax_rows(
         });
     }
     let groups = crate::groups_1d(rec.gpu(), rows);
+    // Each row read, an (id, logit) pair written.
+    let bytes = rows as u64 * (width as u64 * 4 + 8);
     rec.dispatch(
         &ARGMAX_ROWS,
         &[rows, width, stride, x_off, out_off],
         &[x, out],
         groups,
+        bytes,
     )
 }

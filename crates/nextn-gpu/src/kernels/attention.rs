@@ -248,6 +248,23 @@ pub fn prep(
         _ => (0, 0, 0, 0, unused[0].clone(), unused[1].clone()),
     };
     let groups = crate::groups_1d(gpu, r.n * (r.n_head + heads));
+    // Each q and k head read and written in place; each stored key and value read and written
+    // to the cache.
+    let rows = r.n as u64;
+    let in_place = if steps & (steps::NORM | steps::ROPE) != 0 {
+        rows * (r.n_head + heads) as u64 * hd as u64 * 8
+    } else {
+        0
+    };
+    let stored = match kv.as_deref() {
+        Some(kv) if store => {
+            let hd = hd as usize;
+            rows * heads as u64
+                * (2 * hd as u64 * 4
+                    + (kv.k_elem().ggml_bytes(hd) + kv.v_elem().ggml_bytes(hd)) as u64)
+        }
+        _ => 0,
+    };
     rec.dispatch(
         &PREP,
         &[
@@ -281,6 +298,7 @@ pub fn prep(
         ],
         &[x, norms, &k_buf, &v_buf],
         groups,
+        in_place + stored,
     )?;
     if let (true, Some(kv)) = (store, kv) {
         kv.set_len(end);
@@ -490,10 +508,18 @@ pub fn attention_quant(
     let cb = if flags != 0 { 8 } else { 1 };
     let unused = gpu.scratch("unused-3", 16)?;
     let (q0b, qkb) = (quant.q8_0.unwrap_or(&unused), quant.q8k.unwrap_or(&unused));
+    // What a part must move: the keys and values of its kv heads over the positions seen (all
+    // of them once the part holds a row per kv head), its queries, the chunk results written
+    // and read back, its gates read and its output rows written.
+    let kv_row = (kv.k_elem().ggml_bytes(hd as usize) + kv.v_elem().ggml_bytes(hd as usize)) as u64;
+    let head_bytes = hd as u64 * 4;
     let mut unit0 = 0;
     while unit0 < total_units {
         let units = units_per_part.min(total_units - unit0);
         let first = crate::groups_1d(gpu, units * head_blocks * n_chunks);
+        let results = units as u64 * per_unit;
+        let cache = units.min(n_kv) as u64 * seen_end as u64 * kv_row;
+        let queries = units as u64 * group as u64 * head_bytes;
         rec.dispatch(
             &ATTENTION_CHUNK,
             &[
@@ -518,6 +544,7 @@ pub fn attention_quant(
             ],
             &[q, kv.k_buffer(), kv.v_buffer(), &part],
             first,
+            cache + queries + results,
         )?;
         let rows = units / n_kv;
         let second = crate::groups_1d(gpu, rows * (n_head * hd).div_ceil(32 * cb));
@@ -547,6 +574,7 @@ pub fn attention_quant(
             ],
             &[&part, q, out, q0b, qkb],
             second,
+            results + 2 * queries,
         )?;
         unit0 += units;
     }

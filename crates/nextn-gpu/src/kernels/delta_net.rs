@@ -266,6 +266,14 @@ pub fn step(
     let tiles = shape.value_head.div_ceil(STEP_COLS);
     let groups = crate::groups_1d(gpu, hv * tiles);
     let scale = 1.0 / (shape.key_head as f32).sqrt();
+    // The recurrent state and the conv window read and written once, the conv weights, the
+    // rows in, their outputs (and the kept rows) out.
+    let (rows, w4) = (n as u64, 4u64);
+    let state = sl as u64 * w4 * 2;
+    let window = wl as u64 * w4 * 2 + conv_dim as u64 * shape.kernel as u64 * w4;
+    let rows_in = rows * (conv_dim as u64 + 2 * hv as u64) * w4;
+    let rows_out = rows * hv as u64 * shape.value_head as u64 * w4
+        + io.keep.map_or(0, |_| rows * keep_stride as u64 * w4);
     rec.dispatch(
         &STEP,
         &[
@@ -296,6 +304,7 @@ pub fn step(
         ],
         &step_buffers(raw.rows.buffer, w, io, out.buffer, &unused),
         groups,
+        state + window + rows_in + rows_out,
     )
 }
 
@@ -420,5 +429,9 @@ pub fn gated_norm(
             quant.q8k.unwrap_or(&unused),
         ],
         groups,
+        // The recurrence's output and the gate read, the normed rows (and their quantized
+        // copies) written.
+        n as u64 * (3 * value_dim as u64 * 4 + (l0.stride as u64 + lk.stride as u64) * 4)
+            + shape.value_head as u64 * 4,
     )
 }

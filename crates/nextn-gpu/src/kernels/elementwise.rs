@@ -1,5 +1,6 @@
 //! The small kernels between the matrix products of a MoE layer: SwiGLU of the chosen experts,
-//! routing, and the weighted sum of the chosen experts (added to the residual).
+//! routing, and the weighted sum of the chosen experts (added to the residual); and a plain copy,
+//! whose rate is the device's memory bandwidth for the profile.
 
 use super::Kernel;
 use crate::{GpuError, Recorder};
@@ -17,8 +18,9 @@ macro_rules! kernel {
 kernel!(SWIGLU, "swiglu", "swiglu.wgsl");
 kernel!(MOE_ROUTE, "route", "moe.wgsl");
 kernel!(MOE_COMBINE, "moe_combine", "moe_combine.wgsl");
+kernel!(COPY_WORDS, "copy_words", "copy.wgsl");
 
-pub static KERNELS: &[&Kernel] = &[&SWIGLU, &MOE_ROUTE, &MOE_COMBINE];
+pub static KERNELS: &[&Kernel] = &[&SWIGLU, &MOE_ROUTE, &MOE_COMBINE, &COPY_WORDS];
 
 /// Threads per workgroup of every kernel in this file.
 const WG: u32 = 256;
@@ -60,6 +62,8 @@ pub fn swiglu(
         &[n, width, g.off, g.stride, u.off, u.stride],
         &[g.buf, u.buf, out],
         groups,
+        // Two values read, one written.
+        n as u64 * width as u64 * 12,
     )
 }
 
@@ -92,6 +96,8 @@ pub fn moe_route(
         &[n, n_expert, k, stride],
         &[logits, ids, weights],
         g,
+        // The router's logits read, k ids and weights written.
+        n as u64 * (n_expert as u64 * 4 + k as u64 * 8),
     )
 }
 
@@ -115,10 +121,67 @@ pub fn moe_combine(
         Some((o, gate, off, stride)) => (o, gate, off, stride, 1),
         None => (y, weights, 0, 0, 0),
     };
+    // Each slot's row and weight read, the shared expert's row and gate, the output written
+    // (read too when added to).
+    let row = width as u64 * 4;
+    let bytes = n as u64 * (k as u64 * (row + 4) + has as u64 * (row + 4) + row * (1 + add as u64));
     rec.dispatch(
         &MOE_COMBINE,
         &[n, k, width, has, gate_off, gate_stride, add as u32],
         &[y, weights, s_out, s_gate, out],
         g,
+        bytes,
     )
+}
+
+/// Copy the first `words` 16-byte words of `src` to `dst`.
+pub fn copy_words(
+    rec: &mut Recorder,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    words: u32,
+) -> Result<(), GpuError> {
+    let bytes = words as u64 * 16;
+    if src.size() < bytes || dst.size() < bytes || src == dst {
+        return Err(GpuError::BadTensor {
+            tensor: "copy".into(),
+            why: format!(
+                "{words} words between buffers of {} and {} bytes",
+                src.size(),
+                dst.size()
+            ),
+        });
+    }
+    let groups = crate::groups_1d(rec.gpu(), words.div_ceil(WG));
+    rec.dispatch(&COPY_WORDS, &[words], &[src, dst], groups, 2 * bytes)
+}
+
+/// The device's memory bandwidth in bytes a second, read plus written, as the best of several
+/// timed copies of `bytes` (at most the device's binding limit) of data that is not zero;
+/// `None` where the device cannot time a submission.
+pub fn copy_bandwidth(gpu: &crate::Gpu, bytes: u64) -> Result<Option<f64>, GpuError> {
+    if !gpu.has_timestamps() {
+        return Ok(None);
+    }
+    let words = (bytes.min(gpu.max_binding_bytes()) / 16).min(u32::MAX as u64) as u32;
+    let pattern: Vec<u32> = (0..words as u64 * 4)
+        .map(|i| (i as u32).wrapping_mul(0x9E37_79B9) | 1)
+        .collect();
+    let src = gpu.upload("copy source", bytemuck::cast_slice(&pattern))?;
+    drop(pattern);
+    let dst = gpu.buffer("copy destination", words as u64 * 16)?;
+    let mut best: Option<f64> = None;
+    for run in 0..6 {
+        let mut rec = Recorder::new(gpu);
+        copy_words(&mut rec, &src, &dst, words)?;
+        let secs = rec.submit(true)?;
+        // The first run warms the pipeline and the memory up.
+        if let (Some(t), true) = (secs, run > 0) {
+            if t > 0.0 {
+                let rate = 2.0 * words as f64 * 16.0 / t;
+                best = Some(best.map_or(rate, |b: f64| b.max(rate)));
+            }
+        }
+    }
+    Ok(best)
 }

@@ -453,7 +453,9 @@ fn quantize_rows(
         layout.blocks,
     ];
     let groups = crate::groups_1d(gpu, (total_blocks as u32).div_ceil(64));
-    rec.dispatch(&QUANTIZE_Q8, &params, &[io.x, &buffer], groups)?;
+    // The f32 rows read, their quantized words written.
+    let bytes = rows * (cols * 4 + layout.stride as u64 * 4);
+    rec.dispatch(&QUANTIZE_Q8, &params, &[io.x, &buffer], groups, bytes)?;
     Ok(Quantized { buffer, layout })
 }
 
@@ -632,6 +634,15 @@ pub fn product(
             let blocks = rows.div_ceil(rows_per_group(step.module, pair, tl));
             let mut groups = crate::groups_1d(gpu, blocks);
             groups[2] = step.z;
+            // The chunk's weights once, the step's activation rows, its output rows (read too
+            // when added to).
+            let batch = (step.z * step.module.n()) as u64;
+            let act_row = match &quantized {
+                Some((_, q)) => q.layout.stride as u64 * 4,
+                None => pk.cols as u64 * 4,
+            };
+            let out_row = rows as u64 * 4 * (1 + u64::from(epilogue.add));
+            let bytes = chunk.buffer.size() + batch * (act_row + out_row);
             match &quantized {
                 Some((family, q)) => {
                     let params = [
@@ -661,6 +672,7 @@ pub fn product(
                         &params,
                         &[&chunk.buffer, &q.buffer, y],
                         groups,
+                        bytes,
                     )?;
                 }
                 None => {
@@ -694,6 +706,7 @@ pub fn product(
                         &params,
                         &[&chunk.buffer, acts.x, acts.x, y],
                         groups,
+                        bytes,
                     )?;
                 }
             }
@@ -774,7 +787,22 @@ pub fn embed_rows(
             pk.rows as u32,
             DEVICE_TOKEN,
         ];
-        rec.dispatch(kernel, &params, &[&chunk.buffer, ids, drafts, out], groups)?;
+        // The ids, and (counted with the first chunk, which writes every row) each gathered row
+        // read and written once.
+        let row_bytes = chunk.buffer.size() / (chunk.rows as u64).max(1);
+        let rows = if i == 0 {
+            n as u64 * (row_bytes + pk.cols as u64 * 4)
+        } else {
+            0
+        };
+        let bytes = n as u64 * 4 + rows;
+        rec.dispatch(
+            kernel,
+            &params,
+            &[&chunk.buffer, ids, drafts, out],
+            groups,
+            bytes,
+        )?;
     }
     Ok(())
 }
@@ -853,6 +881,15 @@ pub fn matvec_experts(
             let z = (pairs - pair0).min(max_z);
             let mut groups = crate::groups_1d(gpu, blocks);
             groups[2] = z as u32;
+            // Which experts the pairs pick is on the device: the weights of as many of the
+            // chunk's experts as there are pairs (at most all of them), each pair's activation
+            // row and its output row.
+            let expert_bytes = chunk.buffer.size() / (e_count as u64).max(1);
+            let act_row = match &quantized {
+                Some((_, q)) => q.layout.stride as u64 * 4,
+                None => pk.cols as u64 * 4,
+            };
+            let bytes = z.min(e_count as u64) * expert_bytes + z * (act_row + pk.rows as u64 * 4);
             match &quantized {
                 Some((family, q)) => {
                     let params = [
@@ -882,6 +919,7 @@ pub fn matvec_experts(
                         &params,
                         &[&chunk.buffer, &q.buffer, y, ids],
                         groups,
+                        bytes,
                     )?;
                 }
                 None => {
@@ -915,6 +953,7 @@ pub fn matvec_experts(
                         &params,
                         &[&chunk.buffer, x, x, y, ids],
                         groups,
+                        bytes,
                     )?;
                 }
             }

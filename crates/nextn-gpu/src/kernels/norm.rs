@@ -104,6 +104,13 @@ pub fn norm_quant(
     });
     let qkl = qk.unwrap_or(q0l);
     let groups = crate::groups_1d(gpu, rows * parts);
+    // The rows and the weights read, each output written (the rows the pick copies are not
+    // counted: which they are is on the device).
+    let (n, row) = (rows as u64, cols as u64 * 4);
+    let written = out.y.map_or(0, |_| row)
+        + q0.map_or(0, |l| l.stride as u64 * 4)
+        + qk.map_or(0, |l| l.stride as u64 * 4);
+    let bytes = n * (row + written) + parts as u64 * width as u64 * 4;
     rec.dispatch(
         &NORM_QUANT,
         &[
@@ -129,5 +136,6 @@ pub fn norm_quant(
         ],
         &[x, w, pick, y, q0b, qkb, yp],
         groups,
+        bytes,
     )
 }

@@ -533,6 +533,8 @@ impl DeviceProgress {
 pub struct KernelTime {
     pub dispatches: u64,
     pub seconds: f64,
+    /// The fewest bytes its dispatches move through device memory, together.
+    pub bytes: u64,
 }
 
 /// The counters a model and its head share; timing needs the pass's read-back, so it is on only
@@ -600,10 +602,11 @@ impl Counters {
                 if !t.dispatches.is_empty() {
                     s.profiled_seconds += t.seconds;
                 }
-                for &(kernel, secs) in &t.dispatches {
-                    let k = s.kernels.entry(kernel).or_default();
+                for d in &t.dispatches {
+                    let k = s.kernels.entry(d.kernel).or_default();
                     k.dispatches += 1;
-                    k.seconds += secs;
+                    k.seconds += d.seconds;
+                    k.bytes += d.bytes;
                 }
             }
         }

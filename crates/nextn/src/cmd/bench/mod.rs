@@ -204,11 +204,17 @@ fn process_cpu_seconds() -> Option<f64> {
 /// (buffers, bind groups, pipelines: none once a request's shapes have been seen) and what a step
 /// of the generation loop costs the host: dispatches, submissions and waits for the device. On a
 /// software device (lavapipe) the "device" time is CPU time too: labelled so.
+/// A kernel's achieved bandwidth: the bytes its dispatches must move over their time.
+fn achieved(t: &nextn_model::device::KernelTime) -> Option<f64> {
+    (t.seconds > 0.0 && t.bytes > 0).then(|| t.bytes as f64 / t.seconds)
+}
+
 fn device_report(
     device: &DeviceModel,
     tokens: usize,
     cpu_seconds: Option<f64>,
     steady: &DeviceProgress,
+    copy_bandwidth: Option<f64>,
 ) -> (String, Value) {
     let s = device.take_stats();
     let info = &device.gpu().info;
@@ -252,34 +258,48 @@ fn device_report(
         let profiled = s.profiled_seconds.max(1e-12);
         let passes = s.timed_submissions.max(1) as f64;
         line.push_str(&format!(
-            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it):\n  {:<28} {:>10} {:>10} {:>12} {:>7}",
+            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>9} {:>7}",
             profiled * 1e3 / passes,
+            copy_bandwidth.map_or(String::new(), |c| format!(
+                "; % copy: of the device's copy bandwidth, {:.1} GB/s",
+                c / 1e9
+            )),
             "kernel",
             "per subm.",
             "us each",
             "ms per subm.",
-            "share"
+            "share",
+            "GB/s",
+            "% copy"
         ));
         for (k, t) in &kernels {
+            let rate = achieved(t);
             line.push_str(&format!(
-                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}%",
+                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>9} {:>7}",
                 k,
                 t.dispatches as f64 / passes,
                 t.seconds * 1e6 / t.dispatches.max(1) as f64,
                 t.seconds * 1e3 / passes,
-                100.0 * t.seconds / profiled
+                100.0 * t.seconds / profiled,
+                rate.map_or("-".into(), |r| format!("{:.2}", r / 1e9)),
+                rate.zip(copy_bandwidth)
+                    .map_or("-".into(), |(r, c)| format!("{:.1}%", 100.0 * r / c)),
             ));
         }
     }
     let kernel_json: Vec<Value> = kernels
         .iter()
-        .map(|(k, t)| json!({"kernel": k, "dispatches": t.dispatches, "seconds": t.seconds}))
+        .map(|(k, t)| {
+            json!({"kernel": k, "dispatches": t.dispatches, "seconds": t.seconds,
+                   "bytes": t.bytes, "bytes_per_second": achieved(t)})
+        })
         .collect();
     let per = |x: u64, n: u64| (n > 0).then(|| x as f64 / n as f64);
     let json = json!({
         "device": info.name,
         "software": info.software,
         "kernels": kernel_json,
+        "copy_bandwidth_bytes_per_second": copy_bandwidth,
         "passes": s.passes,
         "target_passes": s.target_passes,
         "crossings": s.crossings,
@@ -781,6 +801,9 @@ struct Bench<'a> {
     head: Option<&'a NextnHead>,
     prompts: &'a [Prompt],
     out: ReportOut,
+    /// With `--device-profile`: the device's copy bandwidth (bytes a second, read plus written),
+    /// the ceiling each kernel's achieved bandwidth is set against.
+    copy_bandwidth: Option<f64>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -803,6 +826,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Some(_) => {}
         }
     }
+    // The ceiling the kernels' bandwidths are set against: a 256 MiB copy (at most the
+    // device's binding limit), best of five.
+    let copy_bandwidth = match loaded.model.device.as_deref() {
+        Some(d) if args.device_profile => {
+            let rate = nextn_gpu::kernels::elementwise::copy_bandwidth(d.gpu(), 256 << 20)
+                .context("--device-profile: measuring the device's copy bandwidth")?;
+            if let Some(r) = rate {
+                eprintln!(
+                    "device copy bandwidth: {:.1} GB/s (read plus written, 256 MiB, best of 5)",
+                    r / 1e9
+                );
+            }
+            rate
+        }
+        _ => None,
+    };
     let prompts = read_prompts(&loaded, args.prompts.as_ref())?;
     let forced = forced_acceptance(&args, &mut policies)?;
     let want_spec = policies.iter().any(|&p| p != Policy::Plain);
@@ -827,6 +866,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         head: head.as_ref(),
         prompts: &prompts,
         out,
+        copy_bandwidth,
     };
     if !args.depth.is_empty() {
         return run_depths(&bench);
@@ -1173,7 +1213,13 @@ fn measure_kind(
             .zip(cpu_before)
             .map(|(after, before)| after - before);
         let steady = steady.0.lock().map(|s| *s).unwrap_or_default();
-        device_report(d, t.prompt_n + t.predicted_n, cpu, &steady)
+        device_report(
+            d,
+            t.prompt_n + t.predicted_n,
+            cpu,
+            &steady,
+            b.copy_bandwidth,
+        )
     });
     if let Some((line, _)) = &device_cost {
         eprintln!("{line}");
