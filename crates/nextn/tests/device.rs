@@ -996,3 +996,45 @@ fn a_device_server_resumes_after_an_image() {
     );
     let _ = std::fs::remove_dir_all(&slots);
 }
+
+/// A model whose width is not a whole number of the K-quants' 256-value activation blocks (the
+/// tiny preset's 128 at Q4_K_M): the NextN head's input, two normed halves of 128, is quantized
+/// for its K-quant `eh_proj` as whole rows, and greedy drafting on the device gives plain
+/// decoding's tokens.
+#[test]
+fn the_head_drafts_on_a_narrow_k_quant_model() {
+    let Some(dev) = lavapipe() else { return };
+    let f = std::env::temp_dir().join(format!("nextn-narrow-q4k-{}.gguf", std::process::id()));
+    let o = bin()
+        .args(["synth", "--preset", "tiny", "--type", "Q4_K_M", "-o"])
+        .arg(&f)
+        .output()
+        .expect("run nextn");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let m = f.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            "hello there",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--json",
+            "-c",
+            "256",
+            "-dev",
+            &dev,
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a)
+    };
+    let (plain, _) = run(&[]);
+    let (mtp, err) = run(&["--spec-type", "nextn", "--spec-draft-n-max", "3"]);
+    assert_eq!(mtp["tokens"], plain["tokens"], "{err}");
+    assert!(mtp["spec"]["draft_n"].as_u64().unwrap() > 0, "{mtp}");
+    let _ = std::fs::remove_file(&f);
+}

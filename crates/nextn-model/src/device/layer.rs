@@ -57,6 +57,15 @@ impl Needs {
         }
     }
 
+    /// The forms a kernel that quantizes its rows in parts of `width` values can make: a form
+    /// whose blocks would straddle two parts is left to the product, which quantizes whole rows.
+    pub(crate) fn in_parts_of(self, width: usize) -> Needs {
+        Needs {
+            q8_0: self.q8_0 && width.is_multiple_of(ActBlocks::Q8_0.values() as usize),
+            q8k: self.q8k && width.is_multiple_of(ActBlocks::Q8K.values() as usize),
+        }
+    }
+
     pub(crate) fn or(self, o: Needs) -> Needs {
         Needs {
             q8_0: self.q8_0 || o.q8_0,

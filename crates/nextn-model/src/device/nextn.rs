@@ -352,8 +352,10 @@ impl DeviceHead {
             }
         }
         let (nu, eu, e2) = (u(n)?, u(e)?, u(2 * e)?);
-        // Both halves normed on their own in one dispatch, quantized whole for eh_proj.
-        let needs = Needs::of(&self.eh_proj.m);
+        // Both halves normed on their own in one dispatch, quantized for eh_proj there when its
+        // blocks fit in a half (as the CPU quantizes the whole row: no block crosses the halves);
+        // otherwise eh_proj quantizes the whole normed rows itself.
+        let needs = Needs::of(&self.eh_proj.m).in_parts_of(e);
         let cat_q = grow_quant(gpu, &mut io.cat_q, "nextn-cat", n, 2 * e)?;
         norm_quant(
             &mut rec,
