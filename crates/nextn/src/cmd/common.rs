@@ -123,10 +123,11 @@ pub struct CpuOnlyArgs {
     )]
     pub n_gpu_layers: Option<String>,
     /// Run every layer's routed experts (MoE) on the CPU from host memory, the rest of each layer
-    /// on the GPU (-cmoe)
+    /// on the GPU; the NextN head's too, as llama.cpp counts it a layer (-cmoe)
     #[arg(long = "cpu-moe", env = "LLAMA_ARG_CPU_MOE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub cpu_moe: bool,
-    /// Run the routed experts of the first N layers on the CPU (-ncmoe)
+    /// Run the routed experts of the first N layers on the CPU, the NextN head the layer after
+    /// the trunk's (-ncmoe)
     #[arg(long = "n-cpu-moe", env = "LLAMA_ARG_N_CPU_MOE", value_name = "N")]
     pub n_cpu_moe: Option<usize>,
     /// Put the tensors a regex matches on a side, llama.cpp's form: REGEX=CPU or REGEX=<device>
@@ -815,9 +816,9 @@ fn placement_flags(placement: &Placement, blocks: Blocks) -> String {
     }
 }
 
-/// The trunk layers whose routed experts `--cpu-moe`, `--n-cpu-moe N` and `-ot REGEX=CPU` put on
-/// the CPU (the `-ot` rules first, in order, the first that matches a tensor deciding; then the
-/// two flags, as llama.cpp appends them). Bad rules, a side that does not exist, a rule that moves
+/// The file's blocks (the trunk's layers, then the NextN block) whose routed experts `--cpu-moe`,
+/// `--n-cpu-moe N` and `-ot REGEX=CPU` put on the CPU (the `-ot` rules first, in order, the
+/// first that matches a tensor deciding; then the two flags, as llama.cpp appends them). Bad rules, a side that does not exist, a rule that moves
 /// a tensor other than a routed expert, and the expert flags on a dense model are errors naming
 /// the flag. `device`: the device's name, when one runs the model.
 fn host_expert_layers(
