@@ -674,21 +674,44 @@ fn a_split_model_serves_turns_from_its_prefix_cache() {
     let r = warm.post("/v1/chat/completions", &first);
     assert_eq!(r.status, 200, "{}", r.text());
     let answer = r.json()["choices"][0]["message"]["content"].clone();
-    // The next turn: the conversation so far and one more question.
-    let body = json!({"messages": [system, user,
-        {"role": "assistant", "content": answer},
-        {"role": "user", "content": "Show me the first line."}],
-        "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let (_, _, cached) = next_turn_warm_equals_cold(
+        &warm,
+        &cold,
+        &[system, user],
+        answer,
+        "Show me the first line.",
+        12,
+    );
+    assert!(cached > 40, "{cached}");
+}
+
+/// The next turn of a conversation (`messages`, the `answer` to them, then `question`) asked of
+/// a server that has the conversation in its prefix cache and of a cold one: the same answer and
+/// logprobs from both. Returns the request, the cold server's answer and how many prompt tokens
+/// the warm server reused.
+fn next_turn_warm_equals_cold(
+    warm: &Server,
+    cold: &Server,
+    messages: &[serde_json::Value],
+    answer: serde_json::Value,
+    question: &str,
+    max_tokens: u64,
+) -> (serde_json::Value, serde_json::Value, u64) {
+    let mut all = messages.to_vec();
+    all.push(json!({"role": "assistant", "content": answer}));
+    all.push(json!({"role": "user", "content": question}));
+    let body = json!({"messages": all, "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": true, "top_logprobs": 2});
     let w = warm.post("/v1/chat/completions", &body);
     assert_eq!(w.status, 200, "{}", w.text());
     let w = w.json();
     let c = cold.post("/v1/chat/completions", &body).json();
+    assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
+    assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
     let cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap();
-    assert!(cached > 40, "{cached}: {w}");
-    assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
-    assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
+    (body, c, cached)
 }
 
 /// The routed experts of a MoE model on the CPU while the rest of each layer runs on the device
@@ -957,24 +980,10 @@ fn a_device_server_resumes_after_an_image() {
     let answer = r.json()["choices"][0]["message"]["content"].clone();
     let saved = warm.post("/slots/0?action=save", &json!({"filename": "image.bin"}));
     assert_eq!(saved.status, 200, "{}", saved.text());
-    let body = json!({"messages": [user,
-        {"role": "assistant", "content": answer},
-        {"role": "user", "content": "And the colours?"}],
-        "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 2});
-    let w = warm.post("/v1/chat/completions", &body);
-    assert_eq!(w.status, 200, "{}", w.text());
-    let w = w.json();
-    let c = cold.post("/v1/chat/completions", &body).json();
-    let cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
+    let (body, c, cached) =
+        next_turn_warm_equals_cold(&warm, &cold, &[user], answer, "And the colours?", 8);
     // The first turn's prompt, the picture's rows in it, is the second's prefix.
-    assert!(
-        cached >= first_prompt,
-        "resumed {cached} of {first_prompt}: {w}"
-    );
-    assert_eq!(w["choices"][0]["message"], c["choices"][0]["message"]);
-    assert_eq!(w["choices"][0]["logprobs"], c["choices"][0]["logprobs"]);
+    assert!(cached >= first_prompt, "resumed {cached} of {first_prompt}");
     // The slot file, restored where nothing was cached, resumes after the picture as well.
     let r = cold.post("/slots/0?action=restore", &json!({"filename": "image.bin"}));
     assert_eq!(r.status, 200, "{}", r.text());
