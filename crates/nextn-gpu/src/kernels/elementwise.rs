@@ -163,13 +163,21 @@ pub fn copy_bandwidth(gpu: &crate::Gpu, bytes: u64) -> Result<Option<f64>, GpuEr
     if !gpu.has_timestamps() {
         return Ok(None);
     }
-    let words = (bytes.min(gpu.max_binding_bytes()) / 16).min(u32::MAX as u64) as u32;
-    let pattern: Vec<u32> = (0..words as u64 * 4)
+    // Whole pieces of 1 MiB: a piece of data is uploaded once and copied over the source.
+    const PIECE: u64 = 1 << 20;
+    let total = (bytes.min(gpu.max_binding_bytes()) / PIECE).max(1) * PIECE;
+    let words = (total / 16).min(u32::MAX as u64) as u32;
+    let pattern: Vec<u32> = (0..PIECE / 4)
         .map(|i| (i as u32).wrapping_mul(0x9E37_79B9) | 1)
         .collect();
-    let src = gpu.upload("copy source", bytemuck::cast_slice(&pattern))?;
-    drop(pattern);
-    let dst = gpu.buffer("copy destination", words as u64 * 16)?;
+    let piece = gpu.upload("copy pattern", bytemuck::cast_slice(&pattern))?;
+    let src = gpu.buffer("copy source", total)?;
+    let dst = gpu.buffer("copy destination", total)?;
+    let mut rec = Recorder::new(gpu);
+    for at in (0..total).step_by(PIECE as usize) {
+        rec.copy(&piece, 0, &src, at, PIECE);
+    }
+    rec.submit(false)?;
     let mut best: Option<f64> = None;
     for run in 0..6 {
         let mut rec = Recorder::new(gpu);
