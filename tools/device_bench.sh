@@ -126,6 +126,11 @@ fi
 echo "nextn device: $dev; $(nproc) cores; threads $threads; budget ${budget}s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
     | tee "$raw/nvidia-smi.txt"
+# The compute units the profile's workgroups per dispatch are set against.
+for py in python3 /opt/torch/.venv/bin/python3; do
+    "$py" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.name}: {p.multi_processor_count} multiprocessors, {p.L2_cache_size >> 20} MiB L2")' \
+        2>/dev/null | tee "$raw/gpu-properties.txt" && break
+done
 
 # llama.cpp: unpack, and the CUDA libraries the GPU machine has.
 llama=""

@@ -116,13 +116,15 @@ pub struct PassTime {
 }
 
 /// One timed dispatch: its kernel, its time (from the end of the dispatch before it, so the
-/// barrier between them is counted too) and the fewest bytes it moves through device memory
-/// (each input read once, each output written once), whose ratio is its achieved bandwidth.
+/// barrier between them is counted too), the fewest bytes it moves through device memory (each
+/// input read once, each output written once), whose ratio is its achieved bandwidth, and the
+/// workgroups it launched (to set against the device's compute units).
 #[derive(Clone, Copy, Debug)]
 pub struct DispatchTime {
     pub kernel: &'static str,
     pub seconds: f64,
     pub bytes: u64,
+    pub workgroups: u64,
 }
 
 /// The most timestamps one submission writes.
@@ -466,7 +468,8 @@ impl<'g> Recorder<'g> {
                         pass.set_bind_group(1, &params, &[*offset as u32]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         if let Some(set) = inside {
-                            kernels.push((*kernel, *bytes));
+                            let workgroups = groups.iter().map(|&g| g as u64).product();
+                            kernels.push((*kernel, *bytes, workgroups));
                             pass.write_timestamp(set, kernels.len() as u32);
                         }
                     }
@@ -527,10 +530,11 @@ impl<'g> Recorder<'g> {
                 dispatches: kernels
                     .iter()
                     .zip(ticks.windows(2))
-                    .map(|(&(kernel, bytes), w)| DispatchTime {
+                    .map(|(&(kernel, bytes, workgroups), w)| DispatchTime {
                         kernel,
                         seconds: secs(w[0], w[1]),
                         bytes,
+                        workgroups,
                     })
                     .collect(),
             }

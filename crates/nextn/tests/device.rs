@@ -355,8 +355,9 @@ fn a_request_without_room_on_the_device_is_refused_and_the_server_goes_on() {
 }
 
 /// `bench --device-profile` times every dispatch: the JSON lists the kernels the passes ran, their
-/// dispatch counts add up to the dispatches counted, each with the bytes it moves and its achieved
-/// bandwidth beside the device's copy bandwidth; on the CPU the flag is refused.
+/// dispatch counts add up to the dispatches counted, each with the workgroups it launches, the bytes
+/// it moves and its achieved bandwidth beside the device's copy bandwidth; on the CPU the flag is
+/// refused.
 #[test]
 fn device_profile_accounts_for_every_dispatch() {
     let Some(dev) = lavapipe() else { return };
@@ -403,6 +404,10 @@ fn device_profile_accounts_for_every_dispatch() {
     for k in kernels {
         assert!(k["bytes"].as_u64().unwrap() > 0, "{k}");
         assert!(k["bytes_per_second"].as_f64().unwrap() > 0.0, "{k}");
+        assert!(
+            k["workgroups"].as_u64().unwrap() >= k["dispatches"].as_u64().unwrap(),
+            "{k}"
+        );
     }
     assert!(
         run["copy_bandwidth_bytes_per_second"].as_f64().unwrap() > 0.0,

@@ -535,6 +535,8 @@ pub struct KernelTime {
     pub seconds: f64,
     /// The fewest bytes its dispatches move through device memory, together.
     pub bytes: u64,
+    /// The workgroups its dispatches launched, together.
+    pub workgroups: u64,
 }
 
 /// The counters a model and its head share; timing needs the pass's read-back, so it is on only
@@ -607,6 +609,7 @@ impl Counters {
                     k.dispatches += 1;
                     k.seconds += d.seconds;
                     k.bytes += d.bytes;
+                    k.workgroups += d.workgroups;
                 }
             }
         }

@@ -258,7 +258,7 @@ fn device_report(
         let profiled = s.profiled_seconds.max(1e-12);
         let passes = s.timed_submissions.max(1) as f64;
         line.push_str(&format!(
-            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>9} {:>7}",
+            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; groups: workgroups a dispatch launches; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>8} {:>9} {:>7}",
             profiled * 1e3 / passes,
             copy_bandwidth.map_or(String::new(), |c| format!(
                 "; % copy: of the device's copy bandwidth, {:.1} GB/s",
@@ -269,18 +269,20 @@ fn device_report(
             "us each",
             "ms per subm.",
             "share",
+            "groups",
             "GB/s",
             "% copy"
         ));
         for (k, t) in &kernels {
             let rate = achieved(t);
             line.push_str(&format!(
-                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>9} {:>7}",
+                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>8.0} {:>9} {:>7}",
                 k,
                 t.dispatches as f64 / passes,
                 t.seconds * 1e6 / t.dispatches.max(1) as f64,
                 t.seconds * 1e3 / passes,
                 100.0 * t.seconds / profiled,
+                t.workgroups as f64 / t.dispatches.max(1) as f64,
                 rate.map_or("-".into(), |r| format!("{:.2}", r / 1e9)),
                 rate.zip(copy_bandwidth)
                     .map_or("-".into(), |(r, c)| format!("{:.1}%", 100.0 * r / c)),
@@ -291,7 +293,8 @@ fn device_report(
         .iter()
         .map(|(k, t)| {
             json!({"kernel": k, "dispatches": t.dispatches, "seconds": t.seconds,
-                   "bytes": t.bytes, "bytes_per_second": achieved(t)})
+                   "bytes": t.bytes, "bytes_per_second": achieved(t),
+                   "workgroups": t.workgroups})
         })
         .collect();
     let per = |x: u64, n: u64| (n > 0).then(|| x as f64 / n as f64);
