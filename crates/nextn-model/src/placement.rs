@@ -206,6 +206,16 @@ fn spans(layers: &[usize]) -> String {
     out.join(", ")
 }
 
+/// The sequence a device holds beside the weights: one of `n_ctx` positions with `k_type` /
+/// `v_type` attention caches, and the NextN head's cache when it is `drafting`.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceShape {
+    pub n_ctx: usize,
+    pub k_type: KvType,
+    pub v_type: KvType,
+    pub drafting: bool,
+}
+
 /// What each part of a model takes on a device, in bytes, estimated before anything is uploaded:
 /// its tensors as the file stores them, and the caches of one sequence at the requested context.
 #[derive(Clone, Debug)]
@@ -219,16 +229,14 @@ pub struct DeviceCosts {
 }
 
 impl DeviceCosts {
-    /// The estimate for `file` with `cfg`, one sequence of `n_ctx` positions in `k_type` /
-    /// `v_type`; the NextN block's cache counts when the head `drafting`.
-    pub fn estimate(
-        file: &GgufFile,
-        cfg: &Qwen35Config,
-        n_ctx: usize,
-        k_type: KvType,
-        v_type: KvType,
-        drafting: bool,
-    ) -> DeviceCosts {
+    /// The estimate for `file` with `cfg` and one sequence of `seq`'s shape.
+    pub fn estimate(file: &GgufFile, cfg: &Qwen35Config, seq: SequenceShape) -> DeviceCosts {
+        let SequenceShape {
+            n_ctx,
+            k_type,
+            v_type,
+            drafting,
+        } = seq;
         let blocks = Blocks::of(cfg);
         let mut weights = vec![0u64; blocks.all()];
         let mut experts = vec![0u64; blocks.all()];

@@ -17,6 +17,7 @@ use nextn_engine::tokenizer::Tokenizer;
 use nextn_gguf::GgufFile;
 use nextn_model::config::LayerKind;
 use nextn_model::draft_vocab::TokenRanking;
+use nextn_model::placement::SequenceShape;
 use nextn_model::{Blocks, KvType, Model, NextnHead, Placement, Qwen35Config, SequenceState};
 use nextn_quant::kernels::ThreadPool;
 use nextn_server::reasoning::{self, prompt_opens_thinking};
@@ -541,7 +542,13 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
         Some(n) => (n, ""),
     };
     let blocks = Blocks::of(cfg);
-    let placed = place_model(&args.cpu_only, &file, cfg, n_ctx, k_type, v_type, drafting)?;
+    let seq = SequenceShape {
+        n_ctx,
+        k_type,
+        v_type,
+        drafting,
+    };
+    let placed = place_model(&args.cpu_only, &file, cfg, seq)?;
     let mut model = match &placed {
         Some(p) if p.placement != Placement::all_on_device() => {
             Model::load_for_placement(file.clone(), p.placement.clone(), &mut progress)
@@ -603,13 +610,7 @@ pub fn load(args: &ModelArgs, drafting: bool) -> Result<Loaded> {
     let tokenizer =
         Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let template = chat_template(args, &file)?;
-    let threads = match args.threads {
-        Some(0) => bail!("-t 0: at least one thread is needed"),
-        Some(t) => t,
-        None => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-    };
+    let threads = threads_or_all(args.threads)?;
     let pool = ThreadPool::new(threads);
 
     let mut device_line = String::new();
@@ -692,6 +693,17 @@ struct Fitted {
     flagged: Vec<usize>,
 }
 
+/// `-t N`: N threads (0 refused), or as many as the machine has when not given.
+pub fn threads_or_all(threads: Option<usize>) -> Result<usize> {
+    match threads {
+        Some(0) => bail!("-t 0: at least one thread is needed"),
+        Some(t) => Ok(t),
+        None => Ok(std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)),
+    }
+}
+
 /// Whether `e` says the device had no room for something.
 fn is_device_memory(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
@@ -706,15 +718,11 @@ fn is_device_memory(e: &anyhow::Error) -> bool {
 /// holds. `-ngl N` splits as llama.cpp does (the output, then the NextN block, then the trunk's
 /// layers from the last); without it the whole model goes to the device when it fits, and
 /// otherwise as many parts as fit, in that order (llama.cpp's `--fit`, on by default).
-#[allow(clippy::too_many_arguments)]
 fn place_model(
     args: &CpuOnlyArgs,
     file: &GgufFile,
     cfg: &Qwen35Config,
-    n_ctx: usize,
-    k_type: KvType,
-    v_type: KvType,
-    drafting: bool,
+    seq: SequenceShape,
 ) -> Result<Option<Placed>> {
     let blocks = Blocks::of(cfg);
     let device = choose_device(args)?;
@@ -744,8 +752,7 @@ fn place_model(
             fitted: None,
         }));
     };
-    let costs =
-        nextn_model::placement::DeviceCosts::estimate(file, cfg, n_ctx, k_type, v_type, drafting);
+    let costs = nextn_model::placement::DeviceCosts::estimate(file, cfg, seq);
     // What other processes hold is not ours to take (where the driver says what is free), and
     // passes take buffers of their own beside the weights and caches: a thirty-second of the
     // device is left to them.
@@ -766,7 +773,8 @@ fn place_model(
     match Placement::fit(&costs, blocks, room, &experts) {
         Some(placement) => {
             eprintln!(
-                "fit: the model and one sequence's caches at context {n_ctx} take about {:.0} MiB, {name} has {:.0} MiB: {} ({}; --fit off refuses instead, -ngl N and --n-cpu-moe N choose)",
+                "fit: the model and one sequence's caches at context {} take about {:.0} MiB, {name} has {:.0} MiB: {} ({}; --fit off refuses instead, -ngl N and --n-cpu-moe N choose)",
+                seq.n_ctx,
                 mib(whole),
                 mib(room),
                 placement.describe(blocks, &name),

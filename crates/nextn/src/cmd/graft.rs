@@ -38,14 +38,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let head = GgufFile::open(&args.head)
         .with_context(|| format!("cannot read HEAD {}", args.head.display()))?;
     let plan = graft::plan(&body, &head, head_type)?;
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
-    if threads == 0 {
-        bail!("-t 0: at least one thread is needed");
-    }
+    let threads = super::common::threads_or_all(args.threads)?;
     graft::write(&body, &head, &plan, &args.output, threads)
         .with_context(|| format!("writing {}", args.output.display()))?;
     eprintln!(

@@ -281,13 +281,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let Some(output) = args.output.as_ref() else {
         bail!("-o FILE is required")
     };
-    let threads = match args.threads {
-        Some(0) => bail!("-t 0: at least one thread is needed"),
-        Some(t) => t,
-        None => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-    };
+    let threads = super::common::threads_or_all(args.threads)?;
     let raw = RawVocab::parse(QWEN35_VOCAB).context("embedded vocabulary")?;
     let vocab = Vocab::qwen(&raw, spec.n_vocab)?;
     let t0 = Instant::now();
