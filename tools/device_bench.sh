@@ -34,7 +34,9 @@
 #     0.95/0.86/0.75 on q08, then q27.
 #  5. moe8: the MTP pair of step 3, then nextn's forced-acceptance runs with --n-cpu-moe 4 and
 #     --cpu-moe.
-#  6. nextn's passes at depth 4096 (q08, q27): the lowest value, the first to be skipped.
+#  6. the vision tower of the released shape (synthesized with q08, F16) encoding one picture of
+#     NEXTN_BENCH_IMAGE_SIDE pixels a side: on the device, then on the CPU (bench --image).
+#  7. nextn's passes at depth 4096 (q08, q27): the lowest value, the first to be skipped.
 #
 # Output: OUT_DIR/device-bench-raw.tar.gz (every step's stdout and stderr and bench --json files;
 # refreshed after each step, so a cut-off run still leaves what it measured) and
@@ -49,6 +51,8 @@
 #                           folders and /usr/local/cuda/lib64, for the llama.cpp commands only.
 #   NEXTN_BENCH_ALLOW_SOFTWARE=1  accept a software Vulkan device (lavapipe) to try the flow.
 #   NEXTN_BENCH_MODELS      "tag=FILE ..." (tags q08, q27, moe8) instead of synthesizing.
+#   NEXTN_BENCH_MMPROJ      with NEXTN_BENCH_MODELS: the mmproj for step 6 (none: step 6 skipped).
+#   NEXTN_BENCH_IMAGE_SIDE  the picture's side in pixels (1024).
 #   NEXTN_BENCH_PP, _TG, _REPS, _MTP_N (forced MTP runs; half of it on moe8), _THREADS, _BUDGET_S:
 #                           512, 128, 3, 64, nproc, 480.
 set -uo pipefail
@@ -57,6 +61,7 @@ out="${2:-${OUT:-/tmp}}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 budget="${NEXTN_BENCH_BUDGET_S:-480}"
+image_side="${NEXTN_BENCH_IMAGE_SIDE:-1024}"
 pp="${NEXTN_BENCH_PP:-512}"
 tg="${NEXTN_BENCH_TG:-128}"
 reps="${NEXTN_BENCH_REPS:-3}"
@@ -165,11 +170,13 @@ fi
 
 # 1. The files, each synthesized once.
 declare -A model
+mmproj="${NEXTN_BENCH_MMPROJ:-}"
 if [ -n "${NEXTN_BENCH_MODELS:-}" ]; then
     for kv in $NEXTN_BENCH_MODELS; do model[${kv%%=*}]="${kv#*=}"; done
 else
     step synth-q08 120 30 "$bin" synth --preset 0.8b --type Q4_K_M -o "$work/q08.gguf" \
-        && model[q08]="$work/q08.gguf"
+        --mmproj "$work/mmproj.gguf" && model[q08]="$work/q08.gguf" \
+        && mmproj="$work/mmproj.gguf"
     step synth-q27 240 60 "$bin" synth --preset 27b --layers 16 --type Q4_K_M -o "$work/q27.gguf" \
         && model[q27]="$work/q27.gguf"
     step synth-moe8 240 60 "$bin" synth --preset 35b-a3b --layers 8 --type Q4_K_M \
@@ -251,6 +258,24 @@ has q08 && forced q08
 has q27 && forced q27
 has moe8 && mtp_pair moe8
 has moe8 && forced moe8
+# The vision tower (the released shape, projecting to q08's width) on one picture of
+# $image_side x $image_side pixels (1024 tokens at 1024): on the device, then on the CPU with the
+# same threads.
+if has q08 && [ -n "$mmproj" ]; then
+    python3 - "$work/picture.png" "$image_side" <<'PY'
+import struct, sys, zlib
+path, side = sys.argv[1], int(sys.argv[2])
+rows = b"".join(b"\0" + bytes((x * 7 + y * 3 + c * 50) % 256 for x in range(side) for c in range(3))
+                for y in range(side))
+chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+                       + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+PY
+    step nextn-image-device 90 20 "$bin" bench -m "${model[q08]}" -dev "$dev" -t "$threads" \
+        --mmproj "$mmproj" --image "$work/picture.png" -r "$reps" -o json
+    step nextn-image-cpu 120 30 "$bin" bench -m "${model[q08]}" -dev none -t "$threads" \
+        --mmproj "$mmproj" --image "$work/picture.png" -r "$reps" -o json
+fi
 for m in q08 q27; do
     has "$m" || continue
     step "nextn-depth-$m" 120 45 "$bin" bench -m "${model[$m]}" -dev "$dev" -d 4096 \
@@ -315,6 +340,10 @@ for p in glob.glob(f"{raw}/nextn-forced-*.out"):
         if n.isdigit() and n != "0":
             put(shape, f"mtp{n}{place} forced", "nextn", r["decode_tok_s"],
                 "x%.2f of plain" % r["speedup"] if r.get("speedup") else "")
+images = {}
+for p in glob.glob(f"{raw}/nextn-image-*.out"):
+    for r in load(p) or []:
+        images[name(p).rsplit("-", 1)[1]] = r
 order = {"q08": 0, "q27": 1, "moe8": 2}
 def key(k):
     shape, test = k
@@ -330,6 +359,13 @@ for k in sorted(rows, key=key):
     ratio = "%.2f" % (a / b) if a and b else "-"
     note = ", ".join(r.get("note", []))
     print("%-5s %-22s %10s %10s %7s  %s" % (k[0], k[1], fmt(a), fmt(b), ratio, note))
+for where, r in sorted(images.items()):
+    extra = ""
+    if r.get("per_encode"):
+        c = r["per_encode"]
+        extra = ", %g dispatches, %g submissions" % (c["dispatches"], c["submissions"])
+    print("vision tower on the %s: %d tokens (%d patches) in %.1f ms median, %.0f patches/s%s"
+          % (where, r["tokens"], r["patches"], r["median_ms"], r["patches_per_second"], extra))
 EOF
 echo
 echo "tok/s; ratio = nextn / llama.cpp; nextn on $dev; llama.cpp: ${LLAMA_CUDA_DIR:-absent};" \

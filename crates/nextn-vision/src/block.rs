@@ -14,7 +14,7 @@ use crate::weights::{Linear, Norm};
 /// Queries per attention chunk: bounds the score buffer at `chunk x n` floats.
 const QUERY_CHUNK: usize = 256;
 /// llama.cpp's rotary base for the qwen3vl tower.
-const ROPE_BASE: f32 = 10000.0;
+pub(crate) const ROPE_BASE: f32 = 10000.0;
 
 pub(crate) struct Block {
     pub(crate) ln1: Norm,

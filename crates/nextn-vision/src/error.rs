@@ -68,6 +68,27 @@ pub enum VisionError {
         needed: u64,
         limit: u64,
     },
+    #[error("the vision tower on the device: {what}: {source}")]
+    Device {
+        what: String,
+        source: nextn_gpu::GpuError,
+    },
+    #[error(
+        "the vision tower's activations for images of up to {tokens} tokens need a buffer of \
+         {bytes} bytes on the device, over its binding limit of {limit}: --image-max-tokens \
+         {fits} or less fits"
+    )]
+    DeviceBinding {
+        tokens: u32,
+        bytes: u64,
+        limit: u64,
+        fits: u64,
+    },
+    #[error(
+        "an image of {patches} patches is more than the device's buffers hold ({capacity}, \
+         sized for --image-max-tokens at load)"
+    )]
+    DeviceCapacity { patches: usize, capacity: usize },
     /// The caller stopped the encode (its request went away) before it was done.
     #[error("the image encode was cancelled")]
     EncodeCancelled,

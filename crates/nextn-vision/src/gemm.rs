@@ -110,6 +110,15 @@ impl SharedOut {
 
 /// `x` (rows of `k`) rounded as ggml rounds activations for weights of `ty`, rows spread over
 /// the pool.
+/// The rounding [`round_for`] applies, in place, on the calling thread.
+pub(crate) fn round_in_place(ty: GgmlType, x: &mut [f32]) {
+    match ty {
+        GgmlType::F16 => x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
+        GgmlType::BF16 => x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32()),
+        _ => {}
+    }
+}
+
 pub(crate) fn round_for(ty: GgmlType, x: &[f32], k: usize, pool: &ThreadPool) -> Option<Vec<f32>> {
     let round: fn(f32) -> f32 = match ty {
         GgmlType::F16 => |v| f16::from_f32(v).to_f32(),

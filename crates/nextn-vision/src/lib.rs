@@ -21,6 +21,7 @@
 
 mod block;
 mod config;
+mod device;
 mod error;
 mod gemm;
 mod ops;

@@ -8,6 +8,7 @@ use nextn_quant::kernels::ThreadPool;
 
 use crate::block::{Block, Heads, Merger};
 use crate::config::VisionConfig;
+use crate::device::DeviceTower;
 use crate::error::VisionError;
 use crate::patch::{Grid, PatchEmbed, PositionEmbed};
 use crate::preprocess::{prepare, prepared_size, PreparedImage, RgbImage};
@@ -16,14 +17,16 @@ use crate::weights::{Binder, Norm};
 /// A Qwen3.5 / Qwen3.6 vision tower (`qwen3vl_merger`).
 pub struct VisionTower {
     cfg: VisionConfig,
-    patch: PatchEmbed,
-    pos: PositionEmbed,
-    pre_ln: Option<Norm>,
-    blocks: Vec<Block>,
-    post_ln: Option<Norm>,
-    merger: Merger,
+    pub(crate) patch: PatchEmbed,
+    pub(crate) pos: PositionEmbed,
+    pub(crate) pre_ln: Option<Norm>,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) post_ln: Option<Norm>,
+    pub(crate) merger: Merger,
     /// [`GgufFile::fingerprint`] of the mmproj file.
     file_fingerprint: u64,
+    /// The same weights on a device, where encodes then run ([`VisionTower::offload`]).
+    device: Option<DeviceTower>,
 }
 
 /// The embeddings of one image: `nx * ny` tokens (row by row) of `width` floats each.
@@ -107,16 +110,25 @@ impl VisionTower {
             post_ln,
             merger,
             file_fingerprint,
+            device: None,
         })
     }
 
-    /// What an image's embeddings depend on besides its pixels: the mmproj file and the token
-    /// bounds its grid is sized within. Two towers with the same fingerprint give the same rows.
+    /// What an image's embeddings depend on besides its pixels: the mmproj file, the token
+    /// bounds its grid is sized within and where it runs (the CPU, or which device: their
+    /// kernels round differently). Two towers with the same fingerprint give the same rows.
     pub fn fingerprint(&self) -> u64 {
         let mut h = nextn_gguf::Fnv1a::new();
         h.write(&self.file_fingerprint.to_le_bytes());
         h.write(&self.cfg.min_tokens.to_le_bytes());
         h.write(&self.cfg.max_tokens.to_le_bytes());
+        if let Some(d) = &self.device {
+            let info = &d.gpu().info;
+            for part in [&info.name, &info.description, &info.driver] {
+                h.write(part.as_bytes());
+                h.write(&[0]);
+            }
+        }
         h.finish()
     }
 
@@ -124,13 +136,46 @@ impl VisionTower {
         &self.cfg
     }
 
-    /// llama.cpp's `--image-min-tokens` / `--image-max-tokens`.
+    /// llama.cpp's `--image-min-tokens` / `--image-max-tokens`. On the device, the activation
+    /// buffers are made again for the new largest image; when the device cannot hold them the
+    /// bounds still apply, the tower is back on the CPU and the error says why.
     pub fn set_token_bounds(
         &mut self,
         min: Option<u32>,
         max: Option<u32>,
     ) -> Result<(), VisionError> {
-        self.cfg.set_token_bounds(min, max)
+        self.cfg.set_token_bounds(min, max)?;
+        if let Some(d) = self.device.take() {
+            let gpu = d.gpu().clone();
+            drop(d);
+            self.offload(gpu)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the encoder forward onto `gpu`: every weight uploaded and the activations sized for
+    /// the largest image the token bounds allow, reserved in the device's memory budget. On an
+    /// error (the budget or the binding limit cannot hold it, a weight type the kernels do not
+    /// read) the tower runs on the CPU.
+    pub fn offload(&mut self, gpu: std::sync::Arc<nextn_gpu::Gpu>) -> Result<(), VisionError> {
+        self.device = None;
+        self.device = Some(DeviceTower::new(gpu, self)?);
+        Ok(())
+    }
+
+    /// Device memory the tower holds (weights and activations) when it runs on a device.
+    pub fn device_bytes(&self) -> Option<u64> {
+        self.device.as_ref().map(|d| d.bytes())
+    }
+
+    /// Back to the CPU: the device's weights and buffers are freed.
+    pub fn release_device(&mut self) {
+        self.device = None;
+    }
+
+    /// Whether encodes run on a device.
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
     }
 
     /// Deepstack layers: each adds `projection_dim` floats to every output embedding.
@@ -205,6 +250,9 @@ impl VisionTower {
                 Ok(())
             }
         };
+        if let Some(d) = &self.device {
+            return d.encode(self, img, &stop_if_cancelled);
+        }
         stop_if_cancelled()?;
         let (nx, ny) = self.token_grid(img);
         let grid = Grid {

@@ -25,6 +25,30 @@ impl Linear {
         self.rows
     }
 
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub(crate) fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
+    /// The matrix's bytes as ggml stores them.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.data {
+            MatrixBytes::File(file, info) => file.tensor_data(info),
+            MatrixBytes::Owned(v) => v,
+        }
+    }
+
     /// `out[i*rows + r] = W[r] . x[i*cols..] + b[r]` for `n` rows of `x`.
     pub(crate) fn forward(
         &self,
@@ -44,10 +68,7 @@ impl Linear {
         out: &mut [f32],
         pool: &ThreadPool,
     ) -> Result<(), VisionError> {
-        let bytes = match &self.data {
-            MatrixBytes::File(file, info) => file.tensor_data(info),
-            MatrixBytes::Owned(v) => v,
-        };
+        let bytes = self.bytes();
         if n >= gemm::MIN_GEMM_ROWS && gemm::handles(self.ty) {
             let panels = gemm::Panels::from_rows(self.ty, bytes, self.rows, self.cols, pool)
                 .map_err(|source| self.kernel_error(source))?;

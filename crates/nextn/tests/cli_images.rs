@@ -462,3 +462,86 @@ fn hf_model_brings_its_mmproj_from_the_cache() {
     );
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// `synth --mmproj` writes a tower of the released shape for the synthesized model's width, and
+/// `bench --mmproj --image` times its encodes on the CPU (the model runs there): the picture's
+/// grid, one time per repetition, the rate; an --image without a projector, or a projector
+/// without pictures, is refused.
+#[test]
+fn bench_times_encodes_of_a_synthesized_tower() {
+    let d = dir("bench");
+    let (model, mmproj) = (d.join("tiny.gguf"), d.join("mmproj.gguf"));
+    let o = run(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--type",
+        "Q8_0",
+        "-o",
+        model.to_str().unwrap(),
+        "--mmproj",
+        mmproj.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("a vision tower of 27 blocks of width 1152 projecting to 128"),
+        "{}",
+        text(&o.stderr)
+    );
+    let tower = nextn_vision::VisionTower::load(&mmproj).expect("the synthesized tower loads");
+    tower
+        .check_text_model(128)
+        .expect("it projects to the model's width");
+    let (m, mp) = (model.to_str().unwrap(), mmproj.to_str().unwrap());
+    let img = picture();
+    let o = run(&[
+        "bench",
+        "-m",
+        m,
+        "-dev",
+        "none",
+        "-t",
+        "2",
+        "--mmproj",
+        mp,
+        "--image",
+        &img,
+        "--image-max-tokens",
+        "12",
+        "-r",
+        "2",
+        "-o",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let row = &rows[0];
+    assert_eq!(row["placement"], "cpu", "{row}");
+    assert_eq!(row["ms"].as_array().map(Vec::len), Some(2), "{row}");
+    let tokens = row["tokens"].as_u64().unwrap();
+    assert!((8..=12).contains(&tokens), "{row}");
+    assert_eq!(row["patches"].as_u64(), Some(4 * tokens));
+    assert!(row["median_ms"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(row["per_encode"].is_null(), "{row}");
+    assert!(
+        text(&o.stderr).contains("on the CPU, 2 threads"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let o = run(&["bench", "-m", m, "--image", &img]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--image times the vision tower's encodes: give --mmproj FILE"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = run(&["bench", "-m", m, "--mmproj", mp]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("pictures given with --image FILE"),
+        "{}",
+        text(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -937,16 +937,96 @@ fn run_with_an_image_on_the_device_prints_the_cpu_text() {
         a.extend_from_slice(extra);
         run_json(&a)
     };
-    let (cpu, _) = run(&["-dev", "none"]);
+    let (cpu, cpu_err) = run(&["-dev", "none"]);
     assert_eq!(cpu["timings"]["images_encoded"], 1, "{cpu}");
-    for placement in [vec!["-dev", &dev], vec!["-dev", &dev, "-ngl", "5"]] {
+    // A model on the CPU keeps its tower there without a word.
+    assert!(!cpu_err.contains("vision tower"), "{cpu_err}");
+    for placement in [
+        vec!["-dev", &dev],
+        vec!["-dev", &dev, "-ngl", "5"],
+        vec!["-dev", &dev, "--no-mmproj-offload"],
+    ] {
         let (plain, err) = run(&placement);
         assert!(err.contains(&dev), "{err}");
+        // The tower goes with the model unless told not to, and the load lines say where.
+        let tower_line = if placement.contains(&"--no-mmproj-offload") {
+            "vision tower: on the CPU (--no-mmproj-offload)".to_string()
+        } else {
+            format!("vision tower: on {dev}, ")
+        };
+        assert!(err.contains(&tower_line), "{placement:?}: {err}");
         assert_eq!(plain["tokens"], cpu["tokens"], "{placement:?}: {err}");
         let (mtp, err) = run(&[&placement[..], &["--spec-type", "nextn"]].concat());
         assert_eq!(mtp["tokens"], plain["tokens"], "{placement:?}: {err}");
         assert!(mtp["spec"]["draft_n"].as_u64().unwrap() > 0, "{mtp}");
     }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `bench --image` with the model on the device times the tower there: each encode a
+/// submission before the blocks, one a block and one for the merger, and nothing created on the
+/// device an encode; with --no-mmproj-offload it runs on the CPU.
+#[test]
+fn bench_times_the_tower_on_the_device() {
+    let Some(dev) = lavapipe() else { return };
+    let d = std::env::temp_dir().join(format!("nextn-device-bench-image-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    let mmproj = d.join("mmproj.gguf");
+    let spec = nextn_vision::synth::TowerSpec::fixture(256);
+    nextn_vision::synth::write_mmproj(&spec, &mmproj).expect("write mmproj");
+    let img = nextn_testdata::repo_root().join("crates/nextn-vision/tests/data/ramp-100x75.png");
+    let m = bundled();
+    let bench = |extra: &[&str]| {
+        let mut a = vec![
+            "bench",
+            "-m",
+            m.to_str().unwrap(),
+            "-dev",
+            &dev,
+            "--mmproj",
+            mmproj.to_str().unwrap(),
+            "--image",
+            img.to_str().unwrap(),
+            "-r",
+            "2",
+            "-o",
+            "json",
+        ];
+        a.extend_from_slice(extra);
+        run_json(&a)
+    };
+    let (rows, err) = bench(&[]);
+    let row = &rows[0];
+    assert_eq!(row["placement"], "device", "{row}\n{err}");
+    assert_eq!(row["device"], dev.as_str());
+    assert_eq!(row["software_device"], true);
+    assert_eq!(
+        (row["grid"][0].as_u64(), row["grid"][1].as_u64()),
+        (Some(6), Some(5))
+    );
+    let per = &row["per_encode"];
+    assert_eq!(
+        per["submissions"].as_f64(),
+        Some(spec.n_layer as f64 + 2.0),
+        "{per}"
+    );
+    assert_eq!(
+        per["waits"].as_f64(),
+        Some(spec.n_layer as f64 + 2.0),
+        "{per}"
+    );
+    assert_eq!(per["buffers_created"].as_f64(), Some(0.0), "{per}");
+    assert_eq!(per["bind_groups_created"].as_f64(), Some(0.0), "{per}");
+    assert!(
+        per["dispatches"].as_f64().unwrap() >= 12.0 * spec.n_layer as f64,
+        "{per}"
+    );
+    assert!(
+        err.contains("a software device: its timings are not a GPU's"),
+        "{err}"
+    );
+    let (rows, _) = bench(&["--no-mmproj-offload"]);
+    assert_eq!(rows[0]["placement"], "cpu", "{}", rows[0]);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -981,6 +1061,13 @@ fn a_device_server_resumes_after_an_image() {
     let first = json!({"messages": [user], "max_tokens": 8, "temperature": 0});
     let r = warm.post("/v1/chat/completions", &first);
     assert_eq!(r.status, 200, "{}\n{}", r.text(), warm.log_text());
+    // The picture went through the tower on the device.
+    assert!(
+        warm.log_text()
+            .contains(&format!("vision tower: on {dev}, ")),
+        "{}",
+        warm.log_text()
+    );
     let first_prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     let answer = r.json()["choices"][0]["message"]["content"].clone();
     let saved = warm.post("/slots/0?action=save", &json!({"filename": "image.bin"}));

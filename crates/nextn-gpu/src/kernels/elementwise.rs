@@ -5,16 +5,6 @@
 use super::Kernel;
 use crate::{GpuError, Recorder};
 
-macro_rules! kernel {
-    ($id:ident, $name:literal, $file:literal) => {
-        pub static $id: Kernel = Kernel {
-            name: $name,
-            source: include_str!(concat!("../shaders/", $file)),
-            entry: $name,
-        };
-    };
-}
-
 kernel!(SWIGLU, "swiglu", "swiglu.wgsl");
 kernel!(MOE_ROUTE, "route", "moe.wgsl");
 kernel!(MOE_COMBINE, "moe_combine", "moe_combine.wgsl");

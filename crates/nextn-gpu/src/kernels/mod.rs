@@ -9,12 +9,25 @@
 //! - a row's result never depends on the other rows of its dispatch: every output is reduced
 //!   in a fixed order that depends only on its own shape.
 
+/// `kernel!(ID, "name", "file.wgsl")`: a [`Kernel`] named as its entry point, its source one file
+/// of `shaders/`.
+macro_rules! kernel {
+    ($id:ident, $name:literal, $file:literal) => {
+        pub static $id: Kernel = Kernel {
+            name: $name,
+            source: include_str!(concat!("../shaders/", $file)),
+            entry: $name,
+        };
+    };
+}
+
 pub mod argmax;
 pub mod attention;
 pub mod delta_net;
 pub mod elementwise;
 pub mod matvec;
 pub mod norm;
+pub mod vision;
 
 /// One WGSL entry point.
 #[derive(Debug)]
@@ -32,6 +45,7 @@ pub fn all() -> Vec<&'static Kernel> {
     v.extend(argmax::KERNELS);
     v.extend(delta_net::KERNELS);
     v.extend(attention::KERNELS);
+    v.extend(vision::KERNELS);
     v.extend(matvec::kernels());
     v
 }

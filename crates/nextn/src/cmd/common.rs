@@ -395,6 +395,10 @@ pub struct VisionArgs {
     /// Most tokens an image is resized to (default: the mmproj's)
     #[arg(long = "image-max-tokens", value_name = "N")]
     pub image_max_tokens: Option<u32>,
+    /// Keep the vision tower on the CPU when the model runs on a device (by default it goes to
+    /// the model's device when it fits beside the model and a sequence's caches)
+    #[arg(long = "no-mmproj-offload", env = "LLAMA_ARG_NO_MMPROJ_OFFLOAD", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub no_mmproj_offload: bool,
 }
 
 impl VisionArgs {
@@ -410,8 +414,9 @@ impl VisionArgs {
         }
     }
 
-    /// Loads the tower at `path` for `model`, checked against its width.
-    pub fn load(&self, path: &Path, model: &Model) -> Result<Arc<VisionTower>> {
+    /// Loads the tower at `path` for `model`, checked against its width, on the CPU
+    /// ([`place`](Self::place) moves it).
+    pub fn load(&self, path: &Path, model: &Model) -> Result<VisionTower> {
         let mut tower =
             VisionTower::load(path).with_context(|| format!("--mmproj {}", path.display()))?;
         tower
@@ -420,7 +425,48 @@ impl VisionArgs {
         tower
             .set_token_bounds(self.image_min_tokens, self.image_max_tokens)
             .context("--image-min-tokens / --image-max-tokens")?;
-        Ok(Arc::new(tower))
+        Ok(tower)
+    }
+
+    /// Puts the tower on the model's device (after the model and its head took their share), unless
+    /// `--no-mmproj-offload`, the model runs on the CPU, or the device cannot hold the tower
+    /// beside the caches of a sequence at the context: then it stays on the CPU. Says which.
+    pub fn place(&self, tower: &mut VisionTower, loaded: &Loaded) {
+        let Some(device) = &loaded.model.device else {
+            return;
+        };
+        let gpu = device.gpu();
+        let name = &gpu.info.name;
+        if self.no_mmproj_offload {
+            eprintln!("vision tower: on the CPU (--no-mmproj-offload)");
+            return;
+        }
+        let placed = tower
+            .offload(gpu.clone())
+            .map_err(anyhow::Error::from)
+            .and_then(|()| {
+                loaded
+                    .model
+                    .check_sequence(loaded.n_ctx, loaded.k_type, loaded.v_type)
+                    .with_context(|| {
+                        format!(
+                            "no room left for a sequence's caches at context {}",
+                            loaded.n_ctx
+                        )
+                    })
+            });
+        match placed {
+            Ok(()) => eprintln!(
+                "vision tower: on {name}, {:.1} MiB (its weights, and activations for images of up \
+                 to {} tokens)",
+                tower.device_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+                tower.config().max_tokens
+            ),
+            Err(e) => {
+                tower.release_device();
+                eprintln!("vision tower: on the CPU, as it does not fit on {name}: {e:#}");
+            }
+        }
     }
 }
 

@@ -299,6 +299,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         None
     };
+    let vision = vision.map(|mut tower| {
+        args.vision.place(&mut tower, &loaded);
+        std::sync::Arc::new(tower)
+    });
     let mut kwargs = serde_json::Map::new();
     if let Some(k) = &args.chat_template_kwargs {
         let v: serde_json::Value =

@@ -456,6 +456,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             None
         };
+        let vision = vision.map(|mut tower| {
+            vision_args.place(&mut tower, &loaded);
+            Arc::new(tower)
+        });
         let cfg = &loaded.model.config;
         let kv_per_token: usize = cfg
             .layer_kinds

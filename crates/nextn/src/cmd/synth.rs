@@ -44,6 +44,11 @@ pub struct Args {
     /// Print the tensor plan and the expected size; write nothing
     #[arg(long)]
     pub dry_run: bool,
+    /// Also write a vision projector (mmproj, F16) of the released Qwen3.5 / Qwen3.6 tower's
+    /// shape (27 blocks of width 1152, 16-pixel patches) projecting to this model's width, for
+    /// `run --image` and `bench --image`
+    #[arg(long, value_name = "FILE", conflicts_with = "dry_run")]
+    pub mmproj: Option<PathBuf>,
     /// general.name (default: synth-qwen35-<preset>)
     #[arg(long)]
     pub name: Option<String>,
@@ -322,6 +327,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
     )
     .with_context(|| format!("writing {}", output.display()))?;
     let secs = t0.elapsed().as_secs_f64();
+    if let Some(path) = &args.mmproj {
+        let t = Instant::now();
+        let tower = nextn_vision::synth::TowerSpec {
+            seed: args.seed,
+            ..nextn_vision::synth::TowerSpec::qwen35(spec.n_embd)
+        };
+        nextn_vision::synth::write_mmproj(&tower, path)
+            .with_context(|| format!("--mmproj: writing {}", path.display()))?;
+        eprintln!(
+            "wrote {}: a vision tower of {} blocks of width {} projecting to {}, {:.1} s",
+            path.display(),
+            tower.n_layer,
+            tower.n_embd,
+            tower.projection_dim,
+            t.elapsed().as_secs_f64()
+        );
+    }
     let checked =
         check_inventory(output).with_context(|| format!("checking {}", output.display()))?;
     println!(

@@ -6,6 +6,7 @@
 mod depth;
 mod draft_vocab;
 mod floor;
+mod images;
 mod plot;
 mod union;
 
@@ -24,7 +25,7 @@ use nextn_model::device::{DeviceModel, DeviceProgress};
 use nextn_model::{LayerCache, LogitRows, NextnHead};
 use serde_json::{json, Value};
 
-use super::common::{self, DraftVocabArgs, GrammarArgs, Loaded, ModelArgs};
+use super::common::{self, DraftVocabArgs, GrammarArgs, Loaded, ModelArgs, VisionArgs};
 use floor::FloorArgs;
 
 /// The default prompt set: code and prose.
@@ -126,6 +127,14 @@ pub struct Args {
     /// Constrain every run's output (a grammar or a JSON Schema, as for `run`)
     #[command(flatten)]
     pub grammar: GrammarArgs,
+    /// The vision tower whose encodes --image times (and its token bounds and placement flags)
+    #[command(flatten)]
+    pub vision: VisionArgs,
+    /// Instead of the generation runs, time the vision tower's encode of each image given (after
+    /// one encode that warms it up; -r encodes each), the tower placed as `run` and `serve`
+    /// place it: on the model's device unless --no-mmproj-offload, else on the CPU with -t threads
+    #[arg(long = "image", value_name = "FILE", conflicts_with_all = ["depth", "expert_union", "device_profile"])]
+    pub image: Vec<PathBuf>,
     /// With a grammar: pick drafts among the tokens it allows (on), or ignore it while drafting
     /// (off; verification alone enforces it); `on,off` measures both
     #[arg(long = "draft-mask", value_delimiter = ',', default_value = "on", value_parser = ["on", "off"])]
@@ -817,6 +826,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
         bail!("-r 0: at least one repetition is needed");
     }
     let mut policies = Policy::parse_list(&args.n_max)?;
+    let mmproj = args.vision.path(&args.model)?;
+    match (&mmproj, args.image.is_empty()) {
+        (None, false) => bail!("--image times the vision tower's encodes: give --mmproj FILE"),
+        (Some(p), true) if args.vision.mmproj.is_some() => bail!(
+            "--mmproj {}: bench times its encodes of the pictures given with --image FILE",
+            p.display()
+        ),
+        _ => {}
+    }
+    if let (Some(mmproj), false) = (&mmproj, args.image.is_empty()) {
+        let loaded = common::load(&args.model, false)?;
+        return images::run(&args, &loaded, mmproj, out);
+    }
     let loaded = common::load(&args.model, policies.iter().any(|&p| p != Policy::Plain))?;
     let head = NextnHead::load(&loaded.model).ok();
     if args.device_profile {
