@@ -545,3 +545,67 @@ fn bench_times_encodes_of_a_synthesized_tower() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Vision flags that change nothing say so: without a projector, and --no-mmproj-offload with
+/// the model (and so the tower) on the CPU.
+#[test]
+fn unused_vision_flags_say_they_do_nothing() {
+    let model = nextn_testdata::bundled_model();
+    let m = model.to_str().unwrap();
+    let o = run(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "Hi",
+        "-n",
+        "1",
+        "-dev",
+        "none",
+        "--no-mmproj-offload",
+        "--image-max-tokens",
+        "64",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--no-mmproj-offload: no effect (no vision projector is loaded)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--image-max-tokens: no effect (no vision projector is loaded)"),
+        "{err}"
+    );
+    assert!(!err.contains("--image-min-tokens"), "{err}");
+
+    let d = dir("unused");
+    let mmproj = d.join("mmproj.gguf");
+    nextn_vision::synth::write_mmproj(&nextn_vision::synth::TowerSpec::fixture(256), &mmproj)
+        .expect("write mmproj");
+    let img = picture();
+    let o = run(&[
+        "run",
+        "-m",
+        m,
+        "--mmproj",
+        mmproj.to_str().unwrap(),
+        "--image",
+        &img,
+        "-p",
+        "Hi",
+        "-n",
+        "1",
+        "-dev",
+        "none",
+        "--no-mmproj-offload",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(
+            "--no-mmproj-offload: no effect (the model runs on the CPU, and the tower with it)"
+        ),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -1030,6 +1030,57 @@ fn bench_times_the_tower_on_the_device() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// With the tower on the device the encoder thread submits beside the loop's passes: a picture
+/// encoded while another slot decodes gives the answer (and log probabilities) it gives alone,
+/// and the other slot's text is its text alone too.
+#[test]
+fn a_device_tower_encodes_beside_a_decoding_slot() {
+    use base64::Engine;
+    let Some(dev) = lavapipe() else { return };
+    let server = serve_common::start_with_mmproj(&[
+        "--spec-type",
+        "nextn",
+        "-dev",
+        &dev,
+        "-np",
+        "2",
+        "-c",
+        "2048",
+        "--cache-ram",
+        "0",
+    ]);
+    let png = base64::engine::general_purpose::STANDARD.encode(serve_common::ramp_png());
+    let picture = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+        {"type": "text", "text": "What is in this picture?"}]}],
+        "max_tokens": 8, "temperature": 0, "logprobs": true});
+    let text = json!({"messages": [{"role": "user", "content": "Count from one to twenty."}],
+        "max_tokens": 48, "temperature": 0, "logprobs": true});
+    let answer = |r: &serve_common::Response| {
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        (
+            v["choices"][0]["message"]["content"].clone(),
+            v["choices"][0]["logprobs"].clone(),
+        )
+    };
+    let (during_text, during_picture) = std::thread::scope(|s| {
+        let t = s.spawn(|| answer(&server.post("/v1/chat/completions", &text)));
+        // The picture arrives while the text request decodes.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let p = answer(&server.post("/v1/chat/completions", &picture));
+        (t.join().expect("text request"), p)
+    });
+    let alone_picture = answer(&server.post("/v1/chat/completions", &picture));
+    let alone_text = answer(&server.post("/v1/chat/completions", &text));
+    assert_eq!(during_picture, alone_picture, "{}", server.log_text());
+    assert_eq!(during_text, alone_text, "{}", server.log_text());
+    assert!(server
+        .log_text()
+        .contains(&format!("vision tower: on {dev}, ")));
+    assert_eq!(server.metric("nextn:images_encoded_total"), 2.0);
+}
+
 /// A server with the model on the device takes a picture, and the next turn with the same
 /// picture resumes after it from the prefix cache (the device's caches restored with the image's
 /// positions) with the answer and logprobs of a server without the cache, drafting on; a slot

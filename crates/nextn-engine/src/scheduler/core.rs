@@ -489,7 +489,11 @@ impl<'e> Core<'e> {
             .vision
             .ok_or("the prompt has images, but no vision tower is loaded")?;
         if self.encoder.is_none() {
-            let threads = encoder_threads(self.cfg.n_slots, self.engine.pool.n_threads());
+            let threads = encoder_threads(
+                tower.on_device(),
+                self.cfg.n_slots,
+                self.engine.pool.n_threads(),
+            );
             let encoder = ImageEncoder::spawn(tower.clone(), threads, self.shared.clone())
                 .map_err(|e| format!("cannot start the image encoder thread: {e}"))?;
             self.encoder = Some(encoder);

@@ -11,7 +11,8 @@
 //! request waits for its picture, so the encoder takes as many threads as the inference pool;
 //! with several it takes half of them (at least one), so that both pools together ask for at
 //! most one and a half times the threads given (`-t`) and a decode step keeps most of the cores
-//! it had while a picture is being encoded, rather than both pools spinning on every core.
+//! it had while a picture is being encoded, rather than both pools spinning on every core. A
+//! tower on the device takes one thread: the host only records its blocks and waits for them.
 //!
 //! A request that goes away (its client disconnected, it failed, the server shut down) drops its
 //! [`EncodeTicket`], which cancels its encodes: one not started is skipped, one running stops
@@ -30,9 +31,12 @@ use nextn_vision::{ImageEmbedding, PreparedImage, VisionError, VisionTower};
 use super::{lock, Shared};
 
 /// Threads of the encoder's pool for a loop of `n_slots` slots whose inference pool has
-/// `inference_threads` (see the module's documentation).
-pub(super) fn encoder_threads(n_slots: usize, inference_threads: usize) -> usize {
-    if n_slots <= 1 {
+/// `inference_threads` (see the module's documentation); one for a tower on a device
+/// (`on_device`), whose encode only records and waits.
+pub(super) fn encoder_threads(on_device: bool, n_slots: usize, inference_threads: usize) -> usize {
+    if on_device {
+        1
+    } else if n_slots <= 1 {
         inference_threads.max(1)
     } else {
         (inference_threads / 2).max(1)
@@ -210,10 +214,16 @@ mod tests {
 
     #[test]
     fn one_slot_takes_every_thread_several_take_half() {
-        assert_eq!(encoder_threads(1, 8), 8);
-        assert_eq!(encoder_threads(1, 0), 1);
-        assert_eq!(encoder_threads(4, 8), 4);
-        assert_eq!(encoder_threads(2, 2), 1);
-        assert_eq!(encoder_threads(2, 1), 1);
+        assert_eq!(encoder_threads(false, 1, 8), 8);
+        assert_eq!(encoder_threads(false, 1, 0), 1);
+        assert_eq!(encoder_threads(false, 4, 8), 4);
+        assert_eq!(encoder_threads(false, 2, 2), 1);
+        assert_eq!(encoder_threads(false, 2, 1), 1);
+    }
+
+    #[test]
+    fn a_tower_on_the_device_takes_one_thread() {
+        assert_eq!(encoder_threads(true, 1, 8), 1);
+        assert_eq!(encoder_threads(true, 4, 16), 1);
     }
 }

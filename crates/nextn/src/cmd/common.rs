@@ -428,11 +428,32 @@ impl VisionArgs {
         Ok(tower)
     }
 
+    /// One stderr line when --no-mmproj-offload was given and changes nothing (`why`).
+    pub fn offload_flag_unused(&self, why: &str) {
+        if self.no_mmproj_offload {
+            eprintln!("--no-mmproj-offload: no effect ({why})");
+        }
+    }
+
+    /// One stderr line per vision flag given when no tower is loaded (`why`).
+    pub fn flags_unused(&self, why: &str) {
+        self.offload_flag_unused(why);
+        for (flag, given) in [
+            ("--image-min-tokens", self.image_min_tokens.is_some()),
+            ("--image-max-tokens", self.image_max_tokens.is_some()),
+        ] {
+            if given {
+                eprintln!("{flag}: no effect ({why})");
+            }
+        }
+    }
+
     /// Puts the tower on the model's device (after the model and its head took their share), unless
     /// `--no-mmproj-offload`, the model runs on the CPU, or the device cannot hold the tower
     /// beside the caches of a sequence at the context: then it stays on the CPU. Says which.
     pub fn place(&self, tower: &mut VisionTower, loaded: &Loaded) {
         let Some(device) = &loaded.model.device else {
+            self.offload_flag_unused("the model runs on the CPU, and the tower with it");
             return;
         };
         let gpu = device.gpu();

@@ -299,6 +299,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         None
     };
+    if vision.is_none() {
+        args.vision.flags_unused("no vision projector is loaded");
+    }
     let vision = vision.map(|mut tower| {
         args.vision.place(&mut tower, &loaded);
         std::sync::Arc::new(tower)

@@ -456,6 +456,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             None
         };
+        if vision.is_none() {
+            vision_args.flags_unused("no vision projector is loaded");
+        }
         let vision = vision.map(|mut tower| {
             vision_args.place(&mut tower, &loaded);
             Arc::new(tower)

@@ -839,6 +839,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let loaded = common::load(&args.model, false)?;
         return images::run(&args, &loaded, mmproj, out);
     }
+    args.vision
+        .flags_unused("bench loads a vision tower only to time --image encodes");
     let loaded = common::load(&args.model, policies.iter().any(|&p| p != Policy::Plain))?;
     let head = NextnHead::load(&loaded.model).ok();
     if args.device_profile {
