@@ -53,7 +53,7 @@ impl DeviceLinear {
     }
 
     fn bytes(&self) -> u64 {
-        self.m.device_bytes() + self.bias.as_ref().map_or(0, |b| b.size())
+        self.m.device_bytes()
     }
 }
 
@@ -198,9 +198,10 @@ impl DeviceTower {
                 fits: fits as u64,
             });
         }
-        let total: u64 = sizes.iter().sum();
+        // The activations, and the norms and biases (the matrices reserve their own bytes).
+        let total: u64 = sizes.iter().sum::<u64>() + vector_bytes(t);
         let reservation = gpu
-            .reserve("the vision tower's activations", total)
+            .reserve("the vision tower's activations, norms and biases", total)
             .map_err(device_err("reserving its activations"))?;
         let buf = |label: &str, bytes: u64| {
             gpu.buffer(label, bytes)
@@ -608,6 +609,32 @@ fn record_merger(
         Epilogue::default(),
         false,
     )
+}
+
+/// Bytes of the tower's vectors on the device: norm weights and biases, and the biases of its
+/// matrices.
+fn vector_bytes(t: &VisionTower) -> u64 {
+    let norm = |n: &Norm| (n.weight.len() + n.bias.len()) as u64 * 4;
+    let bias = |l: &Linear| l.bias().map_or(0, |b| b.len() as u64 * 4);
+    let merger = |m: &Merger| m.norm.as_ref().map_or(0, norm) + bias(&m.fc1) + bias(&m.fc2);
+    let blocks: u64 = t
+        .blocks
+        .iter()
+        .map(|b| {
+            norm(&b.ln1)
+                + norm(&b.ln2)
+                + [&b.qkv, &b.out, &b.up, &b.down]
+                    .into_iter()
+                    .map(bias)
+                    .sum::<u64>()
+                + b.deepstack.as_ref().map_or(0, merger)
+        })
+        .sum();
+    t.patch.bias.len() as u64 * 4
+        + t.pre_ln.as_ref().map_or(0, norm)
+        + t.post_ln.as_ref().map_or(0, norm)
+        + merger(&t.merger)
+        + blocks
 }
 
 fn upload_block(gpu: &Gpu, b: &Block, il: usize) -> Result<DeviceBlock, VisionError> {
