@@ -826,10 +826,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         bail!("-r 0: at least one repetition is needed");
     }
     let mut policies = Policy::parse_list(&args.n_max)?;
-    let mmproj = args.vision.path(&args.model)?;
+    // An -hf repository's projector is looked up only to time --image encodes.
+    let mmproj = if args.image.is_empty() {
+        args.vision.mmproj.clone()
+    } else {
+        args.vision.path(&args.model)?
+    };
     match (&mmproj, args.image.is_empty()) {
         (None, false) => bail!("--image times the vision tower's encodes: give --mmproj FILE"),
-        (Some(p), true) if args.vision.mmproj.is_some() => bail!(
+        (Some(p), true) => bail!(
             "--mmproj {}: bench times its encodes of the pictures given with --image FILE",
             p.display()
         ),
