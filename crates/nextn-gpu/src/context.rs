@@ -35,6 +35,11 @@ pub struct DeviceInfo {
     /// What is free of that heap now, where the driver reports it (VK_EXT_memory_budget): the
     /// heap's budget for this process less what it uses.
     pub free_bytes: Option<u64>,
+    /// The device's compute units where the driver says: NVIDIA's streaming multiprocessors
+    /// (VK_NV_shader_sm_builtins), AMD's compute units (VK_AMD_shader_core_properties). A
+    /// dispatch of fewer workgroups leaves some of them idle; the profile sets each kernel's
+    /// workgroups against this.
+    pub compute_units: Option<u32>,
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -53,6 +58,9 @@ impl std::fmt::Display for DeviceInfo {
             }
             (Some(total), None) => write!(f, " ({} MiB)", mib(total))?,
             _ => {}
+        }
+        if let Some(n) = self.compute_units {
+            write!(f, ", {n} compute units")?;
         }
         write!(
             f,
@@ -116,6 +124,7 @@ fn adapters(inst: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
                 int8_dot: has_int8_dot(&a),
                 memory_bytes: device_memory(&a).map(|(_, size)| size),
                 free_bytes: device_memory(&a).and_then(|(heap, _)| free_memory(&a, heap)),
+                compute_units: compute_units(&a),
             },
             a,
         ));
@@ -178,6 +187,35 @@ fn free_memory(a: &wgpu::Adapter, heap: usize) -> Option<u64> {
         *budget.heap_usage.get(heap)?,
     );
     (b > 0).then(|| b.saturating_sub(used))
+}
+
+/// The compute units of a Vulkan adapter whose driver reports them ([`DeviceInfo::compute_units`]).
+fn compute_units(a: &wgpu::Adapter) -> Option<u32> {
+    // SAFETY: as in `has_int8_dot`, the adapter's properties are only read.
+    let hal = unsafe { a.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let caps = hal.physical_device_capabilities();
+    let instance = hal.shared_instance().raw_instance();
+    let physical = hal.raw_physical_device();
+    if caps.supports_extension(c"VK_NV_shader_sm_builtins") {
+        let mut sm = ash::vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+        let mut props = ash::vk::PhysicalDeviceProperties2::default().push_next(&mut sm);
+        // SAFETY: the physical device belongs to this instance, which outlives the call; the
+        // extension's structure is chained as the specification has it (the device has it).
+        unsafe { instance.get_physical_device_properties2(physical, &mut props) };
+        return (sm.shader_sm_count > 0).then_some(sm.shader_sm_count);
+    }
+    if caps.supports_extension(c"VK_AMD_shader_core_properties") {
+        let mut core = ash::vk::PhysicalDeviceShaderCorePropertiesAMD::default();
+        let mut props = ash::vk::PhysicalDeviceProperties2::default().push_next(&mut core);
+        // SAFETY: as above.
+        unsafe { instance.get_physical_device_properties2(physical, &mut props) };
+        let n = core
+            .shader_engine_count
+            .checked_mul(core.shader_arrays_per_engine_count)?
+            .checked_mul(core.compute_units_per_shader_array)?;
+        return (n > 0).then_some(n);
+    }
+    None
 }
 
 fn inst_backends() -> wgpu::Backends {

@@ -218,6 +218,13 @@ fn achieved(t: &nextn_model::device::KernelTime) -> Option<f64> {
     (t.seconds > 0.0 && t.bytes > 0).then(|| t.bytes as f64 / t.seconds)
 }
 
+/// A kernel's workgroups a dispatch in the profile, marked `*` when fewer than the device's
+/// compute units (some of them then idle during the dispatch).
+fn groups_cell(groups: f64, compute_units: Option<u32>) -> String {
+    let under = compute_units.is_some_and(|n| groups < n as f64);
+    format!("{groups:.0}{}", if under { "*" } else { "" })
+}
+
 fn device_report(
     device: &DeviceModel,
     tokens: usize,
@@ -267,8 +274,11 @@ fn device_report(
         let profiled = s.profiled_seconds.max(1e-12);
         let passes = s.timed_submissions.max(1) as f64;
         line.push_str(&format!(
-            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; groups: workgroups a dispatch launches; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>8} {:>9} {:>7}",
+            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; groups: workgroups a dispatch launches{}; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>8} {:>9} {:>7}",
             profiled * 1e3 / passes,
+            info.compute_units.map_or(String::new(), |n| format!(
+                ", * where fewer than the device's {n} compute units"
+            )),
             copy_bandwidth.map_or(String::new(), |c| format!(
                 "; % copy: of the device's copy bandwidth, {:.1} GB/s",
                 c / 1e9
@@ -284,14 +294,15 @@ fn device_report(
         ));
         for (k, t) in &kernels {
             let rate = achieved(t);
+            let groups = t.workgroups as f64 / t.dispatches.max(1) as f64;
             line.push_str(&format!(
-                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>8.0} {:>9} {:>7}",
+                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>8} {:>9} {:>7}",
                 k,
                 t.dispatches as f64 / passes,
                 t.seconds * 1e6 / t.dispatches.max(1) as f64,
                 t.seconds * 1e3 / passes,
                 100.0 * t.seconds / profiled,
-                t.workgroups as f64 / t.dispatches.max(1) as f64,
+                groups_cell(groups, info.compute_units),
                 rate.map_or("-".into(), |r| format!("{:.2}", r / 1e9)),
                 rate.zip(copy_bandwidth)
                     .map_or("-".into(), |(r, c)| format!("{:.1}%", 100.0 * r / c)),
@@ -310,6 +321,7 @@ fn device_report(
     let json = json!({
         "device": info.name,
         "software": info.software,
+        "compute_units": info.compute_units,
         "kernels": kernel_json,
         "copy_bandwidth_bytes_per_second": copy_bandwidth,
         "passes": s.passes,
@@ -1733,4 +1745,18 @@ fn write_table(format: &str, rows: &[TableRow]) -> String {
         _ => {}
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::groups_cell;
+
+    #[test]
+    fn kernels_that_leave_compute_units_idle_are_marked() {
+        assert_eq!(groups_cell(25.0, Some(132)), "25*");
+        assert_eq!(groups_cell(132.0, Some(132)), "132");
+        assert_eq!(groups_cell(1024.4, Some(132)), "1024");
+        // Where the driver does not say, nothing is marked.
+        assert_eq!(groups_cell(3.0, None), "3");
+    }
 }
