@@ -407,6 +407,7 @@ impl DeviceTower {
         let mut back = rec
             .submit_read(nextn_gpu::Timing::Off)
             .map_err(device_err("the merger"))?;
+        self.gpu.check().map_err(device_err("the merger"))?;
         let data = back.f32s(slot);
         if data.len() != tokens * width as usize {
             return Err(VisionError::Device {
@@ -426,10 +427,12 @@ impl DeviceTower {
         })
     }
 
-    /// Submit and wait, so that the next cancellation check comes after this work.
+    /// Submit and wait, so that the next cancellation check comes after this work; what the
+    /// device reported about it is this encode's error, not a later pass's.
     fn submit(&self, rec: Recorder, what: &str) -> Result<(), VisionError> {
         rec.submit(false).map_err(device_err(what))?;
-        self.gpu.wait().map_err(device_err(what))
+        self.gpu.wait().map_err(device_err(what))?;
+        self.gpu.check().map_err(device_err(what))
     }
 
     /// One ViT block over the rows in `b.x`, in place.
