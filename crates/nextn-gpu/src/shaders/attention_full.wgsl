@@ -37,6 +37,18 @@ var<workgroup> kv: array<f32, KB * D_MAX>;
 var<workgroup> ps: array<f32, QB * KB>;
 var<workgroup> factor: array<f32, QB>;
 
+// Rows k0..k0+KB (zeros past the last) of the part starting `at` elements into a row, into kv.
+fn load_chunk(k0: u32, at: u32, lid: u32) {
+    for (var i = lid; i < KB * p.d; i += WG) {
+        let row = k0 + i / p.d;
+        var v = 0.0;
+        if (row < p.n) {
+            v = qkv[p.off + row * p.stride + at + i % p.d];
+        }
+        kv[(i / p.d) * D_MAX + i % p.d] = v;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn attention_full(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -65,14 +77,7 @@ fn attention_full(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
     for (var k0 = 0u; k0 < p.n; k0 += KB) {
         workgroupBarrier();
-        for (var i = lid; i < KB * d; i += WG) {
-            let row = k0 + i / d;
-            var v = 0.0;
-            if (row < p.n) {
-                v = qkv[p.off + row * p.stride + p.k_off + col + i % d];
-            }
-            kv[(i / d) * D_MAX + i % d] = v;
-        }
+        load_chunk(k0, p.k_off + col, lid);
         workgroupBarrier();
         // QB * KB == WG: one score a thread.
         let qi = lid / KB;
@@ -104,15 +109,8 @@ fn attention_full(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             m = m_new;
             factor[lid] = a;
         }
-        for (var i = lid; i < KB * d; i += WG) {
-            let row = k0 + i / d;
-            var v = 0.0;
-            if (row < p.n) {
-                v = qkv[p.off + row * p.stride + p.v_off + col + i % d];
-            }
-            // Read after the scores' barrier: every thread is done with the keys.
-            kv[(i / d) * D_MAX + i % d] = v;
-        }
+        // After the scores' barrier: every thread is done with the keys.
+        load_chunk(k0, p.v_off + col, lid);
         workgroupBarrier();
         for (var r = 0u; r < OUT_PER; r++) {
             let o = lid + r * WG;
