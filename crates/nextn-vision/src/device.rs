@@ -51,10 +51,6 @@ impl DeviceLinear {
         };
         Ok(DeviceLinear { m, bias })
     }
-
-    fn bytes(&self) -> u64 {
-        self.m.device_bytes()
-    }
 }
 
 struct DeviceNorm {
@@ -219,14 +215,8 @@ impl DeviceTower {
             hidden: buf("vision merger hidden", sizes[8])?,
             out: buf("vision embeddings", sizes[9])?,
         };
-        let mut patch = Vec::with_capacity(2);
-        for frame in [&t.patch.frame0, &t.patch.frame1] {
-            patch.push(DeviceLinear::upload(&gpu, frame)?.m);
-        }
-        let [frame0, frame1]: [DeviceMatrix; 2] =
-            patch.try_into().map_err(|_| VisionError::MissingTensor {
-                tensor: "v.patch_embd.weight".into(),
-            })?;
+        let frame0 = DeviceLinear::upload(&gpu, &t.patch.frame0)?.m;
+        let frame1 = DeviceLinear::upload(&gpu, &t.patch.frame1)?.m;
         let patch_bias = gpu
             .upload("v.patch_embd.bias", bytemuck::cast_slice(&t.patch.bias))
             .map_err(device_err("uploading v.patch_embd.bias"))?;
@@ -256,7 +246,7 @@ impl DeviceTower {
         }
         for l in &linears {
             kernels.extend(l.m.kernels());
-            bytes += l.bytes();
+            bytes += l.m.device_bytes();
         }
         kernels.extend(nextn_gpu::kernels::vision::KERNELS);
         gpu.prepare(&kernels)
@@ -327,24 +317,24 @@ impl DeviceTower {
         rec.upload(&b.patches, 0, bytemuck::cast_slice(&rows));
         rec.upload(&b.pos, 0, bytemuck::cast_slice(&pos));
         let acts = Acts::f32(&b.patches, 0, cols as u32);
-        let step = device_err("the patch embedding");
-        product(
-            &mut rec,
-            &self.patch[0],
-            &acts,
-            n32,
-            &b.x,
-            0,
-            e,
-            Epilogue::default(),
-        )
-        .map_err(step)?;
         let add = Epilogue {
             add: true,
             scale: 1.0,
         };
-        let step = device_err("the patch embedding");
-        product(&mut rec, &self.patch[1], &acts, n32, &b.x, 0, e, add).map_err(step)?;
+        let patch_embed = |rec: &mut Recorder| -> Result<(), GpuError> {
+            product(
+                rec,
+                &self.patch[0],
+                &acts,
+                n32,
+                &b.x,
+                0,
+                e,
+                Epilogue::default(),
+            )?;
+            product(rec, &self.patch[1], &acts, n32, &b.x, 0, e, add)
+        };
+        patch_embed(&mut rec).map_err(device_err("the patch embedding"))?;
         let then = BiasThen {
             add: Some((&b.pos, 0, e)),
             gelu: false,

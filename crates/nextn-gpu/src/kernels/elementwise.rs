@@ -15,9 +15,11 @@ pub static KERNELS: &[&Kernel] = &[&SWIGLU, &MOE_ROUTE, &MOE_COMBINE, &COPY_WORD
 /// Threads per workgroup of every kernel in this file.
 const WG: u32 = 256;
 
-fn elems(rec: &Recorder, n: u64) -> Result<[u32; 3], GpuError> {
+/// Workgroups of [`WG`] threads for one thread per value of `n` values (`what` names them in the
+/// error when they are more than one dispatch takes).
+pub(crate) fn elems(rec: &Recorder, what: &str, n: u64) -> Result<[u32; 3], GpuError> {
     let n = u32::try_from(n).map_err(|_| GpuError::BadTensor {
-        tensor: "activations".into(),
+        tensor: what.into(),
         why: format!("{n} values in one dispatch"),
     })?;
     Ok(crate::groups_1d(rec.gpu(), n.div_ceil(WG)))
@@ -46,7 +48,7 @@ pub fn swiglu(
     n: u32,
     width: u32,
 ) -> Result<(), GpuError> {
-    let groups = elems(rec, n as u64 * width as u64)?;
+    let groups = elems(rec, "activations", n as u64 * width as u64)?;
     rec.dispatch(
         &SWIGLU,
         &[n, width, g.off, g.stride, u.off, u.stride],
@@ -106,7 +108,7 @@ pub fn moe_combine(
     width: u32,
     add: bool,
 ) -> Result<(), GpuError> {
-    let g = elems(rec, n as u64 * width as u64)?;
+    let g = elems(rec, "activations", n as u64 * width as u64)?;
     let (s_out, s_gate, gate_off, gate_stride, has) = match shared {
         Some((o, gate, off, stride)) => (o, gate, off, stride, 1),
         None => (y, weights, 0, 0, 0),

@@ -51,11 +51,6 @@ fn check_rows(
     Ok(())
 }
 
-fn elementwise_groups(rec: &Recorder, what: &str, n: u64) -> Result<[u32; 3], GpuError> {
-    let n = u32::try_from(n).map_err(|_| bad(what, format!("{n} values in one dispatch")))?;
-    Ok(crate::groups_1d(rec.gpu(), n.div_ceil(256)))
-}
-
 /// `y[r] = (x[r] - mean) / sqrt(var + eps) · w + b` for `rows` rows of `width` (`x` rows
 /// `x_stride` apart from `x_off`, `y` likewise), mean and variance f32 trees over the row.
 #[allow(clippy::too_many_arguments)]
@@ -118,7 +113,7 @@ pub fn bias_act(
     let (e, e_off, e_stride) = then.add.unwrap_or((b, 0, 0));
     let flags = then.gelu as u32 | (then.add.is_some() as u32) << 1;
     let n = rows as u64 * width as u64;
-    let groups = elementwise_groups(rec, "bias rows", n)?;
+    let groups = super::elementwise::elems(rec, "bias rows", n)?;
     // The rows read and written, the added rows read.
     let bytes = n * 4 * (2 + then.add.is_some() as u64) + width as u64 * 4;
     rec.dispatch(
@@ -174,7 +169,7 @@ pub fn rope_vision(
         return Err(bad("rope_vision grid", format!("{nx} patches wide")));
     }
     let n = qkv.rows as u64 * qkv.n_head as u64 * (qkv.d / 2) as u64;
-    let groups = elementwise_groups(rec, "rope_vision rows", n)?;
+    let groups = super::elementwise::elems(rec, "rope_vision rows", n)?;
     // The q and k parts read and written.
     let bytes = qkv.rows as u64 * (qkv.n_head * qkv.d) as u64 * 16;
     rec.dispatch(
