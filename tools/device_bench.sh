@@ -24,7 +24,9 @@
 #     prefill of 512 tokens (bench -d 512,512, the better of the two) and its plain decode of 128
 #     tokens on one prompt (bench -n 128 -r 3 --spec-draft-n-max 0); moe8 also with the routed
 #     experts of 4 layers on the CPU (llama-bench -ncmoe 4 / nextn --n-cpu-moe 4) and of all
-#     layers (-ncmoe 99 / --cpu-moe). Same thread count (-t) for both.
+#     layers (-ncmoe 99 / --cpu-moe). Same thread count (-t) for both. Then q08's prefill and
+#     decode again with the int8 products cut a block a thread (NEXTN_GPU_ROW_THREADS=1), the
+#     A/B of the row threads' setting on the same card.
 #  3. the per-kernel profile of plain decoding (bench --device-profile) on q08 and q27: each
 #     kernel's device time and achieved bandwidth beside the card's copy bandwidth; then
 #     q08: MTP at the random weights' own acceptance (near zero, so this shows what drafting
@@ -213,6 +215,17 @@ for m in $shapes; do
             -n "$tg" -r "$reps" --reps 3 --prompts "$work/prompt.jsonl" --spec-draft-n-max 0 -o json
     done
 done
+
+# 2b. The int8 products' cut, A/B on the same card: q08's prefill and decode with a block a thread
+# (NEXTN_GPU_ROW_THREADS=1, as lavapipe runs them) beside the default of step 2 (a row over 32
+# threads, blocks shared by narrow rows): rows "pp512 rt1" and "tg128 rt1" of the summary.
+if [ -n "${model[q08]:-}" ]; then
+    step nextn-pp-q08-rt1 120 20 env NEXTN_GPU_ROW_THREADS=1 "$bin" bench -m "${model[q08]}" \
+        -dev "$dev" -t "$threads" -c 4096 -d "$pp,$pp" --reps 3 -o json
+    step nextn-tg-q08-rt1 120 20 env NEXTN_GPU_ROW_THREADS=1 "$bin" bench -m "${model[q08]}" \
+        -dev "$dev" -t "$threads" -c 4096 -n "$tg" -r "$reps" --reps 3 \
+        --prompts "$work/prompt.jsonl" --spec-draft-n-max 0 -o json
+fi
 
 # Steps 3 and 5: MTP at the random weights' own acceptance (near zero): nextn bench at n_max 1..3
 # (one run each) beside llama-speculative-simple --spec-type draft-mtp, same prompt, greedy, $tg

@@ -380,6 +380,9 @@ pub struct Gpu {
     pipeline_cache: Option<(wgpu::PipelineCache, std::path::PathBuf)>,
     errors: Arc<ErrorLog>,
     budget: Arc<MemoryBudget>,
+    /// Threads that a weight row of the int8 products spreads over at least, where its blocks
+    /// allow ([`Gpu::row_threads`]).
+    row_threads: u32,
 }
 
 /// How to open a device.
@@ -603,6 +606,11 @@ impl Gpu {
                 count: None,
             }],
         });
+        let row_threads = if info.software {
+            1
+        } else {
+            crate::kernels::matvec::GPU_ROW_THREADS
+        };
         Ok(Gpu {
             info,
             device,
@@ -624,6 +632,7 @@ impl Gpu {
                 limit: opts.memory_budget.or(info_memory),
                 used: AtomicU64::new(0),
             }),
+            row_threads,
         })
     }
 
@@ -647,6 +656,29 @@ impl Gpu {
     /// [`DeviceInfo::int8_dot`] then says "no", the path that runs.
     pub fn disable_int8_dot(&mut self) {
         self.info.int8_dot = false;
+    }
+
+    /// Threads that a weight row of the int8-activation products spreads over at least, sharing
+    /// its 256-value blocks among them where the row has fewer blocks: on a GPU
+    /// [`GPU_ROW_THREADS`](crate::kernels::matvec::GPU_ROW_THREADS), so that even a 1024-wide
+    /// matrix of a thousand rows launches hundreds of workgroups and each thread reads a few
+    /// dozen bytes; on a device the CPU implements (lavapipe) one, a block a thread, as its
+    /// threads are a CPU's vector lanes. Part of how a row's sum is formed: fixed while the
+    /// device is open.
+    pub fn row_threads(&self) -> u32 {
+        self.row_threads
+    }
+
+    /// Set [`Gpu::row_threads`] (`NEXTN_GPU_ROW_THREADS`; tests run the GPU setting on lavapipe):
+    /// a power of two from 1 to 128.
+    pub fn set_row_threads(&mut self, threads: u32) -> Result<(), GpuError> {
+        if !threads.is_power_of_two() || threads > 128 {
+            return Err(GpuError::Device(format!(
+                "{threads} threads a weight row: the products take a power of two from 1 to 128"
+            )));
+        }
+        self.row_threads = threads;
+        Ok(())
     }
 
     /// The largest buffer one kernel binding may see, in bytes.

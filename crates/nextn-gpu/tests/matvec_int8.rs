@@ -3,15 +3,16 @@
 //! quantized as the CPU quantizes them (Q8_0 blocks for Q8_0 and Q4_0, Q8_K for the others), an
 //! exact integer sum per block, one f32 term per block.
 //!
-//! Tolerance: the integer parts are the CPU's exactly, so a row of one block is the CPU's bits
-//! wherever the block's term is one product (Q8_0, Q4_0, Q6_K, IQ4_XS); with a minimum term
-//! (Q4_K, Q5_K) the device fuses the two products, within `1e-6` of the block's magnitude. Rows
-//! of several blocks add the same terms in another order (a tree instead of a running sum):
+//! Tolerance: the integer parts are the CPU's exactly, so a row of one 32-value block (Q8_0,
+//! Q4_0) is the CPU's bits; a 256-value block of a narrow row is shared among threads, each
+//! scaling the integer sum of its sub-blocks, and with a minimum term (Q4_K, Q5_K) the device
+//! fuses the two products: within `1e-6` of the block's magnitude. Rows of several blocks add
+//! the same terms in another order (a tree instead of a running sum):
 //! `|y - cpu| <= 1e-6 * sum_c |w_c * x_c|`, where one quantized value off by one would already
 //! move a row by about 3e-5 of that sum. Batch invariance and the prefill tile: bit for bit.
 
 use nextn_gguf::GgmlType;
-use nextn_gpu::kernels::matvec::{matvec, matvec_experts, TILE_ROWS};
+use nextn_gpu::kernels::matvec::{matvec, matvec_experts, GPU_ROW_THREADS, TILE_ROWS};
 use nextn_gpu::validation::{assert_clean, rerun_at_lavapipe_widths, test_device};
 use nextn_gpu::weights::has_int8_kernels;
 use nextn_gpu::{DeviceExperts, DeviceMatrix, Gpu, GpuError, Recorder};
@@ -221,22 +222,39 @@ fn every_type_against_the_cpu(gpu: &Gpu, ns_main: &[u32]) {
     eprintln!("largest error against the CPU relative to sum |w*x|: {worst:e}");
 }
 
+/// The test device with a GPU's setting of the threads a weight row spreads over (lavapipe,
+/// a CPU, takes a block a thread by default): narrow rows share their blocks.
+fn gpu_setting() -> Option<Gpu> {
+    let mut gpu = test_device()?;
+    gpu.set_row_threads(GPU_ROW_THREADS).unwrap();
+    Some(gpu)
+}
+
+/// At a GPU's setting, at settings where a thread takes four and two sub-blocks of a block at
+/// the wider width (a row of three blocks), and at a block a thread (lavapipe's default).
 #[test]
 fn every_type_matches_the_cpu() {
-    let Some(gpu) = test_device() else { return };
+    let Some(mut gpu) = gpu_setting() else { return };
     if !gpu.int8_dot() {
         eprintln!("skipped: '{}' has no int8 dot products", gpu.info.name);
         return;
     }
     every_type_against_the_cpu(&gpu, &[1, 2, 3, 4, 5, 8, 9, 33]);
+    let settings: &[u32] = if in_width_child() { &[1] } else { &[4, 8, 1] };
+    for &threads in settings {
+        gpu.set_row_threads(threads).unwrap();
+        every_type_against_the_cpu(&gpu, &[1, 8, 33]);
+    }
     assert_clean(&gpu);
 }
 
-/// A row of one block: the CPU's bits (one product per block) or within a rounding of the
-/// block (two).
+/// A row of one block: the CPU's bits where one thread takes the whole block and its term is
+/// one product (Q8_0, Q4_0: 32-value blocks); within a rounding of the block where the term has
+/// two products or the row is so narrow that its 256-value block is shared among threads, each
+/// adding the term of its sub-blocks.
 #[test]
 fn a_single_block_is_the_cpus_term() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = gpu_setting() else { return };
     if !gpu.int8_dot() {
         return;
     }
@@ -258,9 +276,9 @@ fn a_single_block_is_the_cpus_term() {
             rows as u32,
         );
         let (want, mag) = cpu(ty, &data, rows, cols, &x, 0, cols, n);
-        let two_terms = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
+        let whole_term = ty.block_size() == 32;
         for k in 0..y.len() {
-            if two_terms {
+            if !whole_term {
                 let err = (y[k] as f64 - want[k] as f64).abs();
                 assert!(
                     err <= TOL * mag[k],
@@ -334,7 +352,7 @@ fn check_batch_invariance(gpu: &Gpu, ty: GgmlType, ns: &[u32]) {
 
 #[test]
 fn a_row_is_the_same_bits_in_any_batch_and_tile() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = gpu_setting() else { return };
     if !gpu.int8_dot() {
         return;
     }
@@ -443,7 +461,7 @@ fn check_experts(gpu: &Gpu, ty: GgmlType) {
 
 #[test]
 fn experts_match_their_own_matrices() {
-    let Some(gpu) = test_device() else { return };
+    let Some(gpu) = gpu_setting() else { return };
     if !gpu.int8_dot() {
         return;
     }

@@ -440,6 +440,94 @@ fn device_profile_accounts_for_every_dispatch() {
     );
 }
 
+/// At a GPU's setting (`NEXTN_GPU_ROW_THREADS=32`, lavapipe's own being a block a thread), the
+/// products of the 0.8B's widths (n_embd 1024, its FFN, delta-net and attention shapes, 4 of its
+/// layers, a 4,096-row LM head) launch hundreds of workgroups a dispatch in decode, verify,
+/// prefill and the head's passes: none under 128 (the 512-row key and value projections, 4 rows
+/// a workgroup), where a block a thread launched 8-32 for most of them.
+#[test]
+fn products_at_the_08b_widths_launch_hundreds_of_workgroups() {
+    let Some(dev) = lavapipe() else { return };
+    let dir = std::env::temp_dir().join(format!("nextn-fill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("widths-0.8b.gguf");
+    let o = bin()
+        .args([
+            "synth", "--preset", "0.8b", "--layers", "4", "--vocab", "4096",
+        ])
+        .args(["--type", "Q4_K_M", "-o"])
+        .arg(&model)
+        .output()
+        .expect("run nextn synth");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        // Over 32 tokens: the prompt goes in 32-row tiles first.
+        json!({"name": "code", "prompt": "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef main():\n    for i in range(10):\n        print(i, fib(i))\n"})
+            .to_string()
+            + "\n",
+    )
+    .unwrap();
+    let out = dir.join("bench.json");
+    let o = bin()
+        .env("NEXTN_GPU_ROW_THREADS", "32")
+        .args(["bench", "-m"])
+        .arg(&model)
+        .args([
+            "-dev",
+            &dev,
+            "-c",
+            "512",
+            "-n",
+            "6",
+            "--spec-draft-n-max",
+            "0,3",
+        ])
+        .arg("--device-profile")
+        .arg("--prompts")
+        .arg(&prompts)
+        .arg("--json")
+        .arg(&out)
+        .output()
+        .expect("run nextn bench");
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("json")).expect("parse");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut seen = std::collections::BTreeSet::new();
+    for run in v["runs"].as_array().expect("runs") {
+        let d = &run["device"];
+        assert_eq!(d["row_threads"].as_u64(), Some(32), "{d}");
+        for k in d["kernels"].as_array().expect("kernels") {
+            let name = k["kernel"].as_str().unwrap();
+            let product = ["matvec_", "swiglu_", "matmul_"]
+                .iter()
+                .any(|p| name.starts_with(p));
+            if !product {
+                continue;
+            }
+            let fewest = k["fewest_workgroups"].as_u64().unwrap();
+            assert!(fewest >= 128, "{name}: {fewest} workgroups in {k}");
+            seen.insert(name.to_string());
+        }
+    }
+    // Decode, a 4-row verify, the prompt's tiles and the gate|up pairs were all among them.
+    for want in [
+        "matvec_q4_k_i8_n1",
+        "matvec_q4_k_i8_n4",
+        "matmul_q4_k_i8_tile",
+        "swiglu_q4_k_i8_n1",
+        "swiglu_q4_k_i8_n4",
+        "matvec_q6_k_i8_n1",
+    ] {
+        assert!(seen.contains(want), "{want} not in {seen:?}");
+    }
+    // The report names the setting.
+    assert!(err.contains("32 threads a weight row"), "{err}");
+}
+
 /// Trunk layers of the 0.8B's plan, which the counters test's model has.
 const PLAN_LAYERS: u64 = 24;
 /// Dispatches of a decode step beside its layers: the embedding rows gathered, the final norm

@@ -14,8 +14,10 @@
 //! - int8 activations (`matvec_i8.wgsl`), for Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS on
 //!   adapters with packed 4 x 8-bit integer dot products ([`crate::DeviceInfo::int8_dot`]):
 //!   each row is first quantized on the device as nextn-quant's CPU path quantizes it for the
-//!   type (Q8_0 blocks of 32 for Q8_0 and Q4_0, Q8_K blocks of 256 for the others), then every
-//!   block is an exact integer sum (`dot4I8Packed`) scaled once in f32, as the CPU forms it.
+//!   type (Q8_0 blocks of 32 for Q8_0 and Q4_0, Q8_K blocks of 256 for the others), then the
+//!   part of a block a thread takes (the block, or a run of its 32-value sub-blocks where a
+//!   narrow row shares its blocks among threads, [`split_log2`]) is an exact integer sum
+//!   (`dot4I8Packed`) scaled once in f32, as the CPU forms a block's.
 
 use super::Kernel;
 use crate::weights::{DeviceExperts, DeviceMatrix, Packed};
@@ -30,13 +32,19 @@ pub const MAX_BATCH: u32 = 8;
 /// Activation rows a prefill tile takes: batches of more rows than this go in tiles first.
 pub const TILE_ROWS: u32 = 32;
 
-/// Weight rows each thread carries, by N - 1 (`R` in the module of N): more rows share each
-/// activation load when few activation rows are in flight.
-const ROWS_PER_THREAD: [u32; 8] = [4, 4, 2, 2, 2, 2, 2, 2];
+/// Weight rows each thread carries, by N - 1 (`R` in the module of N). One: a GPU keeps the few
+/// activation rows in its first-level cache, so more rows a thread would only cut the
+/// workgroups a dispatch launches (a 1024-row matrix must still fill a card of 132 compute
+/// units).
+const ROWS_PER_THREAD: [u32; 8] = [1; 8];
 
-/// The same for a gate|up pair, of each of its two matrices: half as many, so a thread holds
-/// as many weight rows and partial sums as in a single product.
-const PAIR_ROWS_PER_THREAD: [u32; 8] = [2, 2, 1, 1, 1, 1, 1, 1];
+/// The same for a gate|up pair, of each of its two matrices.
+const PAIR_ROWS_PER_THREAD: [u32; 8] = [1; 8];
+
+/// Threads that a weight row's units spread over on a GPU (a subgroup on most), where the row
+/// has enough of them: the int8 path shares a block among threads to reach it ([`split_log2`],
+/// [`crate::Gpu::row_threads`]).
+pub const GPU_ROW_THREADS: u32 = 32;
 
 /// Weight rows per thread in a tile, and the outputs it reduces per round (its workgroup
 /// memory is `WG * TILE_RED` floats, as large as the 8-row module's).
@@ -108,11 +116,11 @@ macro_rules! source {
 macro_rules! rows {
     ($prefix:literal, $label:literal, $skel:literal, $file:literal, 1) => {
         rows!(@ $prefix, $label, $skel, $file, 1,
-            [(1, 4, 4), (2, 4, 8), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (7, 2, 14), (8, 2, 16)])
+            [(1, 1, 1), (2, 1, 2), (3, 1, 3), (4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (8, 1, 8)])
     };
     ($prefix:literal, $label:literal, $skel:literal, $file:literal, 2) => {
         rows!(@ $prefix, $label, $skel, $file, 2,
-            [(1, 2, 2), (2, 2, 4), (3, 1, 3), (4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (8, 1, 8)])
+            [(1, 1, 1), (2, 1, 2), (3, 1, 3), (4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (8, 1, 8)])
     };
     (@ $prefix:literal, $label:literal, $skel:literal, $file:literal, $p:literal,
         [$(($n:literal, $r:literal, $red:literal)),*]) => {
@@ -137,7 +145,7 @@ macro_rules! family {
             },
             experts: Kernel {
                 name: concat!("matvec_experts_", $label),
-                source: source!($skel, $file, 1, 4, 4, 1, $experts),
+                source: source!($skel, $file, 1, 1, 1, 1, $experts),
                 entry: "matvec_experts",
             },
             pair_rows: rows!("swiglu_", $label, $skel, $file, 2),
@@ -239,6 +247,29 @@ pub fn kernels() -> Vec<&'static Kernel> {
 fn tpr_log2(units_per_row: usize) -> u32 {
     let units = units_per_row.max(1) as u64;
     (63 - units.leading_zeros()).min(WG.trailing_zeros())
+}
+
+/// log2 of the threads that share one weight block on the int8 path: enough that a row's units
+/// reach `row_threads`, at most one a 32-value sub-block. A function of the matrix's shape and
+/// type (and the device's setting) only, as [`tpr_log2`] is.
+fn split_log2(blocks_per_row: usize, act: ActBlocks, row_threads: u32) -> u32 {
+    let subs = (act.values() / 32) as usize;
+    let want = (row_threads as usize)
+        .div_ceil(blocks_per_row.max(1))
+        .next_power_of_two();
+    want.min(subs).trailing_zeros()
+}
+
+/// The units a weight row is cut into and log2 of the threads that share a block (0 on the f32
+/// path, whose units are already parts of blocks).
+fn row_units(pk: &Packed, act: Option<ActBlocks>, row_threads: u32) -> (usize, u32) {
+    match act {
+        Some(act) => {
+            let split = split_log2(pk.bpr, act, row_threads);
+            (pk.bpr << split, split)
+        }
+        None => (pk.units_per_row(), 0),
+    }
 }
 
 /// One dispatch of a batch: the module (`N`, 1..=8, or a tile), its first activation row and
@@ -604,10 +635,7 @@ pub fn product(
         Some((family, act)) => Some((family, quantized_input(rec, pk, act, acts, &io, n as u64)?)),
         None => None,
     };
-    let units = match &quantized {
-        Some(_) => pk.bpr,
-        None => pk.units_per_row(),
-    };
+    let (units, split) = row_units(pk, pk.int8_path().map(|(_, act)| act), gpu.row_threads());
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, n as u64);
     let pair = pk.pair;
@@ -647,7 +675,7 @@ pub fn product(
                 Some((family, q)) => {
                     let params = [
                         rows,
-                        units as u32,
+                        pk.bpr as u32,
                         tl,
                         chunk.aux_off,
                         chunk.aux2_off,
@@ -666,6 +694,7 @@ pub fn product(
                         mode,
                         scale,
                         half,
+                        split,
                     ];
                     rec.dispatch(
                         kernel(step.module, family),
@@ -865,10 +894,7 @@ pub fn matvec_experts(
         Some((family, act)) => Some((family, quantize_rows(rec, pk, act, &io, x_rows)?)),
         None => None,
     };
-    let units = match &quantized {
-        Some(_) => pk.bpr,
-        None => pk.units_per_row(),
-    };
+    let (units, split) = row_units(pk, pk.int8_path().map(|(_, act)| act), gpu.row_threads());
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, x_rows);
     let blocks = (pk.rows as u32).div_ceil(rows_per_group(Module::Rows(1), false, tl));
@@ -894,7 +920,7 @@ pub fn matvec_experts(
                 Some((family, q)) => {
                     let params = [
                         pk.rows as u32,
-                        units as u32,
+                        pk.bpr as u32,
                         tl,
                         chunk.aux_off,
                         chunk.aux2_off,
@@ -913,6 +939,7 @@ pub fn matvec_experts(
                         0,
                         one,
                         0,
+                        split,
                     ];
                     rec.dispatch(
                         &family.experts,
@@ -977,11 +1004,10 @@ mod tests {
                     n * r
                 );
                 assert!(k.source.starts_with(&head), "{}", k.name);
-                // A pair's thread carries half the rows of each matrix, and reduces them all
-                // in one round: twice its partial sums fit 16 KB.
+                // A pair's thread reduces all its rows in one round: twice its partial sums
+                // fit 16 KB.
                 let pk = &f.pair_rows[i];
                 let r = PAIR_ROWS_PER_THREAD[i];
-                assert_eq!(r * 2, ROWS_PER_THREAD[i].max(2));
                 let head = format!(
                     "const N: u32 = {n}u;\nconst R: u32 = {r}u;\nconst RED: u32 = {}u;\nconst P: u32 = 2u;\n",
                     n * r
@@ -1008,6 +1034,29 @@ mod tests {
         assert_eq!(tpr_log2(127), 6);
         assert_eq!(tpr_log2(128), 7);
         assert_eq!(tpr_log2(100_000), 7);
+    }
+
+    /// A narrow row's blocks are shared until the row spreads over a subgroup's worth of threads,
+    /// never finer than a 32-value sub-block.
+    #[test]
+    fn narrow_int8_rows_share_their_blocks() {
+        // Q8_K blocks (256 values, 8 sub-blocks) at widths 256, 1024, 2048, 3584, 5120, 17408.
+        let cases = [(1, 3), (4, 3), (8, 2), (14, 2), (20, 1), (68, 0)];
+        for (blocks, want) in cases {
+            assert_eq!(
+                split_log2(blocks, ActBlocks::Q8K, GPU_ROW_THREADS),
+                want,
+                "{blocks} blocks"
+            );
+            let units = blocks << want;
+            assert!(units >= (GPU_ROW_THREADS as usize).min(blocks * 8));
+            // A block a thread where one thread a row is asked for.
+            assert_eq!(split_log2(blocks, ActBlocks::Q8K, 1), 0);
+        }
+        // Q8_0 blocks are a single sub-block.
+        for blocks in [1, 8, 32, 160] {
+            assert_eq!(split_log2(blocks, ActBlocks::Q8_0, GPU_ROW_THREADS), 0);
+        }
     }
 
     /// Every row is covered once, by tiles first when the batch is longer than a group.

@@ -4,14 +4,17 @@
 // and appends the type's part: `SUBS`, `HAS_MIN`, `Head`, `Sub`, `load_head`, `load_sub`,
 // `sub_dot`, `block_term`.
 //
-// The work is cut as in matvec.wgsl, with a unit being one weight block (32 or 256 values, the
-// activations' block): a slot of 2^tpr_log2 threads owns R weight rows, thread t takes blocks
-// t, t + tpr, ... of the row. Within a block the products are exact integer sums over its
-// 32-value sub-blocks (times the sub-block scales), as nextn-quant's CPU kernels form them, then
-// one f32 term per block with the block's scales; the slot adds its partials in a fixed tree.
-// tpr depends only on the matrix shape, and each (weight row, activation row) pair is computed by
-// the same sequence of operations whatever N, R, RED or the row's place: a row's result does not
-// depend on the batch it is part of.
+// The work is cut as in matvec.wgsl, with a unit being a part of a weight block (32 or 256
+// values, the activations' block): the block's SUBS 32-value sub-blocks shared by 2^split_log2
+// threads, so that a narrow row (a few 256-value blocks) still spreads over a subgroup's worth of
+// threads and a matrix over many workgroups. A slot of 2^tpr_log2 threads owns R weight rows;
+// thread t takes units t, t + tpr, ... of the row, consecutive threads reading consecutive bytes
+// of a block. Within a unit the products are exact integer sums over its sub-blocks (times the
+// sub-block scales), as nextn-quant's CPU kernels form them, then one f32 term with the block's
+// scales; the slot adds its partials in a fixed tree. tpr and the split depend only on the
+// matrix shape, and each (weight row, activation row) pair is computed by the same sequence of
+// operations whatever N, R, RED or the row's place: a row's result does not depend on the batch
+// it is part of.
 
 struct Params {
     rows: u32,
@@ -40,6 +43,8 @@ struct Params {
     scale: f32,
     // With P = 2: the rows of one matrix of the pair (the up rows follow the gate rows).
     half_rows: u32,
+    // log2 of the threads that share a weight block (a divisor of SUBS).
+    split_log2: u32,
 }
 
 @group(1) @binding(0) var<uniform> p: Params;
@@ -120,7 +125,12 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
     for (var v = 0u; v < R * P * N; v++) {
         acc[v] = 0.0;
     }
-    for (var u = t; u < p.blocks; u += tpr) {
+    // Unit `c` is part `c % split` of block `c / split`: SUBS / split of its sub-blocks.
+    let split = 1u << p.split_log2;
+    let subs = SUBS >> p.split_log2;
+    for (var c = t; c < p.blocks * split; c += tpr) {
+        let u = c >> p.split_log2;
+        let j0 = (c & (split - 1u)) * subs;
         var hd: array<Head, R * P>;
         for (var k = 0u; k < R * P; k++) {
             hd[k] = load_head(wrow[k], u);
@@ -131,7 +141,7 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
             isum[v] = 0;
             msum[v] = 0;
         }
-        for (var j = 0u; j < SUBS; j++) {
+        for (var j = j0; j < j0 + subs; j++) {
             var ws: array<Sub, R * P>;
             for (var k = 0u; k < R * P; k++) {
                 ws[k] = load_sub(wrow[k], u, j, hd[k]);

@@ -537,6 +537,8 @@ pub struct KernelTime {
     pub bytes: u64,
     /// The workgroups its dispatches launched, together.
     pub workgroups: u64,
+    /// The fewest workgroups one of its dispatches launched.
+    pub fewest_workgroups: u64,
 }
 
 /// The counters a model and its head share; timing needs the pass's read-back, so it is on only
@@ -606,6 +608,9 @@ impl Counters {
                 }
                 for d in &t.dispatches {
                     let k = s.kernels.entry(d.kernel).or_default();
+                    if k.dispatches == 0 || d.workgroups < k.fewest_workgroups {
+                        k.fewest_workgroups = d.workgroups;
+                    }
                     k.dispatches += 1;
                     k.seconds += d.seconds;
                     k.bytes += d.bytes;
@@ -1134,6 +1139,7 @@ pub(crate) fn fixed_kernels() -> Vec<&'static nextn_gpu::kernels::Kernel> {
 /// quantized products on f32 activations where the adapter has int8 dot products (for
 /// comparisons; the load line says which path runs). `NEXTN_GPU_MEMORY_MIB` caps the device
 /// memory weights and caches may take (the device's own memory otherwise).
+/// `NEXTN_GPU_ROW_THREADS` sets [`Gpu::row_threads`] (to run a GPU's setting on lavapipe).
 pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
     let memory_budget = match std::env::var("NEXTN_GPU_MEMORY_MIB") {
         Err(_) => None,
@@ -1159,6 +1165,15 @@ pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
     .map_err(gpu_err)?;
     if std::env::var("NEXTN_GPU_INT8").as_deref() == Ok("0") {
         gpu.disable_int8_dot();
+    }
+    if let Ok(v) = std::env::var("NEXTN_GPU_ROW_THREADS") {
+        let threads = v.trim().parse::<u32>().map_err(|_| {
+            ModelError::Device(format!(
+                "NEXTN_GPU_ROW_THREADS={v:?} is not a whole number of threads"
+            ))
+        })?;
+        gpu.set_row_threads(threads)
+            .map_err(|e| ModelError::Device(format!("NEXTN_GPU_ROW_THREADS={v:?}: {e}")))?;
     }
     Ok(Arc::new(gpu))
 }

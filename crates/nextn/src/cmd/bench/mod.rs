@@ -218,11 +218,11 @@ fn achieved(t: &nextn_model::device::KernelTime) -> Option<f64> {
     (t.seconds > 0.0 && t.bytes > 0).then(|| t.bytes as f64 / t.seconds)
 }
 
-/// A kernel's workgroups a dispatch in the profile, marked `*` when fewer than the device's
-/// compute units (some of them then idle during the dispatch).
-fn groups_cell(groups: f64, compute_units: Option<u32>) -> String {
-    let under = compute_units.is_some_and(|n| groups < n as f64);
-    format!("{groups:.0}{}", if under { "*" } else { "" })
+/// The fewest workgroups one of a kernel's dispatches launched, marked `*` when fewer than the
+/// device's compute units (some of them then idle during that dispatch).
+fn groups_cell(fewest: u64, compute_units: Option<u32>) -> String {
+    let under = compute_units.is_some_and(|n| fewest < n as u64);
+    format!("{fewest}{}", if under { "*" } else { "" })
 }
 
 fn device_report(
@@ -242,7 +242,7 @@ fn device_report(
     let passes = steady.passes.max(1) as f64;
     let steps = steady.target_passes.max(1) as f64;
     let line = format!(
-        "  device {}{}: {} passes{}, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
+        "  device {}{}: {} passes{}, {} threads a weight row in the int8 products, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
          steady state ({} steps, {} passes): per step {:.0} dispatches, {:.2} submissions, {:.2} waits for the device; per pass {:.2} buffers, {:.2} bind groups and {:.2} pipelines created",
         info.name,
         if info.software { " (software: its times are CPU times)" } else { "" },
@@ -252,6 +252,7 @@ fn device_report(
         } else {
             String::new()
         },
+        device.gpu().row_threads(),
         per_pass(s.runtime.dispatches as f64),
         s.runtime.dispatches as f64 / tok,
         s.read_back_bytes as f64 / tok / 1024.0,
@@ -274,7 +275,7 @@ fn device_report(
         let profiled = s.profiled_seconds.max(1e-12);
         let passes = s.timed_submissions.max(1) as f64;
         line.push_str(&format!(
-            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; groups: workgroups a dispatch launches{}; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>8} {:>9} {:>7}",
+            "\n  device time by kernel ({:.2} ms per submission; a dispatch's time runs from the end of the one before it; groups: workgroups a dispatch launches, on average and the fewest{}; GB/s: the fewest bytes its dispatches move, read and written, over their time{}):\n  {:<28} {:>10} {:>10} {:>12} {:>7} {:>8} {:>8} {:>9} {:>7}",
             profiled * 1e3 / passes,
             info.compute_units.map_or(String::new(), |n| format!(
                 ", * where fewer than the device's {n} compute units"
@@ -289,6 +290,7 @@ fn device_report(
             "ms per subm.",
             "share",
             "groups",
+            "fewest",
             "GB/s",
             "% copy"
         ));
@@ -296,13 +298,14 @@ fn device_report(
             let rate = achieved(t);
             let groups = t.workgroups as f64 / t.dispatches.max(1) as f64;
             line.push_str(&format!(
-                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>8} {:>9} {:>7}",
+                "\n  {:<28} {:>10.1} {:>10.2} {:>12.3} {:>6.1}% {:>8.0} {:>8} {:>9} {:>7}",
                 k,
                 t.dispatches as f64 / passes,
                 t.seconds * 1e6 / t.dispatches.max(1) as f64,
                 t.seconds * 1e3 / passes,
                 100.0 * t.seconds / profiled,
-                groups_cell(groups, info.compute_units),
+                groups,
+                groups_cell(t.fewest_workgroups, info.compute_units),
                 rate.map_or("-".into(), |r| format!("{:.2}", r / 1e9)),
                 rate.zip(copy_bandwidth)
                     .map_or("-".into(), |(r, c)| format!("{:.1}%", 100.0 * r / c)),
@@ -314,7 +317,7 @@ fn device_report(
         .map(|(k, t)| {
             json!({"kernel": k, "dispatches": t.dispatches, "seconds": t.seconds,
                    "bytes": t.bytes, "bytes_per_second": achieved(t),
-                   "workgroups": t.workgroups})
+                   "workgroups": t.workgroups, "fewest_workgroups": t.fewest_workgroups})
         })
         .collect();
     let per = |x: u64, n: u64| (n > 0).then(|| x as f64 / n as f64);
@@ -322,6 +325,7 @@ fn device_report(
         "device": info.name,
         "software": info.software,
         "compute_units": info.compute_units,
+        "row_threads": device.gpu().row_threads(),
         "kernels": kernel_json,
         "copy_bandwidth_bytes_per_second": copy_bandwidth,
         "passes": s.passes,
@@ -1753,10 +1757,10 @@ mod tests {
 
     #[test]
     fn kernels_that_leave_compute_units_idle_are_marked() {
-        assert_eq!(groups_cell(25.0, Some(132)), "25*");
-        assert_eq!(groups_cell(132.0, Some(132)), "132");
-        assert_eq!(groups_cell(1024.4, Some(132)), "1024");
+        assert_eq!(groups_cell(25, Some(132)), "25*");
+        assert_eq!(groups_cell(132, Some(132)), "132");
+        assert_eq!(groups_cell(1024, Some(132)), "1024");
         // Where the driver does not say, nothing is marked.
-        assert_eq!(groups_cell(3.0, None), "3");
+        assert_eq!(groups_cell(3, None), "3");
     }
 }
