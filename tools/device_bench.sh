@@ -25,8 +25,9 @@
 #     tokens on one prompt (bench -n 128 -r 3 --spec-draft-n-max 0); moe8 also with the routed
 #     experts of 4 layers on the CPU (llama-bench -ncmoe 4 / nextn --n-cpu-moe 4) and of all
 #     layers (-ncmoe 99 / --cpu-moe). Same thread count (-t) for both. Then q08's prefill and
-#     decode again with the int8 products cut a block a thread (NEXTN_GPU_ROW_THREADS=1), the
-#     A/B of the row threads' setting on the same card.
+#     decode again with the int8 products cut a block a thread (NEXTN_GPU_ROW_THREADS=1), and its
+#     decode with the reductions in workgroup memory alone (NEXTN_GPU_SUBGROUPS=0): the A/B of
+#     both settings on the same card.
 #  3. the per-kernel profile of plain decoding (bench --device-profile) on q08 and q27: each
 #     kernel's device time and achieved bandwidth beside the card's copy bandwidth; then
 #     q08: MTP at the random weights' own acceptance (near zero, so this shows what drafting
@@ -216,10 +217,15 @@ for m in $shapes; do
     done
 done
 
-# 2b. The int8 products' cut, A/B on the same card: q08's prefill and decode with a block a thread
-# (NEXTN_GPU_ROW_THREADS=1, as lavapipe runs them) beside the default of step 2 (a row over 32
-# threads, blocks shared by narrow rows): rows "pp512 rt1" and "tg128 rt1" of the summary.
+# 2b. The products' cut and reductions, A/B on the same card: q08's prefill and decode with a
+# block a thread (NEXTN_GPU_ROW_THREADS=1, as lavapipe runs them) beside the default of step 2 (a
+# row over 32 threads, blocks shared by narrow rows), and its decode with the reductions in
+# workgroup memory alone (NEXTN_GPU_SUBGROUPS=0; the same bits): rows "pp512 rt1", "tg128 rt1"
+# and "tg128 sg0" of the summary.
 if [ -n "${model[q08]:-}" ]; then
+    step nextn-tg-q08-sg0 120 20 env NEXTN_GPU_SUBGROUPS=0 "$bin" bench -m "${model[q08]}" \
+        -dev "$dev" -t "$threads" -c 4096 -n "$tg" -r "$reps" --reps 3 \
+        --prompts "$work/prompt.jsonl" --spec-draft-n-max 0 -o json
     step nextn-pp-q08-rt1 120 20 env NEXTN_GPU_ROW_THREADS=1 "$bin" bench -m "${model[q08]}" \
         -dev "$dev" -t "$threads" -c 4096 -d "$pp,$pp" --reps 3 -o json
     step nextn-tg-q08-rt1 120 20 env NEXTN_GPU_ROW_THREADS=1 "$bin" bench -m "${model[q08]}" \

@@ -383,6 +383,9 @@ pub struct Gpu {
     /// Threads that a weight row of the int8 products spreads over at least, where its blocks
     /// allow ([`Gpu::row_threads`]).
     row_threads: u32,
+    /// Invocations every subgroup holds at least, consecutive ones; 1 where the products reduce
+    /// through workgroup memory alone ([`Gpu::subgroup_lanes`]).
+    lanes: u32,
 }
 
 /// How to open a device.
@@ -551,6 +554,13 @@ impl Gpu {
         if dispatch_timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
+        // Subgroup shuffles end the products' reductions; whether the device's subgroups are
+        // laid out as they assume is checked once the device is open.
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP);
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
+        let min_lanes = adapter.get_info().subgroup_min_size;
         let cache_file = opts
             .pipeline_cache_dir
             .as_ref()
@@ -611,7 +621,7 @@ impl Gpu {
         } else {
             crate::kernels::matvec::GPU_ROW_THREADS
         };
-        Ok(Gpu {
+        let mut gpu = Gpu {
             info,
             device,
             queue,
@@ -633,7 +643,53 @@ impl Gpu {
                 used: AtomicU64::new(0),
             }),
             row_threads,
-        })
+            lanes: 1,
+        };
+        if subgroups {
+            gpu.lanes = gpu.probe_lanes(min_lanes)?;
+        }
+        Ok(gpu)
+    }
+
+    /// The subgroup width the products may count on: the adapter's smallest subgroup size when
+    /// one 128-wide workgroup's subgroups turn out to be runs of consecutive invocations of at
+    /// least that many (every real driver lays them out so; nothing in the API promises it),
+    /// else 1.
+    fn probe_lanes(&self, min_lanes: u32) -> Result<u32, GpuError> {
+        if !(2..=64).contains(&min_lanes) || !min_lanes.is_power_of_two() {
+            return Ok(1);
+        }
+        let out = self.buffer("subgroup probe", 128 * 2 * 4)?;
+        let mut rec = crate::Recorder::new(self);
+        rec.dispatch(
+            &crate::kernels::SUBGROUP_PROBE,
+            &[0],
+            &[&out],
+            [1, 1, 1],
+            128 * 2 * 4,
+        )?;
+        rec.submit(false)?;
+        let words = self.read_u32(&out, 0, 128 * 2)?;
+        let laid_out = words.chunks_exact(2).enumerate().all(|(i, w)| {
+            let (size, lane) = (w[0], w[1]);
+            size >= min_lanes && size.is_power_of_two() && lane == i as u32 % size
+        });
+        Ok(if laid_out { min_lanes } else { 1 })
+    }
+
+    /// Invocations that every subgroup of a product's workgroup holds at least, consecutive ones:
+    /// the last steps of its reductions, between threads closer than that, are subgroup shuffles
+    /// instead of workgroup memory and barriers, adding the same pairs in the same order (the
+    /// same bits). 1 where the device has no subgroup operations, they are turned off
+    /// ([`Gpu::disable_subgroups`]) or its subgroups are laid out otherwise.
+    pub fn subgroup_lanes(&self) -> u32 {
+        self.lanes
+    }
+
+    /// Reduce through workgroup memory alone in the pipelines built from now on
+    /// (`NEXTN_GPU_SUBGROUPS=0`, for comparisons: the results are the same bits).
+    pub fn disable_subgroups(&mut self) {
+        self.lanes = 1;
     }
 
     /// Whether passes can be timed on the device (timestamp queries).
@@ -1000,7 +1056,7 @@ impl Gpu {
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.name),
-                source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
+                source: wgpu::ShaderSource::Wgsl(kernel.source_for(self.lanes)),
             });
         let compute = self
             .device

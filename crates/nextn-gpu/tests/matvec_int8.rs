@@ -540,3 +540,64 @@ fn lavapipe_has_int8_dot_products() {
 fn lavapipe_vector_widths() {
     rerun_at_lavapipe_widths("lavapipe_vector_widths");
 }
+
+/// A product whose reductions end within subgroups gives the bits of the same product reduced
+/// through workgroup memory alone, on both paths, whether a row's threads span several
+/// subgroups or share one, for a single row, a group of rows and a prefill tile.
+#[test]
+fn subgroup_reductions_are_the_trees_bits() {
+    let Some(mut with) = gpu_setting() else {
+        return;
+    };
+    let Some(mut without) = gpu_setting() else {
+        return;
+    };
+    if with.info.description.contains("llvmpipe") {
+        // lavapipe has subgroup shuffles and lays its subgroups out as the products assume.
+        assert!(with.subgroup_lanes() >= 4, "{}", with.subgroup_lanes());
+    }
+    if with.subgroup_lanes() < 2 {
+        eprintln!("skipped: '{}' reduces without subgroups", with.info.name);
+        return;
+    }
+    without.disable_subgroups();
+    assert_eq!(without.subgroup_lanes(), 1);
+    let t = TILE_ROWS;
+    for int8 in [true, false] {
+        if !int8 {
+            with.disable_int8_dot();
+            without.disable_int8_dot();
+        }
+        for (ty, cols) in [
+            (GgmlType::Q4_K, 256),
+            (GgmlType::Q4_K, 768),
+            (GgmlType::Q4_K, 4096),
+            (GgmlType::Q6_K, 768),
+            (GgmlType::Q8_0, 544),
+        ] {
+            let rows = 37;
+            let data = weights(ty, rows, cols, 500 + cols as u64);
+            for threads in [GPU_ROW_THREADS, 1] {
+                with.set_row_threads(threads).unwrap();
+                without.set_row_threads(threads).unwrap();
+                let a = DeviceMatrix::upload(&with, "blk.0.w", ty, rows, cols, &data).unwrap();
+                let b = DeviceMatrix::upload(&without, "blk.0.w", ty, rows, cols, &data).unwrap();
+                assert_eq!(a.int8(), int8 && with.int8_dot());
+                for n in [1, 5, t + 3] {
+                    let x = activations(n as usize * cols, 600 + n as u64);
+                    let len = n as usize * rows;
+                    let ya = product(&with, &a, &x, 0, cols as u32, n, len, 0, rows as u32);
+                    let yb = product(&without, &b, &x, 0, cols as u32, n, len, 0, rows as u32);
+                    let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&ya),
+                        bits(&yb),
+                        "{ty} {rows}x{cols}, int8 {int8}, {threads} threads a row, n {n}"
+                    );
+                }
+            }
+        }
+    }
+    assert_clean(&with);
+    assert_clean(&without);
+}

@@ -5,29 +5,50 @@ fn every_kernel_validates_and_translates() {
     let kernels = nextn_gpu::kernels::all();
     assert!(!kernels.is_empty());
     let mut seen = std::collections::HashSet::new();
+    let mut with_lanes = 0;
     for k in kernels {
         if !seen.insert(k.name) {
             continue;
         }
-        let module = naga::front::wgsl::parse_str(k.source)
-            .unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(k.source)));
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
-        naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
-            .unwrap_or_else(|e| panic!("{} to SPIR-V: {e}", k.name));
-        let pipeline = naga::back::msl::PipelineOptions::default();
-        naga::back::msl::write_string(
-            &module,
-            &info,
-            &naga::back::msl::Options::default(),
-            &pipeline,
-        )
-        .unwrap_or_else(|e| panic!("{} to MSL: {e}", k.name));
+        // As a device without subgroups compiles it, and (where it reduces within subgroups) as
+        // one with subgroups of 32.
+        let plain = k.source_for(1);
+        let wide = k.source_for(32);
+        with_lanes += usize::from(plain != wide);
+        for source in [plain, wide] {
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&source)));
+            let info = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+            naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
+                .unwrap_or_else(|e| panic!("{} to SPIR-V: {e}", k.name));
+            let pipeline = naga::back::msl::PipelineOptions::default();
+            naga::back::msl::write_string(
+                &module,
+                &info,
+                &naga::back::msl::Options::default(),
+                &pipeline,
+            )
+            .unwrap_or_else(|e| panic!("{} to MSL: {e}", k.name));
+        }
     }
+    // Every weight product ends its reductions within subgroups where it may.
+    let products = seen
+        .iter()
+        .filter(|n| {
+            ["matvec_", "matmul_", "swiglu_"]
+                .iter()
+                .any(|p| n.starts_with(p))
+        })
+        .count();
+    assert!(
+        products > 0 && with_lanes >= products,
+        "{with_lanes} of {products}"
+    );
 }
 
 /// The int8 kernels use the SPIR-V integer dot product where the device declares it (what
@@ -44,7 +65,7 @@ fn int8_kernels_use_the_integer_dot_product_where_declared() {
             continue;
         }
         seen += 1;
-        let module = naga::front::wgsl::parse_str(k.source).unwrap();
+        let module = naga::front::wgsl::parse_str(&k.source_for(1)).unwrap();
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
             naga::valid::Capabilities::all(),

@@ -171,16 +171,43 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
     }
     var yrow = yb;
     for (var g0 = 0u; g0 < R * N; g0 += RED) {
+        var red: array<f32, RED * P>;
         for (var q = 0u; q < P; q++) {
             for (var v = 0u; v < RED; v++) {
-                partial[(q * RED + v) * WG + lid] = acc[q * R * N + g0 + v];
+                red[q * RED + v] = acc[q * R * N + g0 + v];
             }
         }
-        workgroupBarrier();
-        for (var step = tpr >> 1u; step > 0u; step >>= 1u) {
-            if (t < step) {
+        // The slot's tree: thread t adds thread t + step's sum, step = tpr / 2 down to 1. Steps
+        // of LANES or more go through workgroup memory; the rest are within a subgroup, where
+        // lane t reads lane t ^ step = t + step by a shuffle: the same pairs, added in the same
+        // order, so the same bits as the tree in memory alone (LANES = 1).
+        var step = tpr >> 1u;
+        if (LANES == 1u || step >= LANES) {
+            for (var v = 0u; v < RED * P; v++) {
+                partial[v * WG + lid] = red[v];
+            }
+            workgroupBarrier();
+            for (; step >= LANES; step >>= 1u) {
+                if (t < step) {
+                    for (var v = 0u; v < RED * P; v++) {
+                        partial[v * WG + lid] = partial[v * WG + lid] + partial[v * WG + lid + step];
+                    }
+                }
+                workgroupBarrier();
+            }
+            for (var v = 0u; v < RED * P; v++) {
+                red[v] = partial[v * WG + lid];
+            }
+        }
+        for (; step > 0u; step >>= 1u) {
+            for (var v = 0u; v < RED * P; v++) {
+                red[v] = red[v] + lane_xor(red[v], step);
+            }
+        }
+        if (LANES > 1u) {
+            if (t == 0u) {
                 for (var v = 0u; v < RED * P; v++) {
-                    partial[v * WG + lid] = partial[v * WG + lid] + partial[v * WG + lid + step];
+                    partial[v * WG + lid] = red[v];
                 }
             }
             workgroupBarrier();

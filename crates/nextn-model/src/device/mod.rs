@@ -1139,7 +1139,8 @@ pub(crate) fn fixed_kernels() -> Vec<&'static nextn_gpu::kernels::Kernel> {
 /// quantized products on f32 activations where the adapter has int8 dot products (for
 /// comparisons; the load line says which path runs). `NEXTN_GPU_MEMORY_MIB` caps the device
 /// memory weights and caches may take (the device's own memory otherwise).
-/// `NEXTN_GPU_ROW_THREADS` sets [`Gpu::row_threads`] (to run a GPU's setting on lavapipe).
+/// `NEXTN_GPU_ROW_THREADS` sets [`Gpu::row_threads`] (to run a GPU's setting on lavapipe);
+/// `NEXTN_GPU_SUBGROUPS=0` keeps the products' reductions in workgroup memory (the same bits).
 pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
     let memory_budget = match std::env::var("NEXTN_GPU_MEMORY_MIB") {
         Err(_) => None,
@@ -1165,6 +1166,9 @@ pub fn open_device(name: Option<&str>) -> Result<Arc<Gpu>, ModelError> {
     .map_err(gpu_err)?;
     if std::env::var("NEXTN_GPU_INT8").as_deref() == Ok("0") {
         gpu.disable_int8_dot();
+    }
+    if std::env::var("NEXTN_GPU_SUBGROUPS").as_deref() == Ok("0") {
+        gpu.disable_subgroups();
     }
     if let Ok(v) = std::env::var("NEXTN_GPU_ROW_THREADS") {
         let threads = v.trim().parse::<u32>().map_err(|_| {

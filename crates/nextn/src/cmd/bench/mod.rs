@@ -242,7 +242,7 @@ fn device_report(
     let passes = steady.passes.max(1) as f64;
     let steps = steady.target_passes.max(1) as f64;
     let line = format!(
-        "  device {}{}: {} passes{}, {} threads a weight row in the int8 products, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
+        "  device {}{}: {} passes{}, {} threads a weight row in the int8 products, {}, {:.0} dispatches per pass, {:.0} per token (prompt and generated), {:.1} KiB read back per token, {} per submission, host CPU {} per token\n  \
          steady state ({} steps, {} passes): per step {:.0} dispatches, {:.2} submissions, {:.2} waits for the device; per pass {:.2} buffers, {:.2} bind groups and {:.2} pipelines created",
         info.name,
         if info.software { " (software: its times are CPU times)" } else { "" },
@@ -253,6 +253,10 @@ fn device_report(
             String::new()
         },
         device.gpu().row_threads(),
+        match device.gpu().subgroup_lanes() {
+            1 => "reductions in workgroup memory".to_string(),
+            n => format!("reductions ending in subgroups of {n}"),
+        },
         per_pass(s.runtime.dispatches as f64),
         s.runtime.dispatches as f64 / tok,
         s.read_back_bytes as f64 / tok / 1024.0,
@@ -326,6 +330,7 @@ fn device_report(
         "software": info.software,
         "compute_units": info.compute_units,
         "row_threads": device.gpu().row_threads(),
+        "subgroup_lanes": device.gpu().subgroup_lanes(),
         "kernels": kernel_json,
         "copy_bandwidth_bytes_per_second": copy_bandwidth,
         "passes": s.passes,
