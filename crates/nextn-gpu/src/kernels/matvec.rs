@@ -98,6 +98,7 @@ macro_rules! source {
             $p,
             "u;\n",
             include_str!(concat!("../shaders/", $skel)),
+            include_str!("../shaders/reduce_slot.wgsl"),
             include_str!(concat!("../shaders/", $file))
         )
     };

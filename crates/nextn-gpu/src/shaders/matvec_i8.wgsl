@@ -1,8 +1,8 @@
 // Weight matrix times activation rows quantized to int8 (quantize_q8.wgsl), with packed 4 x 8-bit
 // integer dot products. The host prepends `const N` (activation rows per workgroup), `const R`
 // (weight rows per thread) and `const RED` (outputs reduced per round through workgroup memory)
-// and appends the type's part: `SUBS`, `HAS_MIN`, `Head`, `Sub`, `load_head`, `load_sub`,
-// `sub_dot`, `block_term`.
+// and appends reduce_slot.wgsl and the type's part: `SUBS`, `HAS_MIN`, `Head`, `Sub`, `load_head`,
+// `load_sub`, `sub_dot`, `block_term`.
 //
 // The work is cut as in matvec.wgsl, with a unit being a part of a weight block (32 or 256
 // values, the activations' block): the block's SUBS 32-value sub-blocks shared by 2^split_log2
@@ -177,41 +177,7 @@ fn run(lid: u32, row0: u32, row_lim: u32, wrow_base: u32, xb: array<u32, N>, yb:
                 red[q * RED + v] = acc[q * R * N + g0 + v];
             }
         }
-        // The slot's tree: thread t adds thread t + step's sum, step = tpr / 2 down to 1. Steps
-        // of LANES or more go through workgroup memory; the rest are within a subgroup, where
-        // lane t reads lane t ^ step = t + step by a shuffle: the same pairs, added in the same
-        // order, so the same bits as the tree in memory alone (LANES = 1).
-        var step = tpr >> 1u;
-        if (LANES == 1u || step >= LANES) {
-            for (var v = 0u; v < RED * P; v++) {
-                partial[v * WG + lid] = red[v];
-            }
-            workgroupBarrier();
-            for (; step >= LANES; step >>= 1u) {
-                if (t < step) {
-                    for (var v = 0u; v < RED * P; v++) {
-                        partial[v * WG + lid] = partial[v * WG + lid] + partial[v * WG + lid + step];
-                    }
-                }
-                workgroupBarrier();
-            }
-            for (var v = 0u; v < RED * P; v++) {
-                red[v] = partial[v * WG + lid];
-            }
-        }
-        for (; step > 0u; step >>= 1u) {
-            for (var v = 0u; v < RED * P; v++) {
-                red[v] = red[v] + lane_xor(red[v], step);
-            }
-        }
-        if (LANES > 1u) {
-            if (t == 0u) {
-                for (var v = 0u; v < RED * P; v++) {
-                    partial[v * WG + lid] = red[v];
-                }
-            }
-            workgroupBarrier();
-        }
+        reduce_slot(lid, t, tpr, red);
         for (var v = t; v < RED; v += tpr) {
             let o = g0 + v;
             let r = first + o / N;
