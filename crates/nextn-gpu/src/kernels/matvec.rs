@@ -47,7 +47,7 @@ const PAIR_ROWS_PER_THREAD: [u32; 8] = [1; 8];
 pub const GPU_ROW_THREADS: u32 = 32;
 
 /// Weight rows per thread in a tile, and the outputs it reduces per round (its workgroup
-/// memory is `WG * TILE_RED` floats, as large as the 8-row module's).
+/// memory is `WG * TILE_RED` floats, as large as the 8-row gate|up module's).
 const TILE_R: u32 = 1;
 const TILE_RED: u32 = 16;
 const _: () = assert!((TILE_ROWS * TILE_R).is_multiple_of(TILE_RED));
