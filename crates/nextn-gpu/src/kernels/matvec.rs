@@ -263,9 +263,9 @@ fn split_log2(blocks_per_row: usize, act: ActBlocks, row_threads: u32) -> u32 {
 
 /// The units a weight row is cut into and log2 of the threads that share a block (0 on the f32
 /// path, whose units are already parts of blocks).
-fn row_units(pk: &Packed, act: Option<ActBlocks>, row_threads: u32) -> (usize, u32) {
-    match act {
-        Some(act) => {
+fn row_units(pk: &Packed, row_threads: u32) -> (usize, u32) {
+    match pk.int8_path() {
+        Some((_, act)) => {
             let split = split_log2(pk.bpr, act, row_threads);
             (pk.bpr << split, split)
         }
@@ -636,7 +636,7 @@ pub fn product(
         Some((family, act)) => Some((family, quantized_input(rec, pk, act, acts, &io, n as u64)?)),
         None => None,
     };
-    let (units, split) = row_units(pk, pk.int8_path().map(|(_, act)| act), gpu.row_threads());
+    let (units, split) = row_units(pk, gpu.row_threads());
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, n as u64);
     let pair = pk.pair;
@@ -895,7 +895,7 @@ pub fn matvec_experts(
         Some((family, act)) => Some((family, quantize_rows(rec, pk, act, &io, x_rows)?)),
         None => None,
     };
-    let (units, split) = row_units(pk, pk.int8_path().map(|(_, act)| act), gpu.row_threads());
+    let (units, split) = row_units(pk, gpu.row_threads());
     let tl = tpr_log2(units);
     let aligned = x_aligned(&io, x_rows);
     let blocks = (pk.rows as u32).div_ceil(rows_per_group(Module::Rows(1), false, tl));
